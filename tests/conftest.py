@@ -1,0 +1,29 @@
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))   # tests import optable
+
+import tinyattn as ta  # noqa: E402
+
+
+def make_tensors(arrays, device="cpu", dtype="float64"):
+    """Float arrays become tensors that require grad; int and bool ones stay constants."""
+    return [ta.tensor(a, dtype=dtype, requires_grad=True, device=device) if a.dtype.kind == "f"
+            else ta.tensor(a, device=device) for a in arrays]
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+def pytest_collection_modifyitems(config, items):
+    if ta.cuda_is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA: CuPy and an NVIDIA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,216 @@
+"""The op table: every differentiable op, with sample inputs and a numpy formula.
+
+The tests iterate over it: a gradient check for every entry, a second-order
+check where ``gradgrad`` is True, the forward against ``reference``, and the
+same entry on a stand-in device backend. A new op goes here, or the coverage
+test fails.
+
+``inputs(rng)`` returns host numpy arrays: float64 ones become tensors that
+require grad, integer and boolean ones stay constants. Inputs keep away from
+kinks: relu and abs at 0, clamp at its bounds, max ties, log and sqrt at 0.
+"""
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from tinyattn import ops
+from tinyattn.nn import functional as F
+
+
+@dataclass
+class OpSpec:
+    name: str                  # the public name: "Tensor.exp", "F.softmax", "ta.cat", ...
+    fn: Callable               # Tensors -> Tensor
+    inputs: Callable           # rng -> list of numpy arrays
+    reference: Callable        # numpy arrays -> numpy array (the plain formula)
+    gradgrad: bool = True      # False: the backward is fused and cannot be differentiated again
+    atol: float = 1e-7         # forward against the reference
+    eps: float = 1e-6          # gradcheck's step
+    keeps_dtype: bool = True   # False for a cast
+
+
+def away_from_zero(rng, *shape, margin=0.1):
+    """Normal samples with |x| >= margin: no sample sits on a kink at 0."""
+    x = rng.standard_normal(shape)
+    return np.where(np.abs(x) < margin, np.sign(x + 1e-12) * (margin + np.abs(x)), x)
+
+
+def distinct(rng, *shape, gap=0.01):
+    """Values at least ``gap`` apart, so a max never ties."""
+    n = math.prod(shape)
+    return (rng.permutation(n) * gap + rng.uniform(0, gap / 4, n) - n * gap / 2).reshape(shape)
+
+
+def positive(rng, *shape):
+    return rng.uniform(0.5, 2.0, shape)
+
+
+def normal(rng, *shape):
+    return rng.standard_normal(shape)
+
+
+_erf = np.vectorize(math.erf)
+
+
+def _softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis, keepdims=True))
+    return e / e.sum(axis, keepdims=True)
+
+
+def _log_softmax(x, axis=-1):
+    m = x.max(axis, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis, keepdims=True))
+
+
+def _layer_norm(x, w, b, eps=1e-5):
+    mu = x.mean(-1, keepdims=True)
+    var = x.var(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * w + b
+
+
+def _cross_entropy(logits, targets, ignore_index=-100):
+    valid = targets != ignore_index
+    logp = _log_softmax(logits, 1)
+    picked = logp[np.arange(len(targets)), np.where(valid, targets, 0)]
+    return -(picked * valid).sum() / max(valid.sum(), 1)
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _sdpa(q, k, v, mask=None, causal=False):
+    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    return _softmax(s) @ v
+
+
+INT_IDX = np.array([2, 0, 2, 3, 2])               # repeated ids: their gradients must add up
+BOOL_MASK = np.array([[True, False, True, True], [False, False, True, False], [True, True, False, True]])
+
+OPS = [
+    # arithmetic, with broadcasting
+    OpSpec("Tensor.__add__", lambda a, b: a + b, lambda r: [normal(r, 3, 4), normal(r, 4)], np.add),
+    OpSpec("Tensor.__radd__", lambda a: 2.5 + a, lambda r: [normal(r, 3)], lambda a: 2.5 + a),
+    OpSpec("Tensor.__sub__", lambda a, b: a - b, lambda r: [normal(r, 2, 1, 4), normal(r, 3, 1)], np.subtract),
+    OpSpec("Tensor.__rsub__", lambda a: 1.5 - a, lambda r: [normal(r, 3)], lambda a: 1.5 - a),
+    OpSpec("Tensor.__mul__", lambda a, b: a * b, lambda r: [normal(r, 3, 4), normal(r, 3, 1)], np.multiply),
+    OpSpec("Tensor.__truediv__", lambda a, b: a / b, lambda r: [normal(r, 3, 4), positive(r, 4)], np.divide),
+    OpSpec("Tensor.__rtruediv__", lambda a: 2.0 / a, lambda r: [positive(r, 5)], lambda a: 2.0 / a),
+    OpSpec("Tensor.__pow__", lambda a: a ** 3, lambda r: [normal(r, 3, 4)], lambda a: a ** 3),
+    OpSpec("Tensor.__pow__(square)", lambda a: a ** 2, lambda r: [normal(r, 3, 4)], lambda a: a ** 2),
+    OpSpec("Tensor.__pow__(tensor)", lambda a, b: a ** b, lambda r: [positive(r, 3, 4), normal(r, 4)], np.power),
+    OpSpec("Tensor.__rpow__", lambda a: 2.0 ** a, lambda r: [normal(r, 4)], lambda a: 2.0 ** a),
+    OpSpec("Tensor.__neg__", lambda a: -a, lambda r: [normal(r, 3)], np.negative),
+    OpSpec("Tensor.__matmul__", lambda a, b: a @ b, lambda r: [normal(r, 3, 4), normal(r, 4, 2)], np.matmul),
+    OpSpec("Tensor.__matmul__(batched)", lambda a, b: a @ b,
+           lambda r: [normal(r, 2, 1, 3, 4), normal(r, 3, 4, 2)], np.matmul),
+    OpSpec("Tensor.__matmul__(1-d left)", lambda a, b: a @ b, lambda r: [normal(r, 4), normal(r, 2, 4, 3)], np.matmul),
+    OpSpec("Tensor.__matmul__(1-d right)", lambda a, b: a @ b, lambda r: [normal(r, 2, 3, 4), normal(r, 4)], np.matmul),
+    OpSpec("Tensor.__matmul__(1-d both)", lambda a, b: a @ b, lambda r: [normal(r, 4), normal(r, 4)], np.matmul),
+    # elementwise
+    OpSpec("Tensor.exp", lambda a: a.exp(), lambda r: [normal(r, 3, 4)], np.exp),
+    OpSpec("Tensor.log", lambda a: a.log(), lambda r: [positive(r, 3, 4)], np.log),
+    OpSpec("Tensor.sqrt", lambda a: a.sqrt(), lambda r: [positive(r, 3, 4)], np.sqrt),
+    OpSpec("Tensor.abs", lambda a: a.abs(), lambda r: [away_from_zero(r, 3, 4)], np.abs),
+    OpSpec("Tensor.tanh", lambda a: a.tanh(), lambda r: [normal(r, 3, 4)], np.tanh),
+    OpSpec("Tensor.sigmoid", lambda a: a.sigmoid(), lambda r: [normal(r, 3, 4)], lambda a: 1 / (1 + np.exp(-a))),
+    OpSpec("Tensor.relu", lambda a: a.relu(), lambda r: [away_from_zero(r, 3, 4)], lambda a: np.maximum(a, 0)),
+    OpSpec("Tensor.erf", lambda a: a.erf(), lambda r: [2 * normal(r, 3, 4)], _erf),
+    OpSpec("F.gelu", lambda a: F.gelu(a), lambda r: [2 * normal(r, 3, 4)], lambda a: 0.5 * a * (1 + _erf(a / math.sqrt(2)))),
+    OpSpec("F.gelu(tanh)", lambda a: F.gelu(a, approximate="tanh"), lambda r: [2 * normal(r, 3, 4)], _gelu_tanh),
+    OpSpec("Tensor.clamp", lambda a: a.clamp(-0.5, 0.7), lambda r: [distinct(r, 4, 5, gap=0.05) + 0.013],
+           lambda a: np.clip(a, -0.5, 0.7)),
+    OpSpec("Tensor.clamp(min)", lambda a: a.clamp(min=0.1), lambda r: [distinct(r, 4, 5, gap=0.05) + 0.013],
+           lambda a: np.maximum(a, 0.1)),
+    OpSpec("Tensor.float", lambda a: a.float().double(), lambda r: [normal(r, 3)],
+           lambda a: a.astype(np.float32).astype(np.float64), atol=1e-6, eps=1e-2, keeps_dtype=False),  # linear: a wide step is exact
+    # reductions
+    OpSpec("Tensor.sum", lambda a: a.sum(), lambda r: [normal(r, 3, 4)], np.sum),
+    OpSpec("Tensor.sum(dims)", lambda a: a.sum((0, 2), keepdim=True), lambda r: [normal(r, 2, 3, 4)],
+           lambda a: a.sum((0, 2), keepdims=True)),
+    OpSpec("Tensor.mean", lambda a: a.mean(-1), lambda r: [normal(r, 3, 4)], lambda a: a.mean(-1)),
+    OpSpec("Tensor.max", lambda a: a.max(1), lambda r: [distinct(r, 3, 4, 2)], lambda a: a.max(1)),
+    OpSpec("Tensor.max(all)", lambda a: a.max(), lambda r: [distinct(r, 3, 4)], np.max),
+    OpSpec("Tensor.min", lambda a: a.min((0, 1), keepdim=True), lambda r: [distinct(r, 3, 4, 2)],
+           lambda a: a.min((0, 1), keepdims=True)),
+    OpSpec("Tensor.var", lambda a: a.var(-1), lambda r: [normal(r, 3, 5)], lambda a: a.var(-1, ddof=1)),
+    OpSpec("Tensor.var(biased)", lambda a: a.var((0, 1), correction=0), lambda r: [normal(r, 2, 3, 4)],
+           lambda a: a.var((0, 1))),
+    OpSpec("Tensor.std", lambda a: a.std(0), lambda r: [normal(r, 4, 3)], lambda a: a.std(0, ddof=1)),
+    # shape
+    OpSpec("Tensor.reshape", lambda a: a.reshape(4, 3), lambda r: [normal(r, 2, 6)], lambda a: a.reshape(4, 3)),
+    OpSpec("Tensor.view", lambda a: a.view(-1), lambda r: [normal(r, 2, 3)], lambda a: a.reshape(-1)),
+    OpSpec("Tensor.transpose", lambda a: a.transpose(0, 2), lambda r: [normal(r, 2, 3, 4)],
+           lambda a: np.swapaxes(a, 0, 2)),
+    OpSpec("Tensor.permute", lambda a: a.permute(2, 0, 1), lambda r: [normal(r, 2, 3, 4)],
+           lambda a: a.transpose(2, 0, 1)),
+    OpSpec("Tensor.T", lambda a: a.T, lambda r: [normal(r, 2, 3)], lambda a: a.T),
+    OpSpec("Tensor.expand", lambda a: a.expand(2, 3, 4), lambda r: [normal(r, 3, 1)],
+           lambda a: np.broadcast_to(a, (2, 3, 4))),
+    OpSpec("Tensor.broadcast_to", lambda a: a.broadcast_to((3, 4)), lambda r: [normal(r, 4)],
+           lambda a: np.broadcast_to(a, (3, 4))),
+    OpSpec("Tensor.squeeze", lambda a: a.squeeze(1), lambda r: [normal(r, 3, 1, 2)], lambda a: a.squeeze(1)),
+    OpSpec("Tensor.unsqueeze", lambda a: a.unsqueeze(-1), lambda r: [normal(r, 3, 2)], lambda a: a[..., None]),
+    OpSpec("Tensor.flatten", lambda a: a.flatten(1), lambda r: [normal(r, 2, 3, 4)], lambda a: a.reshape(2, 12)),
+    # indexing
+    OpSpec("Tensor.__getitem__(slice)", lambda a: a[1:, ::2], lambda r: [normal(r, 3, 5)], lambda a: a[1:, ::2]),
+    OpSpec("Tensor.__getitem__(int, None, ...)", lambda a: a[1, None, ..., -1], lambda r: [normal(r, 3, 4, 5)],
+           lambda a: a[1, None, ..., -1]),
+    OpSpec("Tensor.__getitem__(int array)", lambda a, i: a[i], lambda r: [normal(r, 4, 3), INT_IDX],
+           lambda a, i: a[i]),
+    OpSpec("Tensor.__getitem__(slice, int array)", lambda a, i: a[:, i], lambda r: [normal(r, 2, 4), INT_IDX],
+           lambda a, i: a[:, i]),
+    OpSpec("Tensor.__getitem__(bool mask)", lambda a, m: a[m], lambda r: [normal(r, 3, 4), BOOL_MASK],
+           lambda a, m: a[m]),
+    # joining and selecting
+    OpSpec("ta.cat", lambda a, b: ops.cat([a, b], 1), lambda r: [normal(r, 2, 3), normal(r, 2, 2)],
+           lambda a, b: np.concatenate([a, b], 1)),
+    OpSpec("ta.stack", lambda a, b: ops.stack([a, b], -1), lambda r: [normal(r, 2, 3), normal(r, 2, 3)],
+           lambda a, b: np.stack([a, b], -1)),
+    OpSpec("Tensor.split", lambda a: ops.cat(a.split([1, 3], 1)[::-1], 1), lambda r: [normal(r, 2, 4)],
+           lambda a: np.concatenate([a[:, 1:], a[:, :1]], 1)),
+    OpSpec("Tensor.chunk", lambda a: a.chunk(2, 0)[1], lambda r: [normal(r, 4, 2)], lambda a: a[2:]),
+    OpSpec("ta.where", lambda c, a, b: ops.where(c, a, b), lambda r: [BOOL_MASK, normal(r, 3, 4), normal(r, 4)],
+           np.where),
+    OpSpec("Tensor.masked_fill", lambda a, m: a.masked_fill(m, -2.0), lambda r: [normal(r, 3, 4), BOOL_MASK],
+           lambda a, m: np.where(m, -2.0, a)),
+    OpSpec("Tensor.tril", lambda a: a.tril(), lambda r: [normal(r, 2, 4, 4)], np.tril),
+    OpSpec("Tensor.triu", lambda a: a.triu(1), lambda r: [normal(r, 3, 4)], lambda a: np.triu(a, 1)),
+    # tinyattn.nn.functional
+    OpSpec("F.softmax", lambda a: F.softmax(a, -1), lambda r: [normal(r, 3, 5)], _softmax),
+    OpSpec("F.softmax(dim 0)", lambda a: F.softmax(a, 0), lambda r: [normal(r, 3, 5)], lambda a: _softmax(a, 0)),
+    OpSpec("F.log_softmax", lambda a: F.log_softmax(a, -1), lambda r: [normal(r, 2, 3, 5)], _log_softmax),
+    OpSpec("F.logsumexp", lambda a: F.logsumexp(a, 1), lambda r: [normal(r, 3, 5, 2)],
+           lambda a: np.log(np.exp(a).sum(1))),
+    OpSpec("F.cross_entropy", lambda a, t: F.cross_entropy(a, t), lambda r: [normal(r, 5, 4), np.array([0, 3, 1, 3, 2])],
+           _cross_entropy),
+    OpSpec("F.cross_entropy(ignore_index)", lambda a, t: F.cross_entropy(a, t, ignore_index=-1),
+           lambda r: [normal(r, 5, 4), np.array([0, -1, 1, 3, -1])], lambda a, t: _cross_entropy(a, t, -1)),
+    OpSpec("F.embedding", lambda w, i: F.embedding(i, w), lambda r: [normal(r, 5, 3), np.array([[4, 0, 4], [1, 4, 2]])],
+           lambda w, i: w[i]),
+    OpSpec("F.layer_norm", lambda x, w, b: F.layer_norm(x, 4, w, b), lambda r: [normal(r, 2, 3, 4), normal(r, 4), normal(r, 4)],
+           _layer_norm, gradgrad=False),
+    OpSpec("F.layer_norm(composite)", lambda x, w, b: F.layer_norm(x, 4, w, b, fused=False),
+           lambda r: [normal(r, 2, 3, 4), normal(r, 4), normal(r, 4)], _layer_norm),
+    OpSpec("F.linear", lambda x, w, b: F.linear(x, w, b), lambda r: [normal(r, 2, 3), normal(r, 4, 3), normal(r, 4)],
+           lambda x, w, b: x @ w.T + b),
+    OpSpec("F.relu", lambda a: F.relu(a), lambda r: [away_from_zero(r, 3, 4)], lambda a: np.maximum(a, 0)),
+    OpSpec("F.dropout(p=0)", lambda a: F.dropout(a, 0.0), lambda r: [normal(r, 3)], lambda a: a),
+    OpSpec("F.scaled_dot_product_attention", lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+           lambda r: [normal(r, 1, 2, 3, 4), normal(r, 1, 2, 5, 4), normal(r, 1, 2, 5, 4)], _sdpa),
+    OpSpec("F.scaled_dot_product_attention(causal)",
+           lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+           lambda r: [normal(r, 2, 1, 4, 3), normal(r, 2, 1, 4, 3), normal(r, 2, 1, 4, 3)],
+           lambda q, k, v: _sdpa(q, k, v, causal=True)),
+    OpSpec("F.scaled_dot_product_attention(mask)",
+           lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=True),
+           lambda r: [normal(r, 1, 2, 3, 4), normal(r, 1, 2, 3, 4), normal(r, 1, 2, 3, 4),
+                      np.array([[True, True, True], [False, True, True], [True, False, True]])],
+           lambda q, k, v, m: _sdpa(q, k, v, m, causal=True)),
+]

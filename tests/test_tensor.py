@@ -1,0 +1,268 @@
+"""Tensor semantics, the engine, devices and numerics."""
+import numpy as np
+import pytest
+
+import tinyattn as ta
+import tinyattn.nn.functional as F
+from tinyattn.backend import get_backend
+
+
+def test_default_dtype_is_float32_and_float64_is_kept():
+    assert ta.tensor([1.0, 2.0]).dtype == ta.float32
+    assert ta.tensor(np.ones(3)).dtype == ta.float32
+    assert ta.tensor([1, 2]).dtype == ta.int64
+    x = ta.randn(3, dtype="float64")
+    assert (x * 2 + 1).exp().dtype == ta.float64
+    assert ta.zeros(2, 3).shape == (2, 3) and ta.ones(4).dtype == ta.float32
+
+
+def test_scalars_keep_the_tensor_dtype():
+    x = ta.randn(3, 4)                      # float32
+    for y in (x / 8.0, x * 2, 1.0 - x, x ** 2, 2.0 ** x, x / np.sqrt(64.0), F.softmax(x / 8.0)):
+        assert y.dtype == ta.float32
+
+
+def test_attributes():
+    x = ta.randn(2, 3, 4)
+    assert x.shape == (2, 3, 4) and x.ndim == 3 and x.size() == (2, 3, 4) and x.size(1) == 3
+    assert x.numel() == 24 and x.device == "cpu" and not x.requires_grad
+    assert ta.tensor(3.5).item() == 3.5
+    assert isinstance(x.numpy(), np.ndarray)
+
+
+def test_gradients_accumulate_until_cleared():
+    x = ta.tensor([1.0, 2.0], requires_grad=True)
+    (x * 3).sum().backward()
+    (x * 3).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [6.0, 6.0])
+    x.grad = None
+    (x * x).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [2.0, 4.0])
+
+
+def test_backward_of_non_scalar_needs_a_gradient():
+    x = ta.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="scalar"):
+        (x * 2).backward()
+    (x * 2).backward(ta.ones(3))
+    np.testing.assert_allclose(x.grad.numpy(), [2, 2, 2])
+
+
+def test_second_backward_through_freed_graph_is_an_error():
+    x = ta.randn(3, requires_grad=True)
+    y = (x.exp() * x).sum()
+    y.backward()
+    with pytest.raises(RuntimeError, match="retain_graph"):
+        y.backward()
+
+
+def test_retain_graph_allows_a_second_backward():
+    x = ta.randn(3, requires_grad=True)
+    y = (x.exp() * x).sum()
+    y.backward(retain_graph=True)
+    first = x.grad.numpy().copy()
+    y.backward()
+    np.testing.assert_allclose(x.grad.numpy(), 2 * first, rtol=1e-6)
+
+
+def test_create_graph_gives_higher_derivatives():
+    x = ta.tensor([0.5, -1.5, 2.0], dtype="float64", requires_grad=True)
+    (dy,) = ta.grad((x ** 3).sum(), x, create_graph=True)          # 3x^2
+    (d2y,) = ta.grad(dy.sum(), x, create_graph=True)               # 6x
+    (d3y,) = ta.grad(d2y.sum(), x)                                 # 6
+    np.testing.assert_allclose(dy.numpy(), 3 * x.numpy() ** 2)
+    np.testing.assert_allclose(d2y.numpy(), 6 * x.numpy())
+    np.testing.assert_allclose(d3y.numpy(), [6, 6, 6])
+
+
+def test_backward_create_graph_keeps_a_graph_on_grad():
+    x = ta.tensor([1.0, 2.0], dtype="float64", requires_grad=True)
+    (x * x * x).sum().backward(create_graph=True)
+    g = x.grad
+    x.grad = None
+    g.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [6.0, 12.0])
+
+
+def test_shared_subexpression_gradient():
+    """A node used twice, reached by paths of different length (a topological-order trap)."""
+    x = ta.tensor([0.3, -0.7], dtype="float64", requires_grad=True)
+    a = x.exp()
+    b = a * 2.0
+    y = (a * b).sum()                       # 2 e^{2x}
+    y.backward()
+    np.testing.assert_allclose(x.grad.numpy(), 4 * np.exp(2 * x.numpy()))
+
+
+def test_no_grad_and_detach():
+    x = ta.randn(3, requires_grad=True)
+    with ta.no_grad():
+        y = x * 2
+    assert not y.requires_grad and y.grad_fn is None
+    z = (x * 2).detach()
+    assert not z.requires_grad
+
+    @ta.no_grad()
+    def f(t):
+        return t * 3
+    assert not f(x).requires_grad
+
+
+def test_non_leaf_grad_only_with_retain_grad():
+    x = ta.randn(3, requires_grad=True)
+    h = x * 2
+    h.retain_grad()
+    k = h * 3
+    k.sum().backward()
+    np.testing.assert_allclose(h.grad.numpy(), [3, 3, 3])
+    assert k.grad is None
+
+
+def test_scatter_add_counts_repeated_indices():
+    w = ta.randn(4, 3, dtype="float64", requires_grad=True)
+    idx = ta.tensor([1, 1, 1, 3])
+    w[idx].sum().backward()
+    np.testing.assert_allclose(w.grad.numpy()[:, 0], [0, 3, 0, 1])
+    e = ta.randn(5, 2, requires_grad=True)
+    F.embedding(ta.tensor([[0, 0], [4, 0]]), e).sum().backward()
+    np.testing.assert_allclose(e.grad.numpy()[:, 1], [3, 0, 0, 0, 1])
+
+
+def test_broadcast_gradient_reduced_to_input_shape():
+    a = ta.randn(2, 1, 3, requires_grad=True)
+    b = ta.randn(4, 1, requires_grad=True)
+    (a * b).sum().backward()
+    assert a.grad.shape == (2, 1, 3) and b.grad.shape == (4, 1)
+    np.testing.assert_allclose(b.grad.numpy()[:, 0], np.full(4, a.numpy().sum()), rtol=1e-5)
+
+
+def test_shape_errors_name_both_shapes():
+    with pytest.raises(ValueError, match=r"\(3, 4\).*\(5, 2\)"):
+        ta.randn(3, 4) @ ta.randn(5, 2)
+    with pytest.raises(ValueError, match=r"\(3,.*4\).*\(5,"):
+        ta.randn(3, 4) + ta.randn(5)
+    with pytest.raises(ValueError, match=r"\(2, 3\).*\(2, 4\)"):
+        ta.stack([ta.randn(2, 3), ta.randn(2, 4)])
+    with pytest.raises(ValueError, match=r"\(4, 5\).*\(3,\)"):
+        F.cross_entropy(ta.randn(4, 5), ta.tensor([0, 1, 2]))
+
+
+def test_ops_across_devices_name_both():
+    pytest.importorskip("array_api_strict")
+    a = ta.randn(3)
+    b = ta.randn(3, device="strict")
+    with pytest.raises(RuntimeError, match="cpu and strict"):
+        a + b
+
+
+def test_stand_in_device_refuses_implicit_host_conversion():
+    pytest.importorskip("array_api_strict")
+    x = ta.randn(3, device="strict")
+    with pytest.raises(RuntimeError):
+        np.asarray(x.data)
+    np.testing.assert_allclose(x.numpy(), x.to("cpu").numpy())     # the explicit copy works
+
+
+def test_cuda_without_cupy_is_one_clear_error():
+    if ta.cuda_is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(RuntimeError, match=r'pip install "tinyattn\[gpu\]"'):
+        ta.randn(3, device="cuda")
+    with pytest.raises(RuntimeError, match="gpu"):
+        ta.randn(3).to("cuda")
+
+
+def test_manual_seed_reproduces_numbers():
+    ta.manual_seed(123)
+    a = ta.randn(5).numpy()
+    b = ta.rand(3).numpy()
+    ta.manual_seed(123)
+    np.testing.assert_array_equal(a, ta.randn(5).numpy())
+    np.testing.assert_array_equal(b, ta.rand(3).numpy())
+    assert ta.randn_like(ta.zeros(2, 2, dtype="float64")).dtype == ta.float64
+
+
+def test_creation_functions():
+    np.testing.assert_array_equal(ta.arange(5).numpy(), np.arange(5))
+    np.testing.assert_array_equal(ta.arange(1, 7, 2).numpy(), [1, 3, 5])
+    np.testing.assert_array_equal(ta.full((2, 2), 7.0).numpy(), np.full((2, 2), 7.0))
+    assert ta.full_like(ta.zeros(3), 2.0).numpy().tolist() == [2.0, 2.0, 2.0]
+    assert ta.zeros_like(ta.zeros(3, dtype="float64")).dtype == ta.float64
+
+
+# ------------------------------------------------------------------ conventions at kinks
+def test_relu_and_abs_at_zero_have_zero_gradient():
+    x = ta.tensor([0.0, 1.0, -1.0], requires_grad=True)
+    x.relu().sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [0, 1, 0])
+    x.grad = None
+    x.abs().sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [0, 1, -1])
+
+
+def test_max_ties_share_the_gradient():
+    x = ta.tensor([[1.0, 3.0, 3.0], [2.0, 0.0, 1.0]], requires_grad=True)
+    x.max(-1).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [[0, 0.5, 0.5], [1, 0, 0]])
+
+
+def test_clamp_gradient_includes_the_bounds():
+    x = ta.tensor([-1.0, 0.0, 0.5, 1.0, 2.0], requires_grad=True)
+    x.clamp(0.0, 1.0).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [0, 1, 1, 1, 0])
+
+
+def test_dropout_scales_and_its_gradient_is_the_mask():
+    ta.manual_seed(0)
+    x = ta.ones(1000, requires_grad=True)
+    y = F.dropout(x, 0.25)
+    kept = y.numpy() != 0
+    assert 0.65 < kept.mean() < 0.85
+    np.testing.assert_allclose(y.numpy()[kept], 1 / 0.75, rtol=1e-6)
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), y.numpy(), rtol=1e-6)
+    assert F.dropout(x, 0.25, training=False) is x
+
+
+# ------------------------------------------------------------------ numerics
+@pytest.mark.parametrize("scale", [1e4, -1e4])
+def test_softmax_family_is_finite_for_huge_logits(scale):
+    logits = ta.tensor(np.array([[1.0, 0.0, -1.0], [0.5, 0.25, 2.0]]) * scale, requires_grad=True)
+    for out in (F.softmax(logits), F.log_softmax(logits), F.logsumexp(logits),
+                F.cross_entropy(logits, ta.tensor([2, 0]))):
+        assert np.all(np.isfinite(out.numpy()))
+    loss = F.cross_entropy(logits, ta.tensor([2, 0]))
+    loss.backward()
+    assert np.all(np.isfinite(logits.grad.numpy()))
+
+
+def test_fully_masked_attention_row_is_zero_with_zero_gradient():
+    q = ta.randn(1, 1, 3, 4, requires_grad=True)
+    k = ta.randn(1, 1, 3, 4, requires_grad=True)
+    v = ta.randn(1, 1, 3, 4, requires_grad=True)
+    mask = ta.tensor(np.array([[True, True, True], [False, False, False], [True, False, True]]))
+    out, w = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, return_weights=True)
+    assert np.all(np.isfinite(out.numpy()))
+    np.testing.assert_array_equal(out.numpy()[0, 0, 1], 0.0)
+    np.testing.assert_array_equal(w.numpy()[0, 0, 1], 0.0)
+    out.backward(ta.randn(*out.shape))
+    for t in (q, k, v):
+        assert np.all(np.isfinite(t.grad.numpy()))
+    np.testing.assert_array_equal(q.grad.numpy()[0, 0, 1], 0.0)
+
+
+def test_cross_entropy_ignore_index():
+    logits = ta.randn(4, 3, requires_grad=True)
+    targets = ta.tensor([0, -100, 2, -100])
+    loss = F.cross_entropy(logits, targets)
+    expected = F.cross_entropy(logits[ta.tensor([0, 2])], ta.tensor([0, 2]))
+    np.testing.assert_allclose(loss.item(), expected.item(), rtol=1e-6)
+    loss.backward()
+    np.testing.assert_array_equal(logits.grad.numpy()[[1, 3]], 0.0)
+
+
+def test_erf_matches_math_erf_to_float64_precision():
+    import math
+    x = np.concatenate([np.linspace(-8, 8, 2001), [0.0, 2.4999, 2.5, 2.5001, 1e-8]])
+    got = get_backend("cpu").erf(x)
+    np.testing.assert_allclose(got, [math.erf(v) for v in x], rtol=1e-13, atol=1e-15)

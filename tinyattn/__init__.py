@@ -1,0 +1,24 @@
+"""tinyattn: a small tensor library with reverse-mode autodiff, attention and a GPT."""
+from .backend import float16, float32, float64, int32, int64, bool_, cuda_is_available
+from .tensor import (Tensor, Function, tensor, zeros, ones, full, arange, randn, rand,
+                     zeros_like, ones_like, full_like, randn_like, rand_like, manual_seed,
+                     no_grad, enable_grad, set_grad_enabled, is_grad_enabled, grad)
+from .ops import matmul, cat, stack, split, where, sum_to
+
+__version__ = "0.1.0"
+
+
+def exp(x): return x.exp()
+def log(x): return x.log()
+def sqrt(x): return x.sqrt()
+def tanh(x): return x.tanh()
+def sigmoid(x): return x.sigmoid()
+def relu(x): return x.relu()
+def tril(x, diagonal=0): return x.tril(diagonal)
+def triu(x, diagonal=0): return x.triu(diagonal)
+def clamp(x, min=None, max=None): return x.clamp(min, max)
+def masked_fill(x, mask, value): return x.masked_fill(mask, value)
+def chunk(x, chunks, dim=0): return x.chunk(chunks, dim)
+
+
+from .gradcheck import gradcheck, gradgradcheck, GradcheckError  # noqa: E402

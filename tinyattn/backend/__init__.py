@@ -1,0 +1,286 @@
+"""Array backends: the only place that imports numpy or cupy by name.
+
+A backend holds the array namespace ``xp`` for one device and the few things
+that differ between devices: moving data to and from the host, scatter-add,
+random numbers, ``erf`` and synchronisation. Everything above this module
+writes ``xp.exp(...)`` with the array-API names that numpy 2, CuPy 14 and
+array_api_strict share (``concat``, ``permute_dims``, ``astype``, ...).
+
+Devices:
+    "cpu"     numpy
+    "cuda"    CuPy (pip install "tinyattn[gpu]")
+    "strict"  array_api_strict on a non-CPU device: a test stand-in for a GPU
+              that refuses implicit conversion to host arrays, as CuPy does.
+"""
+import math
+
+import numpy as np
+
+DTYPES = ("float16", "float32", "float64", "int32", "int64", "bool")
+float16, float32, float64 = np.dtype("float16"), np.dtype("float32"), np.dtype("float64")
+int32, int64, bool_ = np.dtype("int32"), np.dtype("int64"), np.dtype("bool")
+
+
+def dtype_of_host(dtype):
+    """A dtype from a name ("float32"), a numpy dtype or a numpy scalar type."""
+    return np.dtype(dtype)
+
+
+class Backend:
+    """numpy on the CPU. Subclasses override what differs."""
+
+    name = "cpu"
+
+    def __init__(self):
+        self.xp = np
+        self.seed(0)
+
+    # --- data in and out -------------------------------------------------
+    def asarray(self, data, dtype=None):
+        """Host data (lists, numpy arrays, scalars) -> an array on this device."""
+        return np.asarray(data, dtype=None if dtype is None else np.dtype(dtype))
+
+    def to_numpy(self, a):
+        """An explicit copy to the host: the only way data leaves a device."""
+        return a
+
+    def native_dtype(self, dtype):
+        return np.dtype(dtype)
+
+    def dtype_of(self, a):
+        """The numpy dtype that describes this backend's array ``a``."""
+        return a.dtype
+
+    def zeros(self, shape, dtype):
+        return self.full(shape, 0, dtype)
+
+    def full(self, shape, value, dtype):
+        return self.xp.full(shape, value, dtype=self.native_dtype(dtype))
+
+    def arange(self, n):
+        return self.xp.arange(n)
+
+    def is_array(self, a):
+        return isinstance(a, np.ndarray)
+
+    # --- indexing --------------------------------------------------------
+    def getitem(self, a, index):
+        return a[index]
+
+    def index_add(self, target, index, values):
+        """target[index] += values, counting repeated indices (never ``x[idx] += v``)."""
+        np.add.at(target, index, values)
+        return target
+
+    def index_add_rows(self, n_rows, idx, values):
+        """out[idx[i]] += values[i] for 1-d int ``idx`` and (N, C) ``values``: (n_rows, C).
+
+        A one-hot matmul is exact and, for the small vocabularies used here,
+        several times faster than np.add.at on a CPU.
+        """
+        if n_rows * idx.shape[0] <= 1 << 24:
+            onehot = (idx[None, :] == self.arange(n_rows)[:, None])     # (V, N)
+            return self.xp.astype(onehot, values.dtype) @ values         # (V, C)
+        out = self.zeros((n_rows,) + tuple(values.shape[1:]), self.dtype_of(values))
+        return self.index_add(out, idx, values)
+
+    # --- random numbers --------------------------------------------------
+    def seed(self, seed):
+        self.rng = np.random.default_rng(seed)
+
+    def uniform(self, shape, dtype):
+        return self.rng.random(shape, dtype=np.dtype(dtype))
+
+    def normal(self, shape, dtype):
+        return self.rng.standard_normal(shape, dtype=np.dtype(dtype))
+
+    def get_rng_state(self):
+        return self.rng.bit_generator.state
+
+    def set_rng_state(self, state):
+        self.rng.bit_generator.state = state
+
+    # --- special functions and sync --------------------------------------
+    def erf(self, x):
+        return _erf(self.xp, x)
+
+    def synchronize(self):
+        pass
+
+
+def _erf(xp, x):
+    """erf to float64 precision from array ops alone (numpy has no erf).
+
+    |x| < 2.5: the Maclaurin series; otherwise 1 - erfc(|x|) with erfc from
+    its continued fraction. Both branches are computed on clipped inputs.
+    """
+    ax = xp.abs(x)
+    small = xp.clip(ax, 0.0, 2.5)
+    term = small
+    total = small
+    sq = small * small
+    for n in range(1, 60):                       # series: sum (-1)^n x^(2n+1) / (n! (2n+1))
+        term = term * (-sq) / n
+        total = total + term / (2 * n + 1)
+    series = total * (2.0 / math.sqrt(math.pi))
+    big = xp.clip(ax, 2.5, 30.0)
+    frac = big                                   # erfc(x) = exp(-x^2)/sqrt(pi) / (x + (1/2)/(x + 1/(x + (3/2)/(x + ...))))
+    for k in range(60, 0, -1):
+        frac = big + (k / 2.0) / frac
+    tail = 1.0 - xp.exp(-big * big) / (math.sqrt(math.pi) * frac)
+    mag = xp.where(ax < 2.5, series, tail)
+    return xp.where(x < 0, -mag, mag)
+
+
+class CupyBackend(Backend):
+    name = "cuda"
+
+    def __init__(self):
+        import cupy
+        import cupyx.scipy.special
+        self.xp = cupy
+        self._erf = cupyx.scipy.special.erf
+        self.seed(0)
+
+    def asarray(self, data, dtype=None):
+        return self.xp.asarray(data, dtype=None if dtype is None else np.dtype(dtype))
+
+    def to_numpy(self, a):
+        return self.xp.asnumpy(a)
+
+    def is_array(self, a):
+        return isinstance(a, self.xp.ndarray)
+
+    def index_add(self, target, index, values):
+        self.xp.add.at(target, index, values)
+        return target
+
+    def seed(self, seed):
+        self.rng = self.xp.random.default_rng(seed)
+
+    def uniform(self, shape, dtype):
+        return self.rng.random(shape, dtype=np.dtype(dtype))
+
+    def normal(self, shape, dtype):
+        return self.rng.standard_normal(shape, dtype=np.dtype(dtype))
+
+    def get_rng_state(self):
+        return None   # CuPy's generator state is not exported; resume re-seeds it
+
+    def set_rng_state(self, state):
+        pass
+
+    def erf(self, x):
+        return self._erf(x)
+
+    def synchronize(self):
+        self.xp.cuda.get_current_stream().synchronize()
+
+
+class StrictBackend(Backend):
+    """array_api_strict on ``Device("device1")``: behaves like a GPU library.
+
+    Implicit conversion to numpy raises, arrays from two devices do not mix,
+    and only array-API names exist. Fancy indexing beyond the standard is
+    emulated with linear indices, computed on the host from explicit copies.
+    """
+
+    name = "strict"
+
+    def __init__(self):
+        import array_api_strict
+        self.xp = array_api_strict
+        self.device = array_api_strict.Device("device1")
+        self._array_type = type(array_api_strict.asarray(0))
+        self._to_np = {getattr(array_api_strict, n): np.dtype(n) for n in DTYPES if hasattr(array_api_strict, n)}
+        self._from_np = {v: k for k, v in self._to_np.items()}
+        self.seed(0)
+
+    def asarray(self, data, dtype=None):
+        data = np.asarray(data, dtype=None if dtype is None else np.dtype(dtype))
+        return self.xp.asarray(data, device=self.device)
+
+    def to_numpy(self, a):
+        return np.asarray(a.to_device(self.xp.Device("CPU_DEVICE")))
+
+    def native_dtype(self, dtype):
+        return self._from_np[np.dtype(dtype)]
+
+    def dtype_of(self, a):
+        return self._to_np[a.dtype]
+
+    def full(self, shape, value, dtype):
+        return self.xp.full(shape, value, dtype=self.native_dtype(dtype), device=self.device)
+
+    def arange(self, n):
+        return self.xp.arange(n, device=self.device)
+
+    def is_array(self, a):
+        return isinstance(a, self._array_type)
+
+    def _linear_index(self, shape, index):
+        """Where ``a[index]`` reads, as flat positions (a host computation)."""
+        if not isinstance(index, tuple):
+            index = (index,)
+        host = tuple(self.to_numpy(i) if self.is_array(i) else i for i in index)
+        lin = np.arange(math.prod(shape)).reshape(shape)[host]
+        return self.xp.asarray(lin, device=self.device)
+
+    def getitem(self, a, index):
+        lin = self._linear_index(a.shape, index)
+        flat = self.xp.take(self.xp.reshape(a, (-1,)), self.xp.reshape(lin, (-1,)))
+        return self.xp.reshape(flat, lin.shape)
+
+    def index_add(self, target, index, values):
+        lin = self._linear_index(target.shape, index)
+        vals = self.xp.reshape(self.xp.broadcast_to(values, lin.shape), (-1, 1))
+        total = self.index_add_rows(math.prod(target.shape), self.xp.reshape(lin, (-1,)), vals)
+        return target + self.xp.reshape(total, target.shape)
+
+    def uniform(self, shape, dtype):
+        return self.asarray(self.rng.random(shape, dtype=np.dtype(dtype)))
+
+    def normal(self, shape, dtype):
+        return self.asarray(self.rng.standard_normal(shape, dtype=np.dtype(dtype)))
+
+
+_BACKENDS = {}
+
+
+def get_backend(device="cpu"):
+    """The backend for a device name: "cpu", "cuda" (or "cuda:0") or "strict"."""
+    device = str(device)
+    if device.startswith("cuda"):
+        device = "cuda"
+    if device not in _BACKENDS:
+        if device == "cpu":
+            _BACKENDS[device] = Backend()
+        elif device == "cuda":
+            _BACKENDS[device] = _make_cuda()
+        elif device == "strict":
+            try:
+                _BACKENDS[device] = StrictBackend()
+            except ImportError:
+                raise RuntimeError('device "strict" needs array_api_strict: pip install array-api-strict') from None
+        else:
+            raise ValueError(f'unknown device {device!r}: use "cpu" or "cuda"')
+    return _BACKENDS[device]
+
+
+def _make_cuda():
+    hint = ('device "cuda" needs CuPy and an NVIDIA GPU: pip install "tinyattn[gpu]" '
+            '(CUDA 12), or pip install cupy-cuda13x for CUDA 13')
+    try:
+        backend = CupyBackend()
+        backend.xp.cuda.runtime.getDeviceCount()
+    except Exception as e:  # ImportError, or CUDA present in name only
+        raise RuntimeError(f"{hint} ({type(e).__name__}: {e})") from None
+    return backend
+
+
+def cuda_is_available():
+    try:
+        get_backend("cuda")
+        return True
+    except RuntimeError:
+        return False

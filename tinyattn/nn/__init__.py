@@ -1,0 +1,2 @@
+"""Neural-network layers."""
+from . import functional  # noqa: F401

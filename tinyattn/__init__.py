@@ -22,3 +22,4 @@ def chunk(x, chunks, dim=0): return x.chunk(chunks, dim)
 
 
 from .gradcheck import gradcheck, gradgradcheck, GradcheckError  # noqa: E402
+from . import nn, optim, models  # noqa: E402,F401

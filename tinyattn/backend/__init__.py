@@ -37,8 +37,8 @@ class Backend:
 
     # --- data in and out -------------------------------------------------
     def asarray(self, data, dtype=None):
-        """Host data (lists, numpy arrays, scalars) -> an array on this device."""
-        return np.asarray(data, dtype=None if dtype is None else np.dtype(dtype))
+        """Host data (lists, numpy arrays, scalars) -> a new array on this device (a copy)."""
+        return np.array(data, dtype=None if dtype is None else np.dtype(dtype))
 
     def to_numpy(self, a):
         """An explicit copy to the host: the only way data leaves a device."""

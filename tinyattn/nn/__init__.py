@@ -1,2 +1,8 @@
-"""Neural-network layers."""
+"""Neural-network layers: Module, Parameter, Linear, attention, ..."""
 from . import functional  # noqa: F401
+from . import utils  # noqa: F401
+from .modules import (Module, Parameter, Linear, Embedding, LayerNorm, Dropout, GELU, ReLU,
+                      Sequential, ModuleList, MultiHeadAttention, KVCache)
+
+__all__ = ["Module", "Parameter", "Linear", "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU",
+           "Sequential", "ModuleList", "MultiHeadAttention", "KVCache", "functional", "utils"]

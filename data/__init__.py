@@ -1,0 +1,1 @@
+"""Data sets for the lessons: tiny Shakespeare (download) and a generated coreference corpus."""

@@ -1,0 +1,217 @@
+"""Modules, layers, attention, optimizers."""
+import math
+
+import numpy as np
+import pytest
+
+import tinyattn as ta
+import tinyattn.nn as nn
+import tinyattn.nn.functional as F
+from tinyattn.optim import SGD, AdamW, warmup_cosine
+
+
+class TwoLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(4, 8)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(8, 2, bias=False)
+        self.norm = nn.LayerNorm(2)
+
+    def forward(self, x):
+        return self.norm(self.fc2(self.act(self.fc1(x))))
+
+
+def test_named_parameters_are_ordered_and_stable():
+    m = TwoLayer()
+    names = [n for n, _ in m.named_parameters()]
+    assert names == ["fc1.weight", "fc1.bias", "fc2.weight", "norm.weight", "norm.bias"]
+    assert list(m.state_dict()) == names
+    assert m.num_parameters() == 4 * 8 + 8 + 8 * 2 + 2 + 2
+
+
+def test_state_dict_round_trip_and_errors():
+    a, b = TwoLayer(), TwoLayer()
+    b.load_state_dict(a.state_dict())
+    x = ta.randn(3, 4)
+    np.testing.assert_array_equal(a(x).numpy(), b(x).numpy())
+    state = {k: v.numpy() for k, v in a.state_dict().items()}
+    del state["fc1.bias"]
+    state["extra.weight"] = np.zeros(3)
+    state["fc2.weight"] = np.zeros((5, 5))
+    with pytest.raises(KeyError) as err:
+        b.load_state_dict(state)
+    text = str(err.value)
+    assert "fc1.bias" in text and "extra.weight" in text and "fc2.weight" in text and "(5, 5)" in text
+
+
+def test_train_eval_and_zero_grad():
+    m = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5))
+    assert m.training and m[1].training
+    m.eval()
+    assert not m[1].training
+    x = ta.randn(4, 3)
+    np.testing.assert_array_equal(m(x).numpy(), m(x).numpy())    # no dropout in eval
+    m.train()
+    m(x).sum().backward()
+    assert m[0].weight.grad is not None
+    m.zero_grad()
+    assert m[0].weight.grad is None
+
+
+def test_module_list_and_repr():
+    ml = nn.ModuleList([nn.Linear(2, 2) for _ in range(3)])
+    assert len(ml) == 3 and len(list(ml.parameters())) == 6
+    assert "Linear(in_features=2" in repr(ml)
+
+
+def test_linear_matches_numpy():
+    lin = nn.Linear(5, 3)
+    x = ta.randn(2, 4, 5)
+    expected = x.numpy() @ lin.weight.numpy().T + lin.bias.numpy()
+    np.testing.assert_allclose(lin(x).numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_clip_grad_norm():
+    p = nn.Parameter(ta.zeros(4))
+    p.grad = ta.tensor([3.0, 4.0, 0.0, 0.0])
+    norm = nn.utils.clip_grad_norm_([p], 1.0)
+    assert abs(norm.item() - 5.0) < 1e-6
+    np.testing.assert_allclose(p.grad.numpy(), [0.6, 0.8, 0, 0], rtol=1e-5)
+    p.grad = ta.tensor([0.3, 0.4, 0.0, 0.0])
+    nn.utils.clip_grad_norm_([p], 1.0)
+    np.testing.assert_allclose(p.grad.numpy(), [0.3, 0.4, 0, 0], rtol=1e-6)
+
+
+# ------------------------------------------------------------------ attention
+def naive_attention(q, k, v, allowed=None):
+    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+    if allowed is not None:
+        s = np.where(allowed, s, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w = w / w.sum(-1, keepdims=True)
+    return w @ v
+
+
+def test_sdpa_matches_numpy_and_gradchecks(rng):
+    q, k, v = (ta.tensor(rng.standard_normal((2, 3, 5, 4)), dtype="float64", requires_grad=True) for _ in range(3))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    allowed = np.tril(np.ones((5, 5), bool))
+    np.testing.assert_allclose(out.numpy(), naive_attention(q.numpy(), k.numpy(), v.numpy(), allowed), rtol=1e-10)
+    assert ta.gradcheck(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), (q, k, v))
+
+
+def test_user_mask_combines_with_causal(rng):
+    q, k, v = (ta.tensor(rng.standard_normal((1, 2, 4, 3)), dtype="float64") for _ in range(3))
+    user = np.array([True, False, True, True])                  # key 1 is padding
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=ta.tensor(user), is_causal=True)
+    allowed = np.tril(np.ones((4, 4), bool)) & user
+    np.testing.assert_allclose(out.numpy(), naive_attention(q.numpy(), k.numpy(), v.numpy(), allowed), rtol=1e-10)
+    additive = ta.tensor(np.where(user, 0.0, -np.inf), dtype="float64")
+    out2 = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, is_causal=True)
+    np.testing.assert_allclose(out2.numpy(), out.numpy(), rtol=1e-10)
+
+
+def test_attention_weights_come_back(rng):
+    q, k, v = (ta.tensor(rng.standard_normal((1, 1, 3, 2))) for _ in range(3))
+    out, w = F.scaled_dot_product_attention(q, k, v, is_causal=True, return_weights=True)
+    assert w.shape == (1, 1, 3, 3)
+    np.testing.assert_allclose(w.numpy().sum(-1), 1.0, rtol=1e-6)
+    assert np.all(np.triu(w.numpy()[0, 0], 1) == 0)
+
+
+def test_multi_head_attention_is_causal():
+    ta.manual_seed(0)
+    mha = nn.MultiHeadAttention(8, 2)
+    x = ta.randn(1, 6, 8)
+    y1 = mha(x, is_causal=True).numpy()
+    x2 = x.numpy().copy()
+    x2[:, 4:] = np.random.default_rng(1).standard_normal((1, 2, 8))
+    y2 = mha(ta.tensor(x2), is_causal=True).numpy()
+    np.testing.assert_array_equal(y1[:, :4], y2[:, :4])
+    assert not np.allclose(y1[:, 4:], y2[:, 4:])
+
+
+def test_one_head_equals_single_head_attention():
+    ta.manual_seed(1)
+    mha = nn.MultiHeadAttention(6, 1)
+    x = ta.randn(2, 5, 6)
+    qkv = x.numpy() @ mha.c_attn.weight.numpy().T + mha.c_attn.bias.numpy()
+    q, k, v = np.split(qkv, 3, axis=-1)
+    att = naive_attention(q, k, v, np.tril(np.ones((5, 5), bool)))
+    expected = att @ mha.c_proj.weight.numpy().T + mha.c_proj.bias.numpy()
+    np.testing.assert_allclose(mha(x, is_causal=True).numpy(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_multi_head_attention_gradcheck():
+    ta.manual_seed(2)
+    mha = nn.MultiHeadAttention(4, 2)
+    for p in mha.parameters():
+        p.data = p.data.astype("float64")
+    x = ta.randn(1, 3, 4, dtype="float64", requires_grad=True)
+    w = mha.c_attn.weight
+    assert ta.gradcheck(lambda a, b: mha(a, is_causal=True), (x, w))
+
+
+# ------------------------------------------------------------------ optimizers
+def quadratic_descends(opt_cls, **kw):
+    ta.manual_seed(0)
+    p = nn.Parameter(ta.tensor([3.0, -2.0]))
+    opt = opt_cls([p], **kw)
+    for _ in range(200):
+        loss = (p * p).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return np.abs(p.numpy()).max()
+
+
+def test_sgd_and_adamw_minimise_a_quadratic():
+    assert quadratic_descends(SGD, lr=0.1) < 1e-6
+    assert quadratic_descends(SGD, lr=0.05, momentum=0.9) < 1e-3
+    assert quadratic_descends(AdamW, lr=0.1, weight_decay=0.0) < 1e-2
+
+
+def test_adamw_matches_the_formula():
+    p = nn.Parameter(ta.tensor([1.0, -2.0], dtype="float64"))
+    opt = AdamW([p], lr=0.1, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.5)
+    g = np.array([0.3, -0.4])
+    x, m, v = p.numpy().copy(), 0, 0
+    for t in (1, 2):
+        p.grad = ta.tensor(g, dtype="float64")
+        opt.step()
+        x = x * (1 - 0.1 * 0.5)
+        m = 0.9 * m + 0.1 * g
+        v = 0.99 * v + 0.01 * g * g
+        x = x - 0.1 * (m / (1 - 0.9 ** t)) / (np.sqrt(v / (1 - 0.99 ** t)) + 1e-8)
+    np.testing.assert_allclose(p.numpy(), x, rtol=1e-12)
+
+
+def test_optimizer_state_round_trip():
+    p = nn.Parameter(ta.tensor([1.0, 2.0]))
+    opt = AdamW([p], lr=0.01)
+    p.grad = ta.tensor([0.1, 0.2])
+    opt.step()
+    q = nn.Parameter(ta.tensor(p.numpy()))
+    opt2 = AdamW([q], lr=0.5)
+    opt2.load_state_dict(opt.state_dict())
+    assert opt2.param_groups[0]["lr"] == 0.01
+    for o, t in ((opt, p), (opt2, q)):
+        t.grad = ta.tensor([0.3, -0.1])
+        o.step()
+    np.testing.assert_array_equal(p.numpy(), q.numpy())
+
+
+def test_a_parameter_in_two_groups_is_an_error():
+    p = nn.Parameter(ta.zeros(2))
+    with pytest.raises(ValueError, match="more than one group"):
+        AdamW([{"params": [p]}, {"params": [p]}])
+
+
+def test_warmup_cosine_schedule():
+    lr = [warmup_cosine(s, 1.0, 0.1, 10, 100) for s in range(0, 120)]
+    assert lr[0] < lr[5] < lr[9] < 1.0
+    assert abs(lr[10] - 1.0) < 1e-12
+    assert abs(lr[55] - 0.55) < 1e-12
+    assert all(abs(x - 0.1) < 1e-12 for x in lr[101:])
+    assert all(a >= b for a, b in zip(lr[10:101], lr[11:101]))

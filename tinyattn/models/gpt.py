@@ -1,0 +1,166 @@
+"""A decoder-only GPT in one readable file, shaped like nanoGPT's model.py.
+
+B batch, T time (tokens), C channels (n_embd), H heads, V vocabulary.
+"""
+import math
+from dataclasses import dataclass, asdict
+
+from ..tensor import arange, no_grad, randn, tensor, zeros_like
+from ..ops import cat
+from ..backend import get_backend
+from .. import nn
+from ..nn import functional as F
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 256
+    vocab_size: int = 65
+    n_layer: int = 6
+    n_head: int = 6
+    n_embd: int = 384
+    dropout: float = 0.0
+    bias: bool = True
+    gelu: str = "tanh"        # "tanh" (GPT-2's approximation) or "none" (exact erf)
+
+    def to_dict(self):
+        return asdict(self)
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU(config.gelu)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):                                          # (B, T, C)
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))  # through (B, T, 4C)
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = nn.MultiHeadAttention(config.n_embd, config.n_head, bias=config.bias, dropout=config.dropout)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, kv_cache=None):                           # (B, T, C)
+        x = x + self.attn(self.ln_1(x), is_causal=kv_cache is None, kv_cache=kv_cache)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embeddings
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)  # position embeddings
+        self.drop = nn.Dropout(config.dropout)
+        self.h = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight                      # tied: one parameter
+        self._init_weights()
+
+    def _init_weights(self):
+        """GPT-2 init: N(0, 0.02), zero biases, residual projections N(0, 0.02 / sqrt(2 n_layer))."""
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                p.data = zeros_like(p).data
+            elif name.endswith("weight") and p.ndim == 2:
+                std = 0.02 / math.sqrt(2 * self.config.n_layer) if name.endswith("c_proj.weight") else 0.02
+                p.data = (randn(*p.shape, dtype=p.dtype, device=p.device) * std).data
+
+    def num_parameters(self, non_embedding=True):
+        """Parameter count; by default without the position embeddings, as nanoGPT reports."""
+        n = super().num_parameters()
+        return n - self.wpe.weight.numel() if non_embedding else n
+
+    def forward(self, idx, targets=None, kv_caches=None):
+        """idx (B, T) ints -> logits (B, T, V), and the mean cross-entropy when targets are given.
+
+        With ``kv_caches`` (one KVCache per block) only the new tokens are run:
+        their positions continue after the cached ones.
+        """
+        B, T = idx.shape
+        start = len(kv_caches[0]) if kv_caches else 0
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of length {start + T} is longer than block_size {self.config.block_size}")
+        pos = arange(start, start + T, device=idx.device)                  # (T,)
+        x = self.drop(self.wte(idx) + self.wpe(pos))                         # (B, T, C)
+        for i, block in enumerate(self.h):
+            x = block(x, kv_caches[i] if kv_caches else None)
+        logits = self.lm_head(self.ln_f(x))                                  # (B, T, V)
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T), ignore_index=-1)
+        return logits, loss
+
+    def configure_optimizer(self, weight_decay, learning_rate, betas):
+        """AdamW that decays matrices (ndim >= 2) only: not biases or LayerNorm weights."""
+        from ..optim import AdamW
+        params = self.parameters()
+        decay = [p for p in params if p.ndim >= 2]
+        no_decay = [p for p in params if p.ndim < 2]
+        return AdamW([{"params": decay, "weight_decay": weight_decay},
+                      {"params": no_decay, "weight_decay": 0.0}], lr=learning_rate, betas=betas)
+
+    @no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True):
+        """Sample ``max_new_tokens`` tokens after ``idx`` (B, T) and return (B, T + new).
+
+        With the KV cache each new token costs one position, not a full
+        forward. Once the text is longer than block_size the window slides:
+        every position changes, so the cache is rebuilt from the cropped context.
+        Randomness comes from the host generator (``ta.manual_seed``).
+        """
+        was_training = self.training
+        self.eval()
+        block = self.config.block_size
+        caches = None
+        for _ in range(max_new_tokens):
+            if use_cache and caches is not None and idx.shape[1] <= block:
+                logits, _ = self(idx[:, -1:], kv_caches=caches)       # the newest token only
+            else:
+                context = idx[:, -block:]
+                caches = [nn.KVCache() for _ in self.h] if use_cache and idx.shape[1] < block else None
+                logits, _ = self(context, kv_caches=caches)
+            next_id = sample_next(logits[:, -1, :], temperature, top_k, top_p)   # (B, 1)
+            idx = cat([idx, tensor(next_id, device=idx.device)], dim=1)
+        self.train(was_training)
+        return idx
+
+
+def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
+    """One token id per row of (B, V) logits, on the host: (B, 1) int64.
+
+    temperature 0 is greedy. top_k keeps the k largest logits; top_p keeps the
+    smallest set of tokens whose probability adds up to at least p.
+    """
+    np = get_backend("cpu").xp
+    logits = logits.numpy().astype(np.float64)                            # (B, V)
+    if temperature == 0:
+        return logits.argmax(-1)[:, None]
+    logits = logits / temperature
+    if top_k is not None:
+        kth = np.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]
+        logits = np.where(logits < kth, -np.inf, logits)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    if top_p is not None:
+        order = np.argsort(-probs, axis=-1)
+        sorted_p = np.take_along_axis(probs, order, -1)
+        before = np.cumsum(sorted_p, -1) - sorted_p                       # mass of the better tokens
+        keep_sorted = before < top_p                                      # the best token always stays
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, -1)
+        probs = np.where(keep, probs, 0.0)
+        probs /= probs.sum(-1, keepdims=True)
+    rng = get_backend("cpu").rng
+    u = rng.random((probs.shape[0], 1))
+    return np.minimum((np.cumsum(probs, -1) < u).sum(-1, keepdims=True), probs.shape[1] - 1)

@@ -1,0 +1,336 @@
+"""Module, Parameter and the layers built on them."""
+import math
+from collections import OrderedDict
+
+from ..tensor import arange, ones, rand, randn, tensor, zeros
+from ..tensor import Tensor
+from . import functional as F
+
+
+class Parameter(Tensor):
+    """A Tensor that a Module registers as trainable (requires_grad by default)."""
+
+    __slots__ = ()
+
+    def __init__(self, data, requires_grad=True):
+        t = data if isinstance(data, Tensor) else tensor(data)
+        self._init(t.data, t._backend, requires_grad)
+
+    def __repr__(self):
+        return "Parameter containing:\n" + super().__repr__()
+
+
+class Module:
+    """Base class of layers. Assign Parameters and Modules as attributes; they
+    are registered in order, so ``parameters()`` always comes in the same order."""
+
+    def __init__(self):
+        object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "training", True)
+
+    def __setattr__(self, name, value):
+        if "_parameters" not in self.__dict__:
+            raise RuntimeError(f"{type(self).__name__}.__init__ must call super().__init__() first")
+        for table in (self._parameters, self._modules, self._buffers):
+            table.pop(name, None)
+        if isinstance(value, Parameter):
+            self._parameters[name] = value
+        elif isinstance(value, Module):
+            self._modules[name] = value
+        object.__setattr__(self, name, value)
+
+    def register_buffer(self, name, tensor):
+        """A tensor that belongs to the module's state but is not trained."""
+        setattr(self, name, tensor)
+        self._buffers[name] = tensor
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    # --- walking the tree ---
+    def named_modules(self, prefix=""):
+        yield prefix, self
+        for name, module in self._modules.items():
+            yield from module.named_modules(f"{prefix}.{name}" if prefix else name)
+
+    def modules(self):
+        return (m for _, m in self.named_modules())
+
+    def children(self):
+        return iter(self._modules.values())
+
+    def named_parameters(self, prefix=""):
+        """(name, parameter) pairs; a parameter shared by two modules comes once."""
+        seen = set()
+        for mod_name, module in self.named_modules(prefix):
+            for name, p in module._parameters.items():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield (f"{mod_name}.{name}" if mod_name else name), p
+
+    def parameters(self):
+        return [p for _, p in self.named_parameters()]
+
+    def named_buffers(self):
+        for mod_name, module in self.named_modules():
+            for name, b in module._buffers.items():
+                yield (f"{mod_name}.{name}" if mod_name else name), b
+
+    # --- state ---
+    def state_dict(self):
+        """Name -> Tensor for every parameter and buffer, in registration order."""
+        state = OrderedDict(self.named_parameters())
+        state.update(self.named_buffers())
+        return state
+
+    def load_state_dict(self, state, strict=True):
+        """Copy values in. Missing, unexpected or wrongly shaped keys are an error
+        that lists them (with strict=False only shapes are checked)."""
+        own = self.state_dict()
+        missing = [k for k in own if k not in state]
+        unexpected = [k for k in state if k not in own]
+        wrong = [f"{k}: expected {own[k].shape}, got {tuple(state[k].shape)}"
+                 for k in own if k in state and tuple(state[k].shape) != own[k].shape]
+        problems = []
+        if strict and missing:
+            problems.append(f"missing keys {missing}")
+        if strict and unexpected:
+            problems.append(f"unexpected keys {unexpected}")
+        if wrong:
+            problems.append(f"wrong shapes [{'; '.join(wrong)}]")
+        if problems:
+            raise KeyError(f"load_state_dict for {type(self).__name__}: " + ", ".join(problems))
+        for name, t in own.items():
+            if name in state:
+                value = state[name]
+                value = value.numpy() if isinstance(value, Tensor) else value
+                t.data = tensor(value, dtype=t.dtype, device=t.device).data
+        return missing, unexpected
+
+    # --- modes, devices, gradients ---
+    def train(self, mode=True):
+        for m in self.modules():
+            object.__setattr__(m, "training", mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def to(self, device):
+        """Move every parameter and buffer to ``device``, in place."""
+        for _, t in list(self.named_parameters()) + list(self.named_buffers()):
+            if t.device != device:
+                moved = t.to(device)
+                t.data, t._backend, t.grad = moved.data, moved._backend, None
+        return self
+
+    def zero_grad(self):
+        for p in self.parameters():
+            p.grad = None
+
+    def num_parameters(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def __repr__(self):
+        lines = [f"  ({name}): " + repr(m).replace("\n", "\n  ") for name, m in self._modules.items()]
+        extra = self.extra_repr()
+        if not lines:
+            return f"{type(self).__name__}({extra})"
+        return f"{type(self).__name__}({extra}\n" + "\n".join(lines) + "\n)"
+
+    def extra_repr(self):
+        return ""
+
+
+# ---------------------------------------------------------------- layers
+class Linear(Module):
+    """y = x W^T + b, W (out_features, in_features); init U(-1/sqrt(in), 1/sqrt(in)) as in PyTorch."""
+
+    def __init__(self, in_features, out_features, bias=True):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        bound = 1.0 / math.sqrt(in_features)
+        self.weight = Parameter(rand(out_features, in_features) * (2 * bound) - bound)
+        self.bias = Parameter(rand(out_features) * (2 * bound) - bound) if bias else None
+
+    def forward(self, x):                       # (..., in) -> (..., out)
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Embedding(Module):
+    """A (num_embeddings, embedding_dim) table looked up by integer ids; init N(0, 1)."""
+
+    def __init__(self, num_embeddings, embedding_dim):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.weight = Parameter(randn(num_embeddings, embedding_dim))
+
+    def forward(self, idx):                     # (...) int -> (..., C)
+        return F.embedding(idx, self.weight)
+
+    def extra_repr(self):
+        return f"{self.num_embeddings}, {self.embedding_dim}"
+
+
+class LayerNorm(Module):
+    def __init__(self, normalized_shape, eps=1e-5, bias=True):
+        super().__init__()
+        self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.eps = eps
+        self.weight = Parameter(ones(*self.normalized_shape))
+        self.bias = Parameter(zeros(*self.normalized_shape)) if bias else None
+
+    def forward(self, x):                       # (..., C) -> (..., C)
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}"
+
+
+class Dropout(Module):
+    def __init__(self, p=0.5):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        return F.dropout(x, self.p, self.training)
+
+    def extra_repr(self):
+        return f"p={self.p}"
+
+
+class GELU(Module):
+    def __init__(self, approximate="none"):
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x):
+        return F.gelu(x, self.approximate)
+
+
+class ReLU(Module):
+    def forward(self, x):
+        return x.relu()
+
+
+class Sequential(Module):
+    def __init__(self, *layers):
+        super().__init__()
+        for i, layer in enumerate(layers):
+            setattr(self, str(i), layer)
+
+    def forward(self, x):
+        for layer in self._modules.values():
+            x = layer(x)
+        return x
+
+    def __getitem__(self, i):
+        return list(self._modules.values())[i]
+
+    def __len__(self):
+        return len(self._modules)
+
+
+class ModuleList(Module):
+    def __init__(self, modules=()):
+        super().__init__()
+        for m in modules:
+            self.append(m)
+
+    def append(self, module):
+        setattr(self, str(len(self._modules)), module)
+        return self
+
+    def __getitem__(self, i):
+        return list(self._modules.values())[i]
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def __len__(self):
+        return len(self._modules)
+
+
+class MultiHeadAttention(Module):
+    """Self-attention with n_head heads: one fused qkv projection, heads split,
+    scaled dot-product attention, heads merged, an output projection.
+
+    forward(x (B, T, C), attn_mask=None, is_causal=False, kv_cache=None) -> (B, T, C).
+    With ``keep_weights = True`` the last (B, H, T, T) attention weights stay in
+    ``self.last_weights``, for visualisation.
+    """
+
+    def __init__(self, n_embd, n_head, bias=True, dropout=0.0):
+        super().__init__()
+        if n_embd % n_head:
+            raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+        self.n_embd, self.n_head, self.dropout = n_embd, n_head, dropout
+        self.c_attn = Linear(n_embd, 3 * n_embd, bias=bias)       # q, k, v in one matmul
+        self.c_proj = Linear(n_embd, n_embd, bias=bias)
+        self.resid_dropout = Dropout(dropout)
+        self.keep_weights = False
+        self.last_weights = None
+
+    def forward(self, x, attn_mask=None, is_causal=False, kv_cache=None):
+        B, T, C = x.shape
+        H, D = self.n_head, C // self.n_head
+        q, k, v = self.c_attn(x).split(C, dim=2)                     # 3 x (B, T, C)
+        q = q.view(B, T, H, D).transpose(1, 2)                       # (B, H, T, D)
+        k = k.view(B, T, H, D).transpose(1, 2)
+        v = v.view(B, T, H, D).transpose(1, 2)
+        if kv_cache is not None:                                     # the keys and values so far
+            k, v = kv_cache.append(k, v)                             # (B, H, T_past + T, D)
+            if T > 1:                                                # new queries sit at the end
+                attn_mask = kv_cache.causal_mask(T, k.shape[2], x)
+                is_causal = False
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0, return_weights=self.keep_weights)
+        if self.keep_weights:
+            y, weights = y
+            self.last_weights = weights.detach()
+        y = y.transpose(1, 2).reshape(B, T, C)                      # merge heads: (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class KVCache:
+    """Keys and values of the tokens seen so far, for one attention layer."""
+
+    def __init__(self):
+        self.k = self.v = None
+
+    def __len__(self):
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k, v):                                          # (B, H, T, D) each
+        if self.k is not None:
+            k = _cat2(self.k, k)
+            v = _cat2(self.v, v)
+        self.k, self.v = k.detach(), v.detach()
+        return k, v
+
+    def crop(self, length):
+        """Keep only the last ``length`` positions."""
+        if self.k is not None and self.k.shape[2] > length:
+            self.k = self.k[:, :, -length:]
+            self.v = self.v[:, :, -length:]
+
+    @staticmethod
+    def causal_mask(t_new, t_total, like):
+        """(t_new, t_total): query i (at absolute position t_total - t_new + i) sees keys <= it."""
+        rows = arange(t_total - t_new, t_total, device=like.device).view(t_new, 1)
+        cols = arange(t_total, device=like.device).view(1, t_total)
+        return cols <= rows
+
+
+def _cat2(a, b):
+    from ..ops import cat
+    return cat([a, b], dim=2)

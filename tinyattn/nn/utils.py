@@ -1,0 +1,20 @@
+"""Training utilities."""
+from ..tensor import Tensor
+
+
+def clip_grad_norm_(parameters, max_norm):
+    """Scale all gradients so that their global L2 norm is at most ``max_norm``.
+
+    Returns the norm before clipping as a 0-d Tensor. Everything stays on the
+    device: the scale is min(1, max_norm / norm), so no value is read back.
+    """
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        raise ValueError("clip_grad_norm_: no parameter has a gradient")
+    xp = grads[0].xp
+    total_sq = sum(xp.sum(g.data * g.data) for g in grads)
+    norm = xp.sqrt(total_sq)
+    coef = xp.minimum(max_norm / (norm + 1e-6), 1.0)
+    for g in grads:
+        g.data = g.data * coef
+    return Tensor._make(norm, grads[0]._backend)

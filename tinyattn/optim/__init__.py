@@ -1,0 +1,129 @@
+"""Optimizers (SGD with momentum, AdamW) and the warmup + cosine learning-rate schedule.
+
+Updates work on raw arrays, in place, outside the autodiff graph.
+"""
+import math
+
+from ..tensor import Tensor
+
+
+class Optimizer:
+    """Holds parameter groups (dicts with "params" and hyperparameters) and per-parameter state."""
+
+    def __init__(self, params, defaults):
+        params = list(params)
+        if params and isinstance(params[0], Tensor):
+            params = [{"params": params}]
+        self.param_groups = []
+        seen = set()
+        for group in params:
+            group = {**defaults, **group, "params": list(group["params"])}
+            for p in group["params"]:
+                if id(p) in seen:
+                    raise ValueError("a parameter appears in more than one group (a tied weight counts once)")
+                seen.add(id(p))
+            self.param_groups.append(group)
+        self.state = {}                    # id(param) -> dict of arrays
+
+    def parameters(self):
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def zero_grad(self):
+        for p in self.parameters():
+            p.grad = None
+
+    def step(self):
+        raise NotImplementedError
+
+    # --- saving: state keyed by the parameter's position, values on the host ---
+    def state_dict(self):
+        state = {}
+        for i, p in enumerate(self.parameters()):
+            if id(p) in self.state:
+                state[i] = {k: (p._backend.to_numpy(v).copy() if not isinstance(v, (int, float)) else v)
+                            for k, v in self.state[id(p)].items()}
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, saved):
+        params = self.parameters()
+        if len(saved["param_groups"]) != len(self.param_groups):
+            raise ValueError(f"optimizer state has {len(saved['param_groups'])} groups, "
+                             f"this optimizer has {len(self.param_groups)}")
+        for group, hyper in zip(self.param_groups, saved["param_groups"]):
+            group.update(hyper)
+        self.state = {}
+        for i, values in saved["state"].items():
+            p = params[int(i)]
+            self.state[id(p)] = {k: (v if isinstance(v, (int, float)) else p._backend.asarray(v))
+                                 for k, v in values.items()}
+
+
+class SGD(Optimizer):
+    """p -= lr * (g + weight_decay * p), with heavy-ball momentum: buf = momentum * buf + g."""
+
+    def __init__(self, params, lr=1e-2, momentum=0.0, weight_decay=0.0):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+
+    def step(self):
+        for group in self.param_groups:
+            lr, mom, wd = group["lr"], group["momentum"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad.data
+                if wd:
+                    g = g + wd * p.data
+                if mom:
+                    state = self.state.setdefault(id(p), {})
+                    buf = state.get("momentum_buffer")
+                    state["momentum_buffer"] = g.copy() if buf is None else buf * mom + g
+                    g = state["momentum_buffer"]
+                p.data -= lr * g
+
+
+class AdamW(Optimizer):
+    """Adam with decoupled weight decay (Loshchilov and Hutter): p -= lr * wd * p, then the Adam step."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+
+    def step(self):
+        for group in self.param_groups:
+            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad.data
+                xp = p.xp
+                state = self.state.get(id(p))
+                if state is None:
+                    state = self.state[id(p)] = {"step": 0, "exp_avg": xp.zeros_like(p.data),
+                                                 "exp_avg_sq": xp.zeros_like(p.data)}
+                state["step"] += 1
+                t = state["step"]
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m *= b1
+                m += (1 - b1) * g                                   # first moment
+                v *= b2
+                v += (1 - b2) * (g * g)                             # second moment
+                if wd:
+                    p.data *= 1 - lr * wd                           # decoupled decay
+                step_size = lr / (1 - b1 ** t)
+                denom = xp.sqrt(v) * (1.0 / math.sqrt(1 - b2 ** t)) + eps
+                p.data -= step_size * (m / denom)
+
+
+def warmup_cosine(step, max_lr, min_lr, warmup_iters, lr_decay_iters):
+    """nanoGPT's schedule: linear warmup to max_lr, cosine down to min_lr at lr_decay_iters, then flat."""
+    if step < warmup_iters:
+        return max_lr * (step + 1) / (warmup_iters + 1)
+    if step > lr_decay_iters:
+        return min_lr
+    ratio = (step - warmup_iters) / max(1, lr_decay_iters - warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (max_lr - min_lr)
+
+
+def set_lr(optimizer, lr):
+    for group in optimizer.param_groups:
+        group["lr"] = lr

@@ -1,0 +1,1 @@
+"""The training program: python -m train."""

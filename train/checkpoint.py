@@ -1,0 +1,59 @@
+"""Checkpoints: one .npz file, loadable with allow_pickle=False.
+
+Arrays: "model/<name>" for each parameter, "optim/<i>/<key>" for the
+optimizer state of parameter i. Everything else (config, step, RNG states,
+tokenizer, optimizer hyperparameters) is JSON in the 0-d string array "meta".
+Writes are atomic: a temporary file in the same folder, then a rename, so a
+run that dies keeps its last good checkpoint.
+"""
+import json
+import os
+import tempfile
+
+import numpy as np
+
+
+def save(path, model, optimizer, meta):
+    arrays = {f"model/{name}": t.numpy() for name, t in model.state_dict().items()}
+    opt = optimizer.state_dict()
+    for i, values in opt["state"].items():
+        for key, value in values.items():
+            arrays[f"optim/{i}/{key}"] = np.asarray(value)
+    meta = dict(meta, optim_groups=opt["param_groups"])
+    arrays["meta"] = np.array(json.dumps(meta))
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".ckpt-", suffix=".npz.tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def load(path):
+    """-> (model_state, optim_state, meta), all on the host."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    with np.load(path, allow_pickle=False) as f:
+        meta = json.loads(str(f["meta"]))
+        model_state = {k[len("model/"):]: f[k] for k in f.files if k.startswith("model/")}
+        state = {}
+        for k in f.files:
+            if k.startswith("optim/"):
+                _, i, key = k.split("/", 2)
+                value = f[k]
+                state.setdefault(int(i), {})[key] = value.item() if value.ndim == 0 else value
+    optim_state = {"state": state, "param_groups": [_groups_from_json(g) for g in meta.pop("optim_groups")]}
+    return model_state, optim_state, meta
+
+
+def _groups_from_json(group):
+    if "betas" in group:
+        group["betas"] = tuple(group["betas"])
+    return group

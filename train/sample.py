@@ -1,0 +1,57 @@
+"""python -m train.sample --out_dir DIR: generate text from a checkpoint."""
+import sys
+
+import tinyattn as ta
+from tinyattn.models import GPT, GPTConfig
+
+from . import checkpoint
+from .__main__ import OneLineParser
+from .data import tokenizer_from_json
+
+
+def build_parser():
+    p = OneLineParser(prog="python -m train.sample", description=__doc__)
+    p.add_argument("--out_dir", default="out-coref", help="the folder that holds ckpt.npz")
+    p.add_argument("--start", default=None, help="the prompt (default: the first token of the vocabulary)")
+    p.add_argument("--num_samples", type=int, default=3)
+    p.add_argument("--max_new_tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top_k", type=int, default=None)
+    p.add_argument("--top_p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", default="cpu")
+    return p
+
+
+def load_model(out_dir, device="cpu"):
+    """-> (model in eval mode, tokenizer) from out_dir/ckpt.npz."""
+    model_state, _, meta = checkpoint.load(f"{out_dir}/ckpt.npz")
+    model = GPT(GPTConfig(**meta["config"]))
+    model.load_state_dict(model_state)
+    return model.to(device).eval(), tokenizer_from_json(meta["tokenizer"])
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        if args.temperature < 0 or (args.top_p is not None and not 0 < args.top_p <= 1):
+            raise ValueError("--temperature must be >= 0 and --top_p in (0, 1]")
+        model, tokenizer = load_model(args.out_dir, args.device)
+        start = tokenizer.encode(args.start) if args.start else [0]
+        if not start:
+            raise ValueError("--start is empty")
+    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as e:
+        print(f"python -m train.sample: error: {e}", file=sys.stderr)
+        return 1
+    ta.manual_seed(args.seed)
+    for i in range(args.num_samples):
+        idx = ta.tensor([start], device=args.device)
+        out = model.generate(idx, args.max_new_tokens, temperature=args.temperature,
+                             top_k=args.top_k, top_p=args.top_p)
+        print(tokenizer.decode(out[0].tolist()))
+        print("---------------")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -100,16 +100,27 @@ class Pow(Function):
 
 
 class MatMul(Function):
-    """(..., n, k) @ (..., k, m) -> (..., n, m), batch dims broadcast."""
+    """(..., n, k) @ (..., k, m) -> (..., n, m), batch dims broadcast.
+
+    (..., n, k) @ (k, m), as in every Linear layer, runs as one 2-d matmul
+    (B*T, k) @ (k, m): BLAS does one big product much faster than B small ones.
+    """
 
     def forward(self, a, b):
+        if b.ndim == 2 and a.ndim > 2:
+            flat = self.xp.matmul(self.xp.reshape(a, (-1, a.shape[-1])), b)     # (B*T, m)
+            return self.xp.reshape(flat, a.shape[:-1] + b.shape[-1:])
         return self.xp.matmul(a, b)
 
     def backward(self, g):
         a, b = self.parents
         da, db = self.needs_input_grad
-        return (sum_to(g @ b.mT, a.shape) if da else None,
-                sum_to(a.mT @ g, b.shape) if db else None)
+        grad_a = sum_to(g @ b.mT, a.shape) if da else None
+        if not db:
+            return grad_a, None
+        if b.ndim == 2 and a.ndim > 2:                        # sum over B and T in one matmul
+            return grad_a, a.reshape(-1, a.shape[-1]).mT @ g.reshape(-1, g.shape[-1])
+        return grad_a, sum_to(a.mT @ g, b.shape)
 
 
 def matmul(a, b):

@@ -90,6 +90,12 @@ def _sdpa(q, k, v, mask=None, causal=False):
     return _softmax(s) @ v
 
 
+def _attention(q, k, v, causal=False, scale=None):
+    """The plain formula with a chosen scale: a reference for flash attention."""
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return _sdpa(q * (scale * math.sqrt(q.shape[-1])), k, v, causal=causal)
+
+
 INT_IDX = np.array([2, 0, 2, 3, 2])               # repeated ids: their gradients must add up
 BOOL_MASK = np.array([[True, False, True, True], [False, False, True, False], [True, True, False, True]])
 
@@ -213,4 +219,14 @@ OPS = [
            lambda r: [normal(r, 1, 2, 3, 4), normal(r, 1, 2, 3, 4), normal(r, 1, 2, 3, 4),
                       np.array([[True, True, True], [False, True, True], [True, False, True]])],
            lambda q, k, v, m: _sdpa(q, k, v, m, causal=True)),
+    # flash attention: tiles of block_size that divide neither Tq nor Tk
+    OpSpec("F.flash_attention", lambda q, k, v: F.flash_attention(q, k, v, block_size=2),
+           lambda r: [normal(r, 1, 2, 3, 4), normal(r, 1, 2, 5, 4), normal(r, 1, 2, 5, 3)], _sdpa, gradgrad=False),
+    OpSpec("F.flash_attention(causal)", lambda q, k, v: F.flash_attention(q, k, v, is_causal=True, block_size=2),
+           lambda r: [normal(r, 2, 1, 5, 3), normal(r, 2, 1, 7, 3), normal(r, 2, 1, 7, 3)],
+           lambda q, k, v: _sdpa(q, k, v, causal=True), gradgrad=False),
+    OpSpec("F.flash_attention(causal, Tq > Tk, scale)",
+           lambda q, k, v: F.flash_attention(q, k, v, is_causal=True, scale=0.7, block_size=3),
+           lambda r: [normal(r, 1, 2, 7, 4), normal(r, 1, 2, 4, 4), normal(r, 1, 2, 4, 2)],
+           lambda q, k, v: _attention(q, k, v, causal=True, scale=0.7), gradgrad=False),
 ]

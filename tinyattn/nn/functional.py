@@ -11,7 +11,8 @@ from ..tensor import Function
 from ..ops import gelu as _gelu, _const
 
 __all__ = ["softmax", "log_softmax", "logsumexp", "cross_entropy", "embedding", "layer_norm",
-           "dropout", "gelu", "relu", "linear", "scaled_dot_product_attention"]
+           "dropout", "gelu", "relu", "linear", "scaled_dot_product_attention",
+           "flash_attention"]
 
 
 def _stable_exp(xp, x, dim):
@@ -277,3 +278,6 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropo
         weights_used = weights
     out = weights_used @ v                                          # (B, H, Tq, Dv)
     return (out, weights) if return_weights else out
+
+
+from .flash import flash_attention  # noqa: E402

@@ -130,3 +130,40 @@ def test_sample_cli_error_is_one_line(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1
     assert "no checkpoint" in proc.stderr
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+    """Two half batches with loss/2 each give the same step, clipping included, as one full batch."""
+    import tinyattn as ta
+    from tinyattn.models import GPT, GPTConfig
+    from train.__main__ import train_step
+    rng = np.random.default_rng(0)
+    x = ta.tensor(rng.integers(0, 9, (4, 8)))
+    y = ta.tensor(rng.integers(0, 9, (4, 8)))
+    results = []
+    for batches in ([(x, y)], [(x[:2], y[:2]), (x[2:], y[2:])]):
+        ta.manual_seed(0)
+        model = GPT(GPTConfig(block_size=8, vocab_size=9, n_layer=1, n_head=2, n_embd=8))
+        opt = model.configure_optimizer(0.1, 1e-2, (0.9, 0.99))
+        loss = train_step(model, opt, batches, grad_clip=0.01)      # a clip that bites
+        results.append((loss.item(), [p.numpy().copy() for p in model.parameters()]))
+    assert abs(results[0][0] - results[1][0]) < 1e-6
+    for a, b in zip(results[0][1], results[1][1]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_ctrl_c_saves_a_checkpoint(text_file, tmp_path, monkeypatch):
+    import train.__main__ as program
+    real_step = program.train_step
+    calls = []
+
+    def interrupted_step(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 6:
+            raise KeyboardInterrupt
+        return real_step(*args, **kwargs)
+    monkeypatch.setattr(program, "train_step", interrupted_step)
+    out = tmp_path / "run"
+    assert main(["--data", text_file, "--out_dir", str(out), *TINY, "--max_iters", "20"]) == 130
+    _, _, meta = checkpoint.load(str(out / "ckpt.npz"))
+    assert meta["step"] == 5

@@ -109,6 +109,26 @@ def estimate_loss(model, dataset, args):
     return out
 
 
+def train_step(model, optimizer, batches, grad_clip):
+    """One optimizer step over the micro-batches [(x, y), ...]: their gradients add up.
+
+    Each loss is scaled by 1/k, so the summed gradient is that of the mean loss
+    and clipping sees the same norm as one big batch would. Returns the mean
+    loss as a 0-d Tensor, still on the device.
+    """
+    total = None
+    for x, y in batches:
+        _, loss = model(x, y)
+        scaled = loss * (1.0 / len(batches))
+        scaled.backward()
+        total = scaled.detach() if total is None else total + scaled.detach()
+    if grad_clip > 0:
+        clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad()
+    return total
+
+
 def sample_text(model, dataset, args, n_tokens):
     """A short sample for the log, from its own generator (training randomness is untouched)."""
     host = ta.backend.get_backend("cpu")
@@ -215,15 +235,9 @@ def train(args):
             lr = warmup_cosine(step, args.learning_rate, args.min_lr, args.warmup_iters, args.lr_decay_iters)
             set_lr(optimizer, lr)
             t0 = time.time()
-            for _ in range(args.gradient_accumulation_steps):
-                x, y = to_device(dataset.get_batch("train", args.batch_size, args.block_size, state["data_rng"]),
-                                 args.device)
-                _, loss = model(x, y)
-                (loss * (1.0 / args.gradient_accumulation_steps)).backward()
-            if args.grad_clip > 0:
-                clip_grad_norm_(model.parameters(), args.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad()
+            batches = [to_device(dataset.get_batch("train", args.batch_size, args.block_size, state["data_rng"]),
+                                 args.device) for _ in range(args.gradient_accumulation_steps)]
+            loss = train_step(model, optimizer, batches, args.grad_clip)
             state["step"] = step + 1
             if step % args.log_interval == 0:          # reading the loss waits for the device: not every step
                 bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")

@@ -15,6 +15,19 @@ def make_tensors(arrays, device="cpu", dtype="float64"):
             else ta.tensor(a, device=device) for a in arrays]
 
 
+def forward_and_backward(spec, arrays, device):
+    """An op-table entry on ``device``: [output, gradient of each differentiable input] as host arrays.
+
+    The cotangent is the same random array on every device, so results compare directly.
+    """
+    inputs = make_tensors(arrays, device=device)
+    out = spec.fn(*inputs)
+    assert out.device == device
+    cotangent = np.random.default_rng(5).standard_normal(out.shape)
+    out.backward(ta.tensor(cotangent, dtype="float64", device=device))
+    return [out.numpy()] + [t.grad.numpy() for t in inputs if t.requires_grad]
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)

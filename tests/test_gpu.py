@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tinyattn as ta
-from conftest import make_tensors
+from conftest import make_tensors, forward_and_backward
 from optable import OPS
 
 pytestmark = pytest.mark.gpu
@@ -17,15 +17,9 @@ IDS = [spec.name for spec in OPS]
 def test_op_matches_numpy_on_cuda(spec):
     """Forward and backward of every table op: CuPy against numpy, float64."""
     arrays = spec.inputs(np.random.default_rng(4))
-    results = {}
-    for device in ("cpu", "cuda"):
-        inputs = make_tensors(arrays, device=device)
-        out = spec.fn(*inputs)
-        assert out.device == device
-        cotangent = np.random.default_rng(5).standard_normal(out.shape)
-        out.backward(ta.tensor(cotangent, dtype="float64", device=device))
-        results[device] = [out.numpy()] + [t.grad.numpy() for t in inputs if t.requires_grad]
-    for a, b in zip(results["cpu"], results["cuda"]):
+    on_cpu = forward_and_backward(spec, arrays, "cpu")
+    on_gpu = forward_and_backward(spec, arrays, "cuda")
+    for a, b in zip(on_cpu, on_gpu):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
 
 

@@ -5,7 +5,7 @@ import pytest
 import tinyattn as ta
 import tinyattn.nn.functional as F
 from tinyattn.tensor import Function
-from conftest import make_tensors
+from conftest import make_tensors, forward_and_backward
 from optable import OPS
 
 IDS = [spec.name for spec in OPS]
@@ -54,15 +54,9 @@ def test_float32_stays_float32(spec):
 def test_stand_in_device_matches_numpy(spec):
     """The op on array_api_strict's non-CPU device: no implicit host conversion, same numbers."""
     arrays = spec.inputs(np.random.default_rng(4))
-    results = {}
-    for device in ("cpu", "strict"):
-        inputs = make_tensors(arrays, device=device)
-        out = spec.fn(*inputs)
-        assert out.device == device
-        cotangent = np.random.default_rng(5).standard_normal(out.shape)
-        out.backward(ta.tensor(cotangent, dtype="float64", device=device))
-        results[device] = [out.numpy()] + [t.grad.numpy() for t in inputs if t.requires_grad]
-    for a, b in zip(results["cpu"], results["strict"]):
+    on_cpu = forward_and_backward(spec, arrays, "cpu")
+    on_device = forward_and_backward(spec, arrays, "strict")
+    for a, b in zip(on_cpu, on_device):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
 
 

@@ -24,6 +24,9 @@ def save(path, model, optimizer, meta):
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".ckpt-", suffix=".npz.tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)               # mkstemp makes it private; a checkpoint is an ordinary file
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays)

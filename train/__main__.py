@@ -223,8 +223,9 @@ def train(args):
             say("  sample: " + repr(sample_text(model, dataset, args, args.sample_tokens)[:300]))
         if losses["val"] < state["best_val_loss"]:
             state["best_val_loss"] = losses["val"]
-            if step > 0:
+            if step > 0:                             # ckpt.npz: the latest state, for --resume
                 save_checkpoint(ckpt_path, model, optimizer, state, args, dataset)
+                save_checkpoint(os.path.join(args.out_dir, "best.npz"), model, optimizer, state, args, dataset)
         return losses
 
     try:

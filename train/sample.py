@@ -12,6 +12,8 @@ from .data import tokenizer_from_json
 def build_parser():
     p = OneLineParser(prog="python -m train.sample", description=__doc__)
     p.add_argument("--out_dir", default="out-coref", help="the folder that holds ckpt.npz")
+    p.add_argument("--checkpoint", default="ckpt", choices=["ckpt", "best"],
+                   help="ckpt: the latest state (default); best: the state with the best val loss")
     p.add_argument("--start", default=None, help="the prompt (default: the first token of the vocabulary)")
     p.add_argument("--num_samples", type=int, default=3)
     p.add_argument("--max_new_tokens", type=int, default=200)
@@ -23,9 +25,9 @@ def build_parser():
     return p
 
 
-def load_model(out_dir, device="cpu"):
-    """-> (model in eval mode, tokenizer) from out_dir/ckpt.npz."""
-    model_state, _, meta = checkpoint.load(f"{out_dir}/ckpt.npz")
+def load_model(out_dir, device="cpu", which="ckpt"):
+    """-> (model in eval mode, tokenizer) from out_dir/ckpt.npz (or best.npz)."""
+    model_state, _, meta = checkpoint.load(f"{out_dir}/{which}.npz")
     model = GPT(GPTConfig(**meta["config"]))
     model.load_state_dict(model_state)
     return model.to(device).eval(), tokenizer_from_json(meta["tokenizer"])
@@ -36,7 +38,7 @@ def main(argv=None):
     try:
         if args.temperature < 0 or (args.top_p is not None and not 0 < args.top_p <= 1):
             raise ValueError("--temperature must be >= 0 and --top_p in (0, 1]")
-        model, tokenizer = load_model(args.out_dir, args.device)
+        model, tokenizer = load_model(args.out_dir, args.device, args.checkpoint)
         start = tokenizer.encode(args.start) if args.start else [0]
         if not start:
             raise ValueError("--start is empty")

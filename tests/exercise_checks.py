@@ -1,0 +1,275 @@
+"""The checks of EXERCISES.md, each written once and given the module to check.
+
+tests/test_exercises_<name>.py run them on the learner's exercises/<name>.py
+(skipped until that file exists); tests/test_exercise_solutions.py runs them
+on the reference solutions in tests/exercise_solutions/.
+"""
+import importlib
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tinyattn as ta
+import tinyattn.nn.functional as F
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))           # the learner's exercises/ package lives there
+
+
+def load_exercise(name):
+    """exercises/<name>.py as a module; the test is skipped while the file does not exist.
+
+    (Only a missing file skips: an error inside the learner's file is reported.)
+    """
+    if not (REPO_ROOT / "exercises" / f"{name}.py").exists():
+        pytest.skip(f"exercises/{name}.py does not exist yet: see EXERCISES.md")
+    return importlib.import_module(f"exercises.{name}")
+
+
+def need(mod, name):
+    """mod.name, or a skip that says what to write next."""
+    if not hasattr(mod, name):
+        pytest.skip(f"{mod.__name__} has no {name} yet")
+    return getattr(mod, name)
+
+
+def rand(rng, *shape, grad=False):
+    return ta.tensor(rng.standard_normal(shape), dtype="float64", requires_grad=grad)
+
+
+def double(module):
+    """Turn a module's parameters into float64, in place, for gradcheck."""
+    for p in module.parameters():
+        p.data = p.double().data
+    return module
+
+
+def close(a, b, tol=1e-10):
+    a = a.numpy() if isinstance(a, ta.Tensor) else np.asarray(a)
+    b = b.numpy() if isinstance(b, ta.Tensor) else np.asarray(b)
+    assert a.shape == b.shape, f"shape {a.shape} != {b.shape}"
+    np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+def rng_():
+    return np.random.default_rng(0)
+
+
+# ---------------------------------------------------------------- 1. RMSNorm
+def rms_norm_matches_formula(mod):
+    rms_norm, rng = need(mod, "rms_norm"), rng_()
+    x, w = rand(rng, 2, 3, 8), rand(rng, 8)
+    for eps in (1e-6, 0.5):
+        xn = x.numpy()
+        expected = xn / np.sqrt((xn ** 2).mean(-1, keepdims=True) + eps) * w.numpy()
+        close(rms_norm(x, w, eps), expected)
+
+
+def rms_norm_has_unit_rms(mod):
+    rms_norm, rng = need(mod, "rms_norm"), rng_()
+    x = rand(rng, 4, 16) * 3.0 + 1.0
+    y = rms_norm(x, ta.ones(16, dtype="float64"), 1e-6).numpy()
+    np.testing.assert_allclose(np.sqrt((y ** 2).mean(-1)), 1.0, atol=1e-6)
+    assert not np.allclose(y.mean(-1), 0.0), "RMSNorm does not subtract the mean (LayerNorm does)"
+
+
+def rms_norm_ignores_scale(mod):
+    rms_norm, rng = need(mod, "rms_norm"), rng_()
+    x, w = rand(rng, 3, 8), rand(rng, 8)
+    close(rms_norm(x * 7.5, w, 1e-12), rms_norm(x, w, 1e-12), tol=1e-8)
+
+
+def rms_norm_gradcheck(mod):
+    rms_norm, rng = need(mod, "rms_norm"), rng_()
+    x, w = rand(rng, 2, 3, 8, grad=True), rand(rng, 8, grad=True)
+    assert ta.gradcheck(lambda x, w: rms_norm(x, w, 1e-6), (x, w))
+
+
+def rms_norm_module(mod):
+    RMSNorm, rms_norm, rng = need(mod, "RMSNorm"), need(mod, "rms_norm"), rng_()
+    m = RMSNorm(8)
+    params = dict(m.named_parameters())
+    assert list(params) == ["weight"], f"RMSNorm should have one parameter, weight; it has {list(params)}"
+    assert params["weight"].shape == (8,) and np.all(params["weight"].numpy() == 1.0)
+    x = ta.tensor(rng.standard_normal((2, 5, 8)).astype(np.float32))
+    y = m(x)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    close(y, rms_norm(x, m.weight, m.eps), tol=1e-6)
+    double(m)
+    xg = rand(rng, 2, 8, grad=True)
+    assert ta.gradcheck(lambda x, w: m(x), (xg, m.weight))
+
+
+RMSNORM = [rms_norm_matches_formula, rms_norm_has_unit_rms, rms_norm_ignores_scale, rms_norm_gradcheck,
+           rms_norm_module]
+
+
+# ---------------------------------------------------------------- 2. RoPE
+def rope_keeps_shape_and_dtype(mod):
+    apply_rotary, rng = need(mod, "apply_rotary"), rng_()
+    x = ta.tensor(rng.standard_normal((2, 3, 5, 8)).astype(np.float32))
+    y = apply_rotary(x, list(range(5)))
+    assert y.shape == x.shape and y.dtype == x.dtype
+
+
+def rope_position_zero_is_identity(mod):
+    apply_rotary, rng = need(mod, "apply_rotary"), rng_()
+    x = rand(rng, 2, 4, 8)
+    close(apply_rotary(x, [0, 0, 0, 0]), x, tol=1e-12)
+
+
+def rope_preserves_norms(mod):
+    apply_rotary, rng = need(mod, "apply_rotary"), rng_()
+    x = rand(rng, 2, 6, 16)
+    y = apply_rotary(x, [0, 1, 2, 5, 17, 100])
+    close(np.linalg.norm(y.numpy(), axis=-1), np.linalg.norm(x.numpy(), axis=-1))
+    assert not np.allclose(y.numpy()[:, 1:], x.numpy()[:, 1:]), "positions > 0 should rotate"
+
+
+def rope_rotates_pairs(mod):
+    """With D = 2 there is one pair and theta_0 = 1: (1, 0) at position m becomes (cos m, sin m)."""
+    apply_rotary = need(mod, "apply_rotary")
+    x = ta.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]], dtype="float64")   # (T=3, D=2)
+    m = np.array([1.0, 2.0, 3.0])
+    expected = np.stack([np.cos(m), np.sin(m)], -1)                  # rows 0 and 1: (cos m, sin m)
+    expected[2] = [-np.sin(3.0), np.cos(3.0)]                        # (0, 1) turns the same way
+    close(apply_rotary(x, [1, 2, 3]), expected)
+
+
+def rope_is_relative(mod):
+    """q_m . k_n depends only on m - n."""
+    apply_rotary, rng = need(mod, "apply_rotary"), rng_()
+    q, k = rand(rng, 1, 16), rand(rng, 1, 16)
+
+    def score(m, n):
+        return float((apply_rotary(q, [m]).numpy() * apply_rotary(k, [n]).numpy()).sum())
+    same = [score(3, 1), score(10, 8), score(52, 50), score(2, 0)]
+    np.testing.assert_allclose(same, same[0], rtol=1e-9, atol=1e-9)
+    assert abs(score(5, 1) - same[0]) > 1e-6, "a different offset should give a different score"
+
+
+def rope_rows_are_independent(mod):
+    """Rotating T rows at once equals rotating each row at its own position."""
+    apply_rotary, rng = need(mod, "apply_rotary"), rng_()
+    x = rand(rng, 2, 5, 8)
+    positions = [4, 0, 9, 2, 7]
+    y = apply_rotary(x, positions).numpy()
+    for t, p in enumerate(positions):
+        close(y[:, t:t + 1], apply_rotary(x[:, t:t + 1], [p]))
+
+
+def rope_gradcheck(mod):
+    apply_rotary, rng = need(mod, "apply_rotary"), rng_()
+    x = rand(rng, 2, 4, 8, grad=True)
+    assert ta.gradcheck(lambda x: apply_rotary(x, [0, 1, 2, 3]), (x,))
+
+
+ROPE = [rope_keeps_shape_and_dtype, rope_position_zero_is_identity, rope_preserves_norms, rope_rotates_pairs,
+        rope_is_relative, rope_rows_are_independent, rope_gradcheck]
+
+
+# ---------------------------------------------------------------- 3. GQA
+def gqa_with_one_group_per_head_is_mha(mod):
+    gqa, rng = need(mod, "grouped_query_attention"), rng_()
+    q, k, v = rand(rng, 2, 4, 5, 8), rand(rng, 2, 4, 5, 8), rand(rng, 2, 4, 5, 8)
+    for causal in (False, True):
+        close(gqa(q, k, v, is_causal=causal), F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+
+
+def gqa_with_one_group_is_mqa(mod):
+    """Multi-query attention: every query head reads the same single key/value head."""
+    gqa, rng = need(mod, "grouped_query_attention"), rng_()
+    q, k, v = rand(rng, 2, 4, 5, 8), rand(rng, 2, 1, 5, 8), rand(rng, 2, 1, 5, 8)
+    out = gqa(q, k, v, is_causal=True).numpy()
+    for h in range(4):
+        close(out[:, h:h + 1], F.scaled_dot_product_attention(q[:, h:h + 1], k, v, is_causal=True))
+
+
+def gqa_groups_consecutive_heads(mod):
+    """With H = 6 and G = 2, heads 0-2 read group 0 and heads 3-5 group 1."""
+    gqa, rng = need(mod, "grouped_query_attention"), rng_()
+    q, k, v = rand(rng, 1, 6, 4, 8), rand(rng, 1, 2, 4, 8), rand(rng, 1, 2, 4, 8)
+    out = gqa(q, k, v, is_causal=False).numpy()
+    for h in range(6):
+        g = h // 3
+        close(out[:, h:h + 1], F.scaled_dot_product_attention(q[:, h:h + 1], k[:, g:g + 1], v[:, g:g + 1]))
+
+
+def gqa_shapes(mod):
+    gqa, rng = need(mod, "grouped_query_attention"), rng_()
+    q, k, v = rand(rng, 3, 8, 7, 4), rand(rng, 3, 2, 7, 4), rand(rng, 3, 2, 7, 4)
+    assert gqa(q, k, v).shape == (3, 8, 7, 4)
+    with pytest.raises(ValueError):
+        gqa(q, rand(rng, 3, 3, 7, 4), rand(rng, 3, 3, 7, 4))       # 8 heads do not split into 3 groups
+
+
+def gqa_gradcheck(mod):
+    gqa, rng = need(mod, "grouped_query_attention"), rng_()
+    q = rand(rng, 1, 4, 3, 4, grad=True)
+    k, v = rand(rng, 1, 2, 3, 4, grad=True), rand(rng, 1, 2, 3, 4, grad=True)
+    assert ta.gradcheck(lambda q, k, v: gqa(q, k, v, is_causal=True), (q, k, v))
+
+
+def gqa_module(mod):
+    GQA, rng = need(mod, "GroupedQueryAttention"), rng_()
+    C, H, G = 16, 4, 2
+    m = GQA(C, H, G, bias=False)
+    n = sum(p.numel() for p in m.parameters())
+    assert n == 2 * C * C + 2 * C * G * (C // H), \
+        f"expected {2 * C * C + 2 * C * G * (C // H)} parameters (q and out: C x C, k and v: C x G*D), got {n}"
+    double(m)
+    x = rand(rng, 2, 5, C)
+    y = m(x)
+    assert y.shape == (2, 5, C)
+    x2 = x.numpy().copy()
+    x2[:, 3:] += 1.0                                                  # change the future only
+    close(m(ta.tensor(x2, dtype="float64")).numpy()[:, :3], y.numpy()[:, :3])
+    xg = rand(rng, 1, 3, C, grad=True)
+    assert ta.gradcheck(lambda x, *params: m(x), (xg, *m.parameters()))
+
+
+GQA = [gqa_with_one_group_per_head_is_mha, gqa_with_one_group_is_mqa, gqa_groups_consecutive_heads, gqa_shapes,
+       gqa_gradcheck, gqa_module]
+
+
+# ---------------------------------------------------------------- 4. SwiGLU
+def silu_matches_formula(mod):
+    silu, rng = need(mod, "silu"), rng_()
+    x = rand(rng, 3, 7, grad=True)
+    xn = x.numpy()
+    close(silu(x), xn / (1.0 + np.exp(-xn)))
+    assert ta.gradcheck(silu, (x,))
+
+
+def swiglu_matches_formula(mod):
+    SwiGLU, rng = need(mod, "SwiGLU"), rng_()
+    m = double(SwiGLU(8, 12))
+    x = rand(rng, 2, 3, 8)
+    W1, V, W2 = (layer.weight.numpy() for layer in (m.w1, m.v, m.w2))   # (out, in) each
+    h = x.numpy() @ W1.T
+    expected = (h / (1.0 + np.exp(-h)) * (x.numpy() @ V.T)) @ W2.T
+    close(m(x), expected)
+
+
+def swiglu_parameters(mod):
+    SwiGLU = need(mod, "SwiGLU")
+    m = SwiGLU(8, 12)
+    names = [n for n, _ in m.named_parameters()]
+    assert sorted(names) == ["v.weight", "w1.weight", "w2.weight"], f"expected w1, v, w2 without biases, got {names}"
+    assert m.w1.weight.shape == (12, 8) and m.v.weight.shape == (12, 8) and m.w2.weight.shape == (8, 12)
+    assert SwiGLU(48).w1.weight.shape == (128, 48), "the default hidden size is 8 * n_embd // 3"
+
+
+def swiglu_gradcheck(mod):
+    SwiGLU, rng = need(mod, "SwiGLU"), rng_()
+    m = double(SwiGLU(6, 10))
+    x = rand(rng, 2, 3, 6, grad=True)
+    assert ta.gradcheck(lambda x, *params: m(x), (x, *m.parameters()))
+
+
+SWIGLU = [silu_matches_formula, swiglu_matches_formula, swiglu_parameters, swiglu_gradcheck]
+
+ALL = {"rmsnorm": RMSNORM, "rope": ROPE, "gqa": GQA, "swiglu": SWIGLU}

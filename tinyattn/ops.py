@@ -6,7 +6,7 @@ they can be differentiated again. Shapes in comments: a, b inputs; g like out.
 """
 import math
 
-from .tensor import Function, Tensor
+from .tensor import Function, Tensor, is_grad_enabled
 
 
 def sum_to(g, shape):
@@ -229,13 +229,24 @@ class Gelu(Function):
 
 
 class GeluTanh(Function):
-    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), GPT-2's approximation."""
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), GPT-2's approximation.
+
+    On a backend with a fused kernel (CUDA) forward and backward are one pass
+    each; the backward uses it only when no graph is recorded (create_graph=False).
+    """
 
     def forward(self, a):
+        fused = self.backend.fused_gelu_tanh(a)
+        if fused is not None:
+            return fused
         return 0.5 * a * (1.0 + self.xp.tanh(_SQRT_2_OVER_PI * (a + 0.044715 * a * a * a)))
 
     def backward(self, g):
         a = self.parents[0]
+        if not is_grad_enabled():                                # create_graph needs the Tensor formula
+            fused = self.backend.fused_gelu_tanh_backward(a.data, g.data)
+            if fused is not None:
+                return _const(g, fused)
         t = (_SQRT_2_OVER_PI * (a + 0.044715 * a * a * a)).tanh()
         du = _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * a * a)
         return g * (0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * du)

@@ -2,7 +2,8 @@
 
 A backend holds the array namespace ``xp`` for one device and the few things
 that differ between devices: moving data to and from the host, scatter-add,
-random numbers, ``erf`` and synchronisation. Everything above this module
+random numbers, ``erf``, synchronisation and fused kernels (``fused_*``:
+None where a backend has none). Everything above this module
 writes ``xp.exp(...)`` with the array-API names that numpy 2, CuPy 14 and
 array_api_strict share (``concat``, ``permute_dims``, ``astype``, ...).
 
@@ -13,6 +14,7 @@ Devices:
               that refuses implicit conversion to host arrays, as CuPy does.
 """
 import math
+import os
 
 import numpy as np
 
@@ -107,6 +109,40 @@ class Backend:
     def synchronize(self):
         pass
 
+    # --- fused kernels ---------------------------------------------------
+    # An op asks its backend for a fused kernel first. None means "no kernel
+    # here": the op runs its own array code. Only CupyBackend has kernels
+    # (backend/cuda_kernels.py); numpy and the stand-in device use the ops' code.
+    def fused_gelu_tanh(self, x):
+        return None
+
+    def fused_gelu_tanh_backward(self, x, g):
+        return None
+
+    def fused_layer_norm(self, x, weight, bias, eps):
+        """-> (y, xhat, rstd) or None."""
+        return None
+
+    def fused_layer_norm_backward(self, g, xhat, weight, rstd):
+        """-> dx or None."""
+        return None
+
+    def fused_cross_entropy(self, logits, targets, ignore_index):
+        """-> (loss, lse, scale) or None."""
+        return None
+
+    def fused_cross_entropy_backward(self, g, logits, targets, lse, scale, ignore_index):
+        """-> dlogits or None."""
+        return None
+
+    def fused_adamw_(self, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step):
+        """Update p, m, v in place and return True, or return None."""
+        return None
+
+    def fused_attention(self, q, k, v, is_causal=False, scale=None):
+        """-> (out, lse) of softmax(q k^T scale) v, forward only, or None."""
+        return None
+
 
 def _erf(xp, x):
     """erf to float64 precision from array ops alone (numpy has no erf).
@@ -140,6 +176,8 @@ class CupyBackend(Backend):
         import cupyx.scipy.special
         self.xp = cupy
         self._erf = cupyx.scipy.special.erf
+        self.use_fused_kernels = os.environ.get("TINYATTN_FUSED", "1") != "0"
+        self._kernels = None
         self.seed(0)
 
     def asarray(self, data, dtype=None):
@@ -175,6 +213,43 @@ class CupyBackend(Backend):
 
     def synchronize(self):
         self.xp.cuda.get_current_stream().synchronize()
+
+    # --- fused kernels (backend/cuda_kernels.py), on unless TINYATTN_FUSED=0 ---
+    # ``self.kernels and ...`` is None when they are off; each kernel itself
+    # returns None for inputs it does not handle (float16, empty arrays, ...).
+    @property
+    def kernels(self):
+        """The fused-kernel module, imported on first use; None when fused kernels are off."""
+        if not self.use_fused_kernels:
+            return None
+        if self._kernels is None:
+            from . import cuda_kernels
+            self._kernels = cuda_kernels
+        return self._kernels
+
+    def fused_gelu_tanh(self, x):
+        return self.kernels and self.kernels.gelu_tanh(x)
+
+    def fused_gelu_tanh_backward(self, x, g):
+        return self.kernels and self.kernels.gelu_tanh_backward(x, g)
+
+    def fused_layer_norm(self, x, weight, bias, eps):
+        return self.kernels and self.kernels.layer_norm(x, weight, bias, eps)
+
+    def fused_layer_norm_backward(self, g, xhat, weight, rstd):
+        return self.kernels and self.kernels.layer_norm_backward(g, xhat, weight, rstd)
+
+    def fused_cross_entropy(self, logits, targets, ignore_index):
+        return self.kernels and self.kernels.cross_entropy(logits, targets, ignore_index)
+
+    def fused_cross_entropy_backward(self, g, logits, targets, lse, scale, ignore_index):
+        return self.kernels and self.kernels.cross_entropy_backward(g, logits, targets, lse, scale, ignore_index)
+
+    def fused_adamw_(self, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step):
+        return self.kernels and self.kernels.adamw_(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step)
+
+    def fused_attention(self, q, k, v, is_causal=False, scale=None):
+        return self.kernels and self.kernels.attention_forward(q, k, v, is_causal, scale)
 
 
 class StrictBackend(Backend):

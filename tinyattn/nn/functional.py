@@ -7,7 +7,7 @@ with Tensor ops, so they can be differentiated twice.
 """
 import math
 
-from ..tensor import Function
+from ..tensor import Function, is_grad_enabled
 from ..ops import gelu as _gelu, _const
 
 __all__ = ["softmax", "log_softmax", "logsumexp", "cross_entropy", "embedding", "layer_norm",
@@ -69,22 +69,45 @@ def logsumexp(x, dim=-1, keepdim=False):
 
 
 class CrossEntropy(Function):
-    """Mean over non-ignored rows of -log softmax(logits)[target]. logits (N, C), targets (N,)."""
+    """Mean over non-ignored rows of -log softmax(logits)[target]. logits (N, C), targets (N,).
+
+    On CUDA a fused kernel does each pass (it keeps only the per-row
+    log-sum-exp); the Tensor backward below remains for create_graph=True.
+    """
 
     def forward(self, logits, targets, ignore_index):
         xp = self.xp
+        self.ignore_index = ignore_index
+        fused = self.backend.fused_cross_entropy(logits, targets, ignore_index)
+        if fused is not None:
+            loss, self.lse, self.scale = fused                             # (), (N,), ()
+            return loss
+        self.lse = None
         valid = targets != ignore_index                                    # (N,)
         safe = xp.where(valid, targets, xp.zeros_like(targets))            # (N,)
         e, m = _stable_exp(xp, logits, 1)
         logp = logits - m - xp.log(xp.sum(e, axis=1, keepdims=True))       # (N, C)
         picked = xp.take_along_axis(logp, xp.reshape(safe, (-1, 1)), axis=1)[:, 0]
+        self._weights(logits, valid, safe)
+        return -xp.sum(picked * self.weight)
+
+    def _weights(self, logits, valid, safe):
+        """Each row's share of the mean (0 if ignored), and the one-hot targets."""
+        xp = self.xp
         count = xp.sum(xp.astype(valid, logits.dtype))
         self.weight = xp.astype(valid, logits.dtype) / xp.maximum(count, 1.0)    # (N,)
         self.onehot = xp.astype(xp.reshape(safe, (-1, 1)) == self.backend.arange(logits.shape[1])[None, :], logits.dtype)
-        return -xp.sum(picked * self.weight)
 
     def backward(self, g):
-        logits = self.parents[0]
+        logits, targets = self.parents
+        if self.lse is not None:                                           # the forward was fused
+            if not is_grad_enabled():
+                dlogits = self.backend.fused_cross_entropy_backward(
+                    g.data, logits.data, targets.data, self.lse, self.scale, self.ignore_index)
+                if dlogits is not None:
+                    return _const(g, dlogits), None
+            valid = targets.data != self.ignore_index
+            self._weights(logits.data, valid, self.xp.where(valid, targets.data, self.xp.zeros_like(targets.data)))
         weight = _const(g, self.xp.reshape(self.weight, (-1, 1)))        # (N, 1)
         return g * weight * (softmax(logits, 1) - _const(g, self.onehot)), None
 
@@ -144,6 +167,10 @@ class LayerNorm(Function):
 
     def forward(self, x, weight, bias, eps):
         xp = self.xp
+        fused = self.backend.fused_layer_norm(x, weight, bias, eps)       # a CUDA kernel, or None
+        if fused is not None:
+            y, self.xhat, self.rstd = fused
+            return y
         mu = xp.mean(x, axis=-1, keepdims=True)
         xc = x - mu
         var = xp.mean(xc * xc, axis=-1, keepdims=True)
@@ -158,9 +185,11 @@ class LayerNorm(Function):
         lead = tuple(range(gd.ndim - 1))
         dw = xp.sum(gd * xhat, axis=lead) if weight.requires_grad else None
         db = xp.sum(gd, axis=lead) if bias.requires_grad else None
-        gx = gd * weight.data                                    # d loss / d xhat
-        dx = rstd * (gx - xp.mean(gx, axis=-1, keepdims=True)
-                     - xhat * xp.mean(gx * xhat, axis=-1, keepdims=True))
+        dx = self.backend.fused_layer_norm_backward(gd, xhat, weight.data, rstd)   # a CUDA kernel, or None
+        if dx is None:
+            gx = gd * weight.data                                # d loss / d xhat
+            dx = rstd * (gx - xp.mean(gx, axis=-1, keepdims=True)
+                         - xhat * xp.mean(gx * xhat, axis=-1, keepdims=True))
         wrap = lambda a: None if a is None else _const(g, a)    # noqa: E731
         return wrap(dx), wrap(dw), wrap(db)
 

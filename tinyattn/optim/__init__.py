@@ -103,6 +103,8 @@ class AdamW(Optimizer):
                 state["step"] += 1
                 t = state["step"]
                 m, v = state["exp_avg"], state["exp_avg_sq"]
+                if p._backend.fused_adamw_(p.data, g, m, v, lr, b1, b2, eps, wd, t):
+                    continue                                        # one CUDA kernel did all of the below
                 m *= b1
                 m += (1 - b1) * g                                   # first moment
                 v *= b2

@@ -1,0 +1,308 @@
+"""Benchmark: one GPT training step, tinyattn (CuPy) against PyTorch eager, side by side.
+
+    python3 train/bench_gpu.py --out bench.json            # nanoGPT's GPU Shakespeare config on "cuda"
+    python3 train/bench_gpu.py --device cpu --tiny         # a smoke test on the CPU
+
+The config is nanoGPT's shakespeare_char: 6 layers, 6 heads, 384 channels,
+block 256, batch 64, dropout 0.2, vocabulary 65. One step is forward,
+backward, clip_grad_norm_(1.0), AdamW, zero_grad, on the same batch for every side:
+
+    tinyattn           train.__main__.train_step, with the fused CUDA kernels
+    tinyattn_unfused   the same, with the fused kernels off (what they save)
+    torch              the same architecture in plain PyTorch (below): eager, no torch.compile
+
+Everything is float32 with plain float32 matmuls (no TF32, no autocast).
+Timing: --warmup steps per side, then --blocks blocks of --steps steps per
+side, the order of the sides rotating from block to block; the device is
+synchronised before and after each block, and a block's time over its steps
+is one sample. Reported: the median ms/step, tokens/s, the ratio to torch,
+and the memory each framework's pool holds. Results go to --out as JSON.
+Without torch (as on the CPU test machine) only the tinyattn sides run, and
+the JSON says so.
+"""
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # runs as a script or with -m
+
+import tinyattn as ta  # noqa: E402
+from tinyattn.backend import get_backend  # noqa: E402
+from tinyattn.models import GPT, GPTConfig  # noqa: E402
+from train.__main__ import train_step  # noqa: E402
+
+SHAKESPEARE_GPU = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, dropout=0.2, vocab_size=65)
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, dropout=0.2, vocab_size=65)
+LR, BETAS, WEIGHT_DECAY, GRAD_CLIP = 1e-3, (0.9, 0.99), 0.1, 1.0
+
+
+# ---------------------------------------------------------------- the PyTorch model
+def make_torch_gpt(torch, cfg):
+    """nanoGPT's architecture in plain torch, with tinyattn's parameter names (so weights copy over)."""
+    nn, F = torch.nn, torch.nn.functional
+    C, H = cfg["n_embd"], cfg["n_head"]
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_attn = nn.Linear(C, 3 * C)                      # q, k, v in one matmul
+            self.c_proj = nn.Linear(C, C)
+            self.resid_dropout = nn.Dropout(cfg["dropout"])
+
+        def forward(self, x):                                      # (B, T, C)
+            B, T, _ = x.shape
+            q, k, v = self.c_attn(x).split(C, dim=2)
+            q, k, v = (a.view(B, T, H, C // H).transpose(1, 2) for a in (q, k, v))   # (B, H, T, D)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                               dropout_p=cfg["dropout"] if self.training else 0.0)
+            y = y.transpose(1, 2).contiguous().view(B, T, C)
+            return self.resid_dropout(self.c_proj(y))
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_fc = nn.Linear(C, 4 * C)
+            self.gelu = nn.GELU(approximate="tanh")
+            self.c_proj = nn.Linear(4 * C, C)
+            self.dropout = nn.Dropout(cfg["dropout"])
+
+        def forward(self, x):
+            return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.attn = nn.LayerNorm(C), Attention()
+            self.ln_2, self.mlp = nn.LayerNorm(C), MLP()
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    class TorchGPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = nn.Embedding(cfg["vocab_size"], C)
+            self.wpe = nn.Embedding(cfg["block_size"], C)
+            self.drop = nn.Dropout(cfg["dropout"])
+            self.h = nn.ModuleList([Block() for _ in range(cfg["n_layer"])])
+            self.ln_f = nn.LayerNorm(C)
+            self.lm_head = nn.Linear(C, cfg["vocab_size"], bias=False)
+            self.lm_head.weight = self.wte.weight                  # tied, as in tinyattn's GPT
+
+        def forward(self, idx, targets):                           # (B, T) ints
+            B, T = idx.shape
+            pos = torch.arange(T, device=idx.device)
+            x = self.drop(self.wte(idx) + self.wpe(pos))
+            for block in self.h:
+                x = block(x)
+            logits = self.lm_head(self.ln_f(x))                    # (B, T, V)
+            return logits, F.cross_entropy(logits.view(B * T, -1), targets.view(B * T), ignore_index=-1)
+
+    return TorchGPT()
+
+
+# ---------------------------------------------------------------- the sides
+class TinyattnSide:
+    def __init__(self, cfg, device, x, y, fused=True):
+        self.backend = get_backend(device)
+        self.fused = fused
+        ta.manual_seed(0)
+        config = GPTConfig(**{k: cfg[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout")})
+        self.model = GPT(config).to(device)
+        self.optimizer = self.model.configure_optimizer(WEIGHT_DECAY, LR, BETAS)
+        self.batch = [(ta.tensor(x, device=device), ta.tensor(y, device=device))]
+
+    def _set_fused(self):
+        if hasattr(self.backend, "use_fused_kernels"):
+            self.backend.use_fused_kernels = self.fused
+
+    def step(self):
+        self._set_fused()
+        return train_step(self.model, self.optimizer, self.batch, GRAD_CLIP)
+
+    def sync(self):
+        self.backend.synchronize()
+
+    def memory(self):
+        if self.backend.name != "cuda":
+            return None
+        pool = self.backend.xp.get_default_memory_pool()
+        return {"pool_used_bytes": int(pool.used_bytes()), "pool_total_bytes": int(pool.total_bytes()),
+                "note": "CuPy's default memory pool: used = live arrays now; total = held by the pool "
+                        "(it keeps freed blocks, so about the peak)"}
+
+
+class TorchSide:
+    def __init__(self, torch, cfg, device, x, y):
+        self.torch, self.cuda = torch, device.startswith("cuda")
+        torch.manual_seed(0)
+        self.model = make_torch_gpt(torch, cfg).to(device)
+        decay = [p for p in self.model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
+        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
+                                            {"params": no_decay, "weight_decay": 0.0}],
+                                           lr=LR, betas=BETAS, fused=self.cuda)
+        self.x, self.y = (torch.from_numpy(a).to(device) for a in (x, y))
+
+    def step(self):
+        _, loss = self.model(self.x, self.y)
+        loss.backward()
+        self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    def sync(self):
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def memory(self):
+        if not self.cuda:
+            return None
+        cuda = self.torch.cuda
+        return {"max_allocated_bytes": int(cuda.max_memory_allocated()), "reserved_bytes": int(cuda.memory_reserved()),
+                "note": "PyTorch's caching allocator: peak of live tensors, and held in all"}
+
+
+def same_architecture_check(torch, tiny_side, torch_side, x, y):
+    """Copy tinyattn's weights into the torch model; eval-mode losses on one batch must agree."""
+    named = dict(tiny_side.model.named_parameters())
+    with torch.no_grad():
+        for name, p in torch_side.model.named_parameters():
+            p.copy_(torch.from_numpy(named[name].numpy()))
+    tiny_side.model.eval()
+    torch_side.model.eval()
+    with ta.no_grad():
+        _, loss_ta = tiny_side.model(*tiny_side.batch[0])
+    with torch.no_grad():
+        _, loss_torch = torch_side.model(torch_side.x, torch_side.y)
+    tiny_side.model.train()
+    torch_side.model.train()
+    a, b = loss_ta.item(), loss_torch.item()
+    return {"loss_tinyattn": a, "loss_torch": b, "rel_diff": abs(a - b) / abs(b),
+            "parameters_tinyattn": tiny_side.model.num_parameters(non_embedding=False),
+            "parameters_torch": sum(p.numel() for p in torch_side.model.parameters())}
+
+
+# ---------------------------------------------------------------- timing
+def time_block(side, steps):
+    """ms per step over one block of steps, with the device synchronised at both ends."""
+    side.sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        side.step()
+    side.sync()
+    return (time.perf_counter() - t0) * 1000.0 / steps
+
+
+def versions(torch):
+    v = {"python": platform.python_version(), "numpy": np.__version__, "tinyattn": ta.__version__}
+    try:
+        import cupy
+        v["cupy"] = cupy.__version__
+        rt = cupy.cuda.runtime
+        v["cuda_runtime"] = rt.runtimeGetVersion()
+        v["cuda_driver"] = rt.driverGetVersion()
+        name = rt.getDeviceProperties(0)["name"]
+        v["gpu"] = name.decode() if isinstance(name, bytes) else str(name)
+    except Exception as e:  # no CuPy or no GPU: say why
+        v["cupy"] = f"unavailable ({type(e).__name__})"
+    if torch is not None:
+        v["torch"] = torch.__version__
+        v["torch_cuda"] = torch.version.cuda
+        v["torch_tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
+    v["CUPY_TF32"] = os.environ.get("CUPY_TF32", "unset (TF32 off)")
+    return v
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    p.add_argument("--tiny", action="store_true", help="a 2-layer toy config instead of nanoGPT's, for smoke tests")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per side first")
+    p.add_argument("--blocks", type=int, default=6, help="timed blocks per side")
+    p.add_argument("--steps", type=int, default=10, help="steps per block")
+    p.add_argument("--budget_s", type=float, default=90.0, help="no new block starts after this many seconds")
+    p.add_argument("--no_unfused", action="store_true", help="skip the tinyattn side without fused kernels")
+    p.add_argument("--out", help="write the results here as JSON (they are printed too)")
+    args = p.parse_args(argv)
+    start = time.perf_counter()
+
+    cfg = dict(TINY if args.tiny else SHAKESPEARE_GPU)
+    rng = np.random.default_rng(0)
+    seq = rng.integers(0, cfg["vocab_size"], (cfg["batch_size"], cfg["block_size"] + 1))
+    x, y = np.ascontiguousarray(seq[:, :-1]), np.ascontiguousarray(seq[:, 1:])   # (B, T) each, int64
+    torch, torch_note = None, None
+    try:
+        import torch
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            torch, torch_note = None, "torch is installed but sees no CUDA device"
+    except ImportError:
+        torch_note = "torch is not installed: only the tinyattn side ran"
+    if torch is not None:
+        torch.backends.cuda.matmul.allow_tf32 = False             # plain float32, as CuPy's default
+        torch.backends.cudnn.allow_tf32 = False
+
+    sides = {"tinyattn": TinyattnSide(cfg, args.device, x, y, fused=True)}
+    if args.device.startswith("cuda") and not args.no_unfused:
+        sides["tinyattn_unfused"] = TinyattnSide(cfg, args.device, x, y, fused=False)
+    if torch is not None:
+        sides["torch"] = TorchSide(torch, cfg, args.device, x, y)
+
+    check = same_architecture_check(torch, sides["tinyattn"], sides["torch"], x, y) if "torch" in sides else None
+    for side in sides.values():
+        for _ in range(args.warmup):
+            side.step()
+        side.sync()
+    names = list(sides)
+    samples = {name: [] for name in names}
+    for block in range(args.blocks):
+        if block and time.perf_counter() - start > args.budget_s:
+            break
+        order = names[block % len(names):] + names[:block % len(names)]   # rotate who goes first
+        for name in order:
+            time.sleep(0.1)                                        # let BLAS threads settle (CPU)
+            samples[name].append(time_block(sides[name], args.steps))
+    loss = sides["tinyattn"].step()
+    final_loss = loss.item()                                       # one read, after the timing
+
+    tokens = cfg["batch_size"] * cfg["block_size"]
+    results = {}
+    for name in names:
+        ms = statistics.median(samples[name])
+        results[name] = {"ms_per_step_median": round(ms, 3), "tokens_per_s": round(tokens / ms * 1000.0, 1),
+                         "ms_per_step_blocks": [round(s, 3) for s in samples[name]],
+                         "memory": sides[name].memory()}
+    if "torch" in results:
+        for name in names:
+            if name != "torch":
+                results[name]["ratio_to_torch"] = round(
+                    results[name]["ms_per_step_median"] / results["torch"]["ms_per_step_median"], 3)
+    report = {"config": cfg, "device": args.device, "tokens_per_step": tokens, "dtype": "float32",
+              "step": "forward, backward, clip_grad_norm_(1.0), AdamW (wd 0.1, betas 0.9/0.99), zero_grad",
+              "timing": {"warmup": args.warmup, "blocks": len(samples[names[0]]), "steps_per_block": args.steps,
+                         "method": "device synchronised around each block; median over blocks; side order rotates"},
+              "results": results, "same_architecture_check": check,
+              "torch": "ran" if "torch" in sides else torch_note,
+              "tinyattn_loss_after": final_loss if math.isfinite(final_loss) else str(final_loss),
+              "versions": versions(torch), "wall_s": round(time.perf_counter() - start, 2)}
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,7 +3,7 @@
 #   1. pytest -m gpu        every op numpy vs CuPy (forward, backward, float64 gradchecks on the GPU),
 #                           each fused kernel against its composite op, the attention kernel against
 #                           naive attention, a short GPT run on CPU and GPU with matching losses
-#   2. train/bench_gpu.py   one training step of nanoGPT's GPU Shakespeare config: tinyattn (CuPy)
+#   2. train/bench_step.py   one training step of nanoGPT's GPU Shakespeare config: tinyattn (CuPy)
 #                           against PyTorch eager CUDA, median ms/step, tokens/s, memory pools
 #   3. python -m train      that config trained on tiny Shakespeare for the time left (<= 300 s)
 # Each stage runs even if an earlier one failed. Results go to $OUT (default gpu_out), 8 files at
@@ -52,8 +52,8 @@ note "  at $(elapsed) s"
 
 # ---- 2. benchmark ---------------------------------------------------------------------
 BENCH_ARGS="--device $DEVICE --budget_s 80"
-[ "$SMOKE" = 1 ] && BENCH_ARGS="$BENCH_ARGS --tiny --blocks 2 --steps 2 --warmup 1"
-timeout 120 python3 train/bench_gpu.py $BENCH_ARGS --out "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+[ "$SMOKE" = 1 ] && BENCH_ARGS="$BENCH_ARGS --config tiny --blocks 2 --steps 2 --warmup 1"
+timeout 120 python3 train/bench_step.py $BENCH_ARGS --out "$OUT/bench.json" > "$OUT/bench.log" 2>&1
 rc=$?
 if [ "$rc" -eq 0 ] && [ -s "$OUT/bench.json" ]; then
     note "2 benchmark: PASS $(python3 -c "

@@ -1,7 +1,8 @@
 """Benchmark: one GPT training step, tinyattn (CuPy) against PyTorch eager, side by side.
 
-    python3 train/bench_gpu.py --out bench.json            # nanoGPT's GPU Shakespeare config on "cuda"
-    python3 train/bench_gpu.py --device cpu --tiny         # a smoke test on the CPU
+    python3 train/bench_step.py --out bench.json                  # nanoGPT's GPU Shakespeare config on "cuda"
+    python3 train/bench_step.py --device cpu --config baby        # nanoGPT's CPU "baby" config on the CPU
+    python3 train/bench_step.py --device cpu --config tiny        # a smoke test
 
 The config is nanoGPT's shakespeare_char: 6 layers, 6 heads, 384 channels,
 block 256, batch 64, dropout 0.2, vocabulary 65. One step is forward,
@@ -40,7 +41,9 @@ from tinyattn.models import GPT, GPTConfig  # noqa: E402
 from train.__main__ import train_step  # noqa: E402
 
 SHAKESPEARE_GPU = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, dropout=0.2, vocab_size=65)
+BABY_CPU = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, dropout=0.0, vocab_size=65)
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, dropout=0.2, vocab_size=65)
+CONFIGS = {"gpu": SHAKESPEARE_GPU, "baby": BABY_CPU, "tiny": TINY}
 LR, BETAS, WEIGHT_DECAY, GRAD_CLIP = 1e-3, (0.9, 0.99), 0.1, 1.0
 
 
@@ -227,7 +230,8 @@ def versions(torch):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
-    p.add_argument("--tiny", action="store_true", help="a 2-layer toy config instead of nanoGPT's, for smoke tests")
+    p.add_argument("--config", default="gpu", choices=sorted(CONFIGS),
+                   help="gpu: nanoGPT's GPU Shakespeare config; baby: its CPU config; tiny: a smoke test")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per side first")
     p.add_argument("--blocks", type=int, default=6, help="timed blocks per side")
     p.add_argument("--steps", type=int, default=10, help="steps per block")
@@ -237,7 +241,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     start = time.perf_counter()
 
-    cfg = dict(TINY if args.tiny else SHAKESPEARE_GPU)
+    cfg = dict(CONFIGS[args.config])
     rng = np.random.default_rng(0)
     seq = rng.integers(0, cfg["vocab_size"], (cfg["batch_size"], cfg["block_size"] + 1))
     x, y = np.ascontiguousarray(seq[:, :-1]), np.ascontiguousarray(seq[:, 1:])   # (B, T) each, int64

@@ -229,24 +229,50 @@ class Gelu(Function):
 
 
 class GeluTanh(Function):
-    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), GPT-2's approximation.
+    """0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3): GPT-2's approximation.
 
-    On a backend with a fused kernel (CUDA) forward and backward are one pass
-    each; the backward uses it only when no graph is recorded (create_graph=False).
+    d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx, with t = tanh(u).
+    When no graph is recorded (the usual backward) the derivative is computed
+    on raw arrays, in place, from the t kept by forward: GELU is the largest
+    elementwise cost of a GPT step. On CUDA a fused kernel does each pass.
+    With create_graph=True the same formula runs as Tensor ops.
     """
 
     def forward(self, a):
         fused = self.backend.fused_gelu_tanh(a)
         if fused is not None:
+            self.t = None
             return fused
-        return 0.5 * a * (1.0 + self.xp.tanh(_SQRT_2_OVER_PI * (a + 0.044715 * a * a * a)))
+        u = a * a
+        u *= 0.044715
+        u += 1.0
+        u *= a
+        u *= _SQRT_2_OVER_PI                                     # u = sqrt(2/pi) (a + 0.044715 a^3)
+        self.t = self.xp.tanh(u)
+        out = self.t + 1.0
+        out *= a
+        out *= 0.5
+        return out
 
     def backward(self, g):
         a = self.parents[0]
-        if not is_grad_enabled():                                # create_graph needs the Tensor formula
+        if not is_grad_enabled():
             fused = self.backend.fused_gelu_tanh_backward(a.data, g.data)
             if fused is not None:
                 return _const(g, fused)
+            x, t = a.data, self.t
+            du = x * x
+            du *= 3 * 0.044715 * _SQRT_2_OVER_PI
+            du += _SQRT_2_OVER_PI                                # du/dx
+            d = t * t
+            d -= 1.0
+            d *= x
+            d *= du                                              # -x (1 - t^2) du/dx
+            d -= t
+            d -= 1.0
+            d *= -0.5                                            # 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx
+            d *= g.data
+            return _const(g, d)
         t = (_SQRT_2_OVER_PI * (a + 0.044715 * a * a * a)).tanh()
         du = _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * a * a)
         return g * (0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * du)

@@ -285,7 +285,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropo
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise ValueError(f"scaled_dot_product_attention: q {q.shape}, k {k.shape} and v {v.shape} do not fit")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = (q @ k.mT) * scale                                    # (B, H, Tq, Tk)
+    scores = (q * scale) @ k.mT                                    # (B, H, Tq, Tk); scaling q is cheaper
     allowed = None
     if is_causal:
         allowed = causal_mask(q.shape[-2], k.shape[-2], q)

@@ -14,6 +14,7 @@ After training on the "it" corpus (data/coref.py) we ask three questions:
     summary = lesson.report(model, dataset, out_dir, device, print)
 """
 import os
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -42,6 +43,7 @@ def noun_positions(example):
 
 
 def attention_modules(model):
+    """The attention layer of every block, first layer first."""
     return [block.attn for block in model.h]
 
 
@@ -59,7 +61,7 @@ def run_examples(model, examples, tokenizer, device):
         by_length.setdefault(len(prefix(ex)), []).append(i)
     logits = [None] * len(examples)
     weights = [None] * len(examples)
-    for length, indices in by_length.items():
+    for indices in by_length.values():
         for start in range(0, len(indices), CHUNK):
             chunk = indices[start:start + CHUNK]
             ids = np.array([tokenizer.encode(prefix(examples[i])) for i in chunk], dtype=np.int64)   # (B, T)
@@ -72,30 +74,23 @@ def run_examples(model, examples, tokenizer, device):
     return np.stack(logits) if logits else np.zeros((0, tokenizer.vocab_size)), weights
 
 
-class watching:
+@contextmanager
+def watching(model):
     """with watching(model): eval mode, no gradients, attention weights kept; all restored afterwards."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def __enter__(self):
-        self.was_training = self.model.training
-        self.kept = [attn.keep_weights for attn in attention_modules(self.model)]
-        self.model.eval()
-        for attn in attention_modules(self.model):
-            attn.keep_weights = True
-        self.no_grad = ta.no_grad()
-        self.no_grad.__enter__()
-        return self.model
-
-    def __exit__(self, *exc):
-        self.no_grad.__exit__(*exc)
-        for attn, kept in zip(attention_modules(self.model), self.kept):
-            attn.keep_weights = kept
-            if not kept:
-                attn.last_weights = None
-        self.model.train(self.was_training)
-        return False
+    was_training = model.training
+    kept = [attn.keep_weights for attn in attention_modules(model)]
+    model.eval()
+    for attn in attention_modules(model):
+        attn.keep_weights = True
+    try:
+        with ta.no_grad():
+            yield model
+    finally:
+        for attn, keep in zip(attention_modules(model), kept):
+            attn.keep_weights = keep
+            if not keep:
+                attn.last_weights = None      # do not hold on to the last batch's weights
+        model.train(was_training)
 
 
 # ---------------------------------------------------------------------------
@@ -172,13 +167,13 @@ def lesson_rows(model, example, tokenizer, device):
     return rows, prefix(example), ['"=" looks at', '"it" looks at'], logits[0]
 
 
-def plot_attention(rows, words, labels, path, title, say=print):
+def plot_attention(rows, words, labels, path, title, say=print, highlight=None):
     """Draw a grid of small heatmaps, one per layer (rows) and head (columns).
 
     rows: (L, H, Q, T) attention weights: Q query rows (named by labels) over
-    the T words. Writes a PNG at path. Without matplotlib the same is drawn
-    in the terminal with shaded blocks, and the PNG is skipped.
-    Returns the name of the file written, or None.
+    the T words. highlight: an optional (layer, head) to mark. Writes a PNG at
+    path. Without matplotlib the same is drawn in the terminal with shaded
+    blocks, and the PNG is skipped. Returns the name of the file written, or None.
     """
     rows = np.asarray(rows)
     try:
@@ -188,7 +183,7 @@ def plot_attention(rows, words, labels, path, title, say=print):
     except ImportError:
         say(f"{os.path.basename(path)} skipped: matplotlib is not installed (pip install -e \".[viz]\"); "
             "here it is as text")
-        print_attention(rows, words, labels, title, say)
+        print_attention(rows, words, labels, title, say, highlight)
         return None
     n_layer, n_head = rows.shape[:2]
     fig, axes = plt.subplots(n_layer, n_head, figsize=(2.6 * n_head + 1, 1.6 * n_layer + 1.2),
@@ -197,7 +192,9 @@ def plot_attention(rows, words, labels, path, title, say=print):
         for head in range(n_head):
             ax = axes[layer][head]
             image = ax.imshow(rows[layer, head], cmap="Blues", vmin=0.0, vmax=1.0, aspect="auto")
-            ax.set_title(f"layer {layer} head {head}", fontsize=8)
+            marked = highlight is not None and tuple(highlight) == (layer, head)
+            ax.set_title(f"layer {layer} head {head}" + (" (referent head)" if marked else ""), fontsize=8,
+                         color="crimson" if marked else "black", fontweight="bold" if marked else "normal")
             ax.set_yticks(range(len(labels)))
             ax.set_yticklabels(labels, fontsize=7)
             ax.set_xticks(range(len(words)))
@@ -209,10 +206,10 @@ def plot_attention(rows, words, labels, path, title, say=print):
     return os.path.basename(path)
 
 
-def print_attention(rows, words, labels, title, say=print):
+def print_attention(rows, words, labels, title, say=print, highlight=None):
     """The heatmaps as text: one line per layer, head and query, a shaded block under each word."""
     widths = [max(len(w), 2) for w in words]
-    name_width = max(len(l) for l in labels) + 10
+    name_width = max(len(l) for l in labels) + 11
     say(title)
     say(" " * name_width + " ".join(w.ljust(n) for w, n in zip(words, widths)))
     for layer in range(rows.shape[0]):
@@ -221,8 +218,11 @@ def print_attention(rows, words, labels, title, say=print):
                 w = rows[layer, head, q]                               # (T,)
                 cells = [SHADES[min(int(x * len(SHADES)), len(SHADES) - 1)] * n for x, n in zip(w, widths)]
                 top = int(np.argmax(w))
-                name = f"L{layer} H{head} {label}"
+                mark = "*" if highlight is not None and tuple(highlight) == (layer, head) else " "
+                name = f"{mark}L{layer} H{head} {label}"
                 say(name.ljust(name_width) + " ".join(cells) + f"  most: {words[top]} {w[top]:.0%}")
+    if highlight is not None:
+        say("* the referent head")
 
 
 # ---------------------------------------------------------------------------
@@ -251,6 +251,7 @@ def report(model, dataset, out_dir, device, say=print):
         f"in {train_frac:.1%} of training and {heldout_attn:.1%} of held-out sentences")
 
     plots = []
+    os.makedirs(out_dir, exist_ok=True)
     for ex in coref.LESSON_SENTENCES:
         rows, words, labels, logits = lesson_rows(model, ex, tok, device)
         right, wrong = noun_positions(ex)
@@ -263,11 +264,13 @@ def report(model, dataset, out_dir, device, say=print):
             + ", ".join(f"{w} {p:.0%}" for w, p in on_nouns.items()) + f" -> {looked_at}")
         path = os.path.join(out_dir, f"attention_{ex.adjective}.png")
         title = f'"{" ".join(words)}"  (answer: {ex.referent})'
-        written = plot_attention(rows, words, labels, path, title, say)
+        written = plot_attention(rows, words, labels, path, title, say, highlight=(layer, head))
         if written:
             say(f"wrote {path}")
             plots.append(written)
 
+    say('(the "it" rows: a causal model reads left to right, so at "it" the adjective is not there yet; '
+        'only at "=" can it decide)')
     return dict(heldout_accuracy=round(test_acc, 4), train_accuracy=round(train_acc, 4),
                 heldout_exact=round(test["exact"], 4),
                 heldout_attention_correct=round(heldout_attn, 4), referent_head=[layer, head],

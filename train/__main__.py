@@ -266,6 +266,7 @@ def train(args):
     if dataset.name == "coref":
         from . import lesson
         summary.update(lesson.report(model, dataset, args.out_dir, args.device, say))
+        summary["wall_s"] = round(time.time() - start_wall, 2)
     write_log(state["log"], args.out_dir)
     say(write_plot(state["log"], args.out_dir))
     with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
@@ -277,7 +278,7 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         summary = train(args)
-    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as e:
+    except (ValueError, OSError, KeyError, RuntimeError) as e:
         print(f"python -m train: error: {e}", file=sys.stderr)
         return 1
     if summary is None:

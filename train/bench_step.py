@@ -44,6 +44,7 @@ SHAKESPEARE_GPU = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_si
 BABY_CPU = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, dropout=0.0, vocab_size=65)
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, dropout=0.2, vocab_size=65)
 CONFIGS = {"gpu": SHAKESPEARE_GPU, "baby": BABY_CPU, "tiny": TINY}
+N_BATCHES = 16
 LR, BETAS, WEIGHT_DECAY, GRAD_CLIP = 1e-3, (0.9, 0.99), 0.1, 1.0
 
 
@@ -122,7 +123,8 @@ class TinyattnSide:
         config = GPTConfig(**{k: cfg[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout")})
         self.model = GPT(config).to(device)
         self.optimizer = self.model.configure_optimizer(WEIGHT_DECAY, LR, BETAS)
-        self.batch = [(ta.tensor(x, device=device), ta.tensor(y, device=device))]
+        self.batches = [(ta.tensor(xb, device=device), ta.tensor(yb, device=device)) for xb, yb in zip(x, y)]
+        self.batch, self.i = self.batches[:1], 0
 
     def _set_fused(self):
         if hasattr(self.backend, "use_fused_kernels"):
@@ -130,7 +132,8 @@ class TinyattnSide:
 
     def step(self):
         self._set_fused()
-        return train_step(self.model, self.optimizer, self.batch, GRAD_CLIP)
+        self.i += 1
+        return train_step(self.model, self.optimizer, [self.batches[self.i % len(self.batches)]], GRAD_CLIP)
 
     def sync(self):
         self.backend.synchronize()
@@ -154,10 +157,13 @@ class TorchSide:
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
                                             {"params": no_decay, "weight_decay": 0.0}],
                                            lr=LR, betas=BETAS, fused=self.cuda)
-        self.x, self.y = (torch.from_numpy(a).to(device) for a in (x, y))
+        self.x, self.y = (torch.from_numpy(a).to(device) for a in (x, y))     # (K, B, T) each
+        self.i = 0
 
     def step(self):
-        _, loss = self.model(self.x, self.y)
+        self.i += 1
+        k = self.i % len(self.x)
+        _, loss = self.model(self.x[k], self.y[k])
         loss.backward()
         self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
         self.optimizer.step()
@@ -187,7 +193,7 @@ def same_architecture_check(torch, tiny_side, torch_side, x, y):
     with ta.no_grad():
         _, loss_ta = tiny_side.model(*tiny_side.batch[0])
     with torch.no_grad():
-        _, loss_torch = torch_side.model(torch_side.x, torch_side.y)
+        _, loss_torch = torch_side.model(torch_side.x[0], torch_side.y[0])
     tiny_side.model.train()
     torch_side.model.train()
     a, b = loss_ta.item(), loss_torch.item()
@@ -197,9 +203,15 @@ def same_architecture_check(torch, tiny_side, torch_side, x, y):
 
 
 # ---------------------------------------------------------------- timing
-def time_block(side, steps):
-    """ms per step over one block of steps, with the device synchronised at both ends."""
+def time_block(side, steps, settle_s=0.5):
+    """ms per step over one block of steps, with the device synchronised at both ends.
+
+    One untimed step and a short pause come first: on a CPU the other framework's idle
+    worker threads keep spinning for a while after its last call and slow this one.
+    """
+    side.step()
     side.sync()
+    time.sleep(settle_s)
     t0 = time.perf_counter()
     for _ in range(steps):
         side.step()
@@ -243,8 +255,10 @@ def main(argv=None):
 
     cfg = dict(CONFIGS[args.config])
     rng = np.random.default_rng(0)
-    seq = rng.integers(0, cfg["vocab_size"], (cfg["batch_size"], cfg["block_size"] + 1))
-    x, y = np.ascontiguousarray(seq[:, :-1]), np.ascontiguousarray(seq[:, 1:])   # (B, T) each, int64
+    # A pool of batches, cycled: one batch over and over lets the model overfit it, and the
+    # tiny (denormal) gradients that follow slow a CPU down by a third.
+    seq = rng.integers(0, cfg["vocab_size"], (N_BATCHES, cfg["batch_size"], cfg["block_size"] + 1))
+    x, y = np.ascontiguousarray(seq[..., :-1]), np.ascontiguousarray(seq[..., 1:])   # (K, B, T) each, int64
     torch, torch_note = None, None
     try:
         import torch

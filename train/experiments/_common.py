@@ -2,6 +2,7 @@
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
 
@@ -51,10 +52,22 @@ def jsonable(x):
     return x
 
 
-def report(sentence, result):
-    """Print the finding as a sentence, then the result as one JSON line."""
+def report(sentence, result, table=None):
+    """Print the table (if any), where the plot went, the finding as a sentence, then the result
+    as one JSON line. Returns 0, the exit code."""
+    if table:
+        print(table)
+    if result.get("plot"):
+        print(f"wrote {result['plot']}")
     print(sentence)
     print(json.dumps(jsonable(result)))
+    return 0
+
+
+def error(prog, exc):
+    """A one-line error on stderr; returns 1, the exit code."""
+    print(f"python -m train.experiments.{prog}: error: {exc}", file=sys.stderr)
+    return 1
 
 
 # ---------------------------------------------------------------- models

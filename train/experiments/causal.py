@@ -10,7 +10,6 @@ This holds for any weights, so --tiny uses a small random GPT.
 
     python -m train.experiments.causal [--out_dir out-coref] [--t T] [--tiny]
 """
-import sys
 
 import numpy as np
 
@@ -98,12 +97,10 @@ def main(argv=None):
     try:
         r = run(args.out_dir, args.tiny, args.t, args.seed)
     except (FileNotFoundError, ValueError, KeyError) as e:
-        print(f"python -m train.experiments.causal: error: {e}", file=sys.stderr)
-        return 1
+        return _common.error("causal", e)
     if "text" in r:
         print(f"original:  {r['text']}\nperturbed: {r['perturbed_text']}")
-    _common.report(sentence(r), r)
-    return 0
+    return _common.report(sentence(r), r)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ Position 0 is left out (it can only see itself), and so is padding.
 
     python -m train.experiments.heads [--out_dir out-coref] [--n_sentences 200] [--tiny]
 """
-import sys
 from collections import Counter
 
 import numpy as np
@@ -216,13 +215,8 @@ def main(argv=None):
     try:
         r = run(args.out_dir, args.tiny, args.n_sentences, args.seed, args.steps, not args.no_plot)
     except (FileNotFoundError, ValueError, KeyError) as e:
-        print(f"python -m train.experiments.heads: error: {e}", file=sys.stderr)
-        return 1
-    print(table(r))
-    if r["plot"]:
-        print(f"wrote {r['plot']}")
-    _common.report(sentence(r), r)
-    return 0
+        return _common.error("heads", e)
+    return _common.report(sentence(r), r, table(r))
 
 
 if __name__ == "__main__":

@@ -206,11 +206,7 @@ def main(argv=None):
         args.sizes, args.repeats, args.warmup = [32, 64, 128], 1, 0
     r = run(tuple(args.sizes), args.d, args.batch, args.heads, args.causal, args.repeats, args.warmup,
             args.block_size, args.seed, args.out_dir, not args.no_plot, _common.plot_name("quadratic", args.tiny))
-    print(table(r))
-    if r["plot"]:
-        print(f"wrote {r['plot']}")
-    _common.report(sentence(r), r)
-    return 0
+    return _common.report(sentence(r), r, table(r))
 
 
 if __name__ == "__main__":

@@ -137,10 +137,7 @@ def main(argv=None):
         args.n_queries, args.sweep = min(args.n_queries, 200), [4, 16, 64, 256]
     r = run(args.d_k, args.n_queries, args.n_keys, tuple(args.sweep), args.seed, args.out_dir, not args.no_plot,
             _common.plot_name("scaling", args.tiny))
-    if r["plot"]:
-        print(f"wrote {r['plot']}")
-    _common.report(sentence(r), r)
-    return 0
+    return _common.report(sentence(r), r)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ over the same queries. A ratio above 1 means more weight than even.
 
     python -m train.experiments.sinks [--out_dir out-coref] [--n_windows 256] [--tiny]
 """
-import sys
 
 import numpy as np
 
@@ -143,13 +142,8 @@ def main(argv=None):
     try:
         r = run(args.out_dir, args.tiny, args.n_windows, args.seed, args.steps, not args.no_plot)
     except (FileNotFoundError, ValueError, KeyError) as e:
-        print(f"python -m train.experiments.sinks: error: {e}", file=sys.stderr)
-        return 1
-    print(table(r))
-    if r["plot"]:
-        print(f"wrote {r['plot']}")
-    _common.report(sentence(r), r)
-    return 0
+        return _common.error("sinks", e)
+    return _common.report(sentence(r), r, table(r))
 
 
 if __name__ == "__main__":

@@ -38,10 +38,8 @@ class _Objective:
         self.fn, self.inputs = fn, inputs
         with no_grad():
             outs = _as_tuple(fn(*inputs))
-        rng = get_backend("cpu").__class__()
-        rng.seed(seed)
-        self.outputs_shape = [o.shape for o in outs]
-        self.cotangents = [Tensor._make(o._backend.asarray(rng.normal(o.shape, float64)), o._backend)
+        rng = get_backend("cpu").xp.random.default_rng(seed)       # its own generator: ta's is untouched
+        self.cotangents = [Tensor._make(o._backend.asarray(rng.standard_normal(o.shape)), o._backend)
                            if _is_float(o) else None for o in outs]
 
     def value(self):

@@ -249,34 +249,41 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=10, help="steps per block")
     p.add_argument("--budget_s", type=float, default=90.0, help="no new block starts after this many seconds")
     p.add_argument("--no_unfused", action="store_true", help="skip the tinyattn side without fused kernels")
+    p.add_argument("--sides", default="all", choices=["all", "tinyattn", "torch"],
+                   help="all: every side in this process; tinyattn or torch: one side alone, without importing "
+                        "the other framework (on a CPU, torch's threads slow numpy down once torch has run)")
     p.add_argument("--out", help="write the results here as JSON (they are printed too)")
     args = p.parse_args(argv)
     start = time.perf_counter()
 
     cfg = dict(CONFIGS[args.config])
     rng = np.random.default_rng(0)
-    # A pool of batches, cycled: one batch over and over lets the model overfit it, and the
-    # tiny (denormal) gradients that follow slow a CPU down by a third.
+    # A pool of batches, cycled: one batch over and over would let the model overfit it,
+    # which is not what a training step sees.
     seq = rng.integers(0, cfg["vocab_size"], (N_BATCHES, cfg["batch_size"], cfg["block_size"] + 1))
     x, y = np.ascontiguousarray(seq[..., :-1]), np.ascontiguousarray(seq[..., 1:])   # (K, B, T) each, int64
     torch, torch_note = None, None
     try:
+        if args.sides == "tinyattn":
+            raise ImportError
         import torch
         if args.device.startswith("cuda") and not torch.cuda.is_available():
             torch, torch_note = None, "torch is installed but sees no CUDA device"
     except ImportError:
-        torch_note = "torch is not installed: only the tinyattn side ran"
+        torch_note = ("--sides tinyattn: torch was not imported" if args.sides == "tinyattn"
+                      else "torch is not installed: only the tinyattn side ran")
     if torch is not None:
         torch.backends.cuda.matmul.allow_tf32 = False             # plain float32, as CuPy's default
         torch.backends.cudnn.allow_tf32 = False
 
-    sides = {"tinyattn": TinyattnSide(cfg, args.device, x, y, fused=True)}
-    if args.device.startswith("cuda") and not args.no_unfused:
+    sides = {"tinyattn": TinyattnSide(cfg, args.device, x, y, fused=True)} if args.sides != "torch" else {}
+    if args.device.startswith("cuda") and not args.no_unfused and args.sides != "torch":
         sides["tinyattn_unfused"] = TinyattnSide(cfg, args.device, x, y, fused=False)
     if torch is not None:
         sides["torch"] = TorchSide(torch, cfg, args.device, x, y)
 
-    check = same_architecture_check(torch, sides["tinyattn"], sides["torch"], x, y) if "torch" in sides else None
+    check = (same_architecture_check(torch, sides["tinyattn"], sides["torch"], x, y)
+             if "torch" in sides and "tinyattn" in sides else None)
     for side in sides.values():
         for _ in range(args.warmup):
             side.step()
@@ -290,7 +297,7 @@ def main(argv=None):
         for name in order:
             time.sleep(0.1)                                        # let BLAS threads settle (CPU)
             samples[name].append(time_block(sides[name], args.steps))
-    loss = sides["tinyattn"].step()
+    loss = sides[names[0]].step()
     final_loss = loss.item()                                       # one read, after the timing
 
     tokens = cfg["batch_size"] * cfg["block_size"]

@@ -282,6 +282,9 @@ def main(argv=None):
     if torch is not None:
         sides["torch"] = TorchSide(torch, cfg, args.device, x, y)
 
+    if not sides:
+        print(f"bench_step: error: --sides torch needs torch ({torch_note})", file=sys.stderr)
+        return 1
     check = (same_architecture_check(torch, sides["tinyattn"], sides["torch"], x, y)
              if "torch" in sides and "tinyattn" in sides else None)
     for side in sides.values():

@@ -44,7 +44,7 @@ SHAKESPEARE_GPU = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_si
 BABY_CPU = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, dropout=0.0, vocab_size=65)
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, dropout=0.2, vocab_size=65)
 CONFIGS = {"gpu": SHAKESPEARE_GPU, "baby": BABY_CPU, "tiny": TINY}
-N_BATCHES = 16
+N_BATCHES = 256     # distinct random batches: see the comment in main()
 LR, BETAS, WEIGHT_DECAY, GRAD_CLIP = 1e-3, (0.9, 0.99), 0.1, 1.0
 
 
@@ -258,8 +258,8 @@ def main(argv=None):
 
     cfg = dict(CONFIGS[args.config])
     rng = np.random.default_rng(0)
-    # A pool of batches, cycled: one batch over and over would let the model overfit it,
-    # which is not what a training step sees.
+    # A pool of distinct random batches, so that no batch comes twice while timing: one batch
+    # over and over would let the model overfit it, which is not what a training step sees.
     seq = rng.integers(0, cfg["vocab_size"], (N_BATCHES, cfg["batch_size"], cfg["block_size"] + 1))
     x, y = np.ascontiguousarray(seq[..., :-1]), np.ascontiguousarray(seq[..., 1:])   # (K, B, T) each, int64
     torch, torch_note = None, None

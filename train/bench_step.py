@@ -203,6 +203,22 @@ def same_architecture_check(torch, tiny_side, torch_side, x, y):
 
 
 # ---------------------------------------------------------------- timing
+def steady_host_allocator():
+    """Keep freed memory in the process (glibc only): numpy's large temporaries then come
+    from the heap instead of fresh mmap pages, which cost page faults on every step. Which
+    one glibc picks depends on the allocation history (its mmap threshold moves), so
+    without this a tinyattn step measured here took 85-100 ms or 55-63 ms from one
+    script to the next. Returns True if it was set."""
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, 64 << 20)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 256 << 20))
+    except (OSError, AttributeError, TypeError):
+        return False
+
+
 def time_block(side, steps, settle_s=0.5):
     """ms per step over one block of steps, with the device synchronised at both ends.
 
@@ -255,6 +271,8 @@ def main(argv=None):
     p.add_argument("--out", help="write the results here as JSON (they are printed too)")
     args = p.parse_args(argv)
     start = time.perf_counter()
+    allocator_note = "glibc mallopt: mmap threshold 64 MiB, trim threshold 256 MiB" if (
+        args.device == "cpu" and steady_host_allocator()) else "default"
 
     cfg = dict(CONFIGS[args.config])
     rng = np.random.default_rng(0)
@@ -320,7 +338,7 @@ def main(argv=None):
               "timing": {"warmup": args.warmup, "blocks": len(samples[names[0]]), "steps_per_block": args.steps,
                          "method": "device synchronised around each block; median over blocks; side order rotates"},
               "results": results, "same_architecture_check": check,
-              "torch": "ran" if "torch" in sides else torch_note,
+              "torch": "ran" if "torch" in sides else torch_note, "host_allocator": allocator_note,
               "tinyattn_loss_after": final_loss if math.isfinite(final_loss) else str(final_loss),
               "versions": versions(torch), "wall_s": round(time.perf_counter() - start, 2)}
     text = json.dumps(report, indent=2)

@@ -83,33 +83,32 @@ class CrossEntropy(Function):
             loss, self.lse, self.scale = fused                             # (), (N,), ()
             return loss
         self.lse = None
-        valid = targets != ignore_index                                    # (N,)
-        safe = xp.where(valid, targets, xp.zeros_like(targets))            # (N,)
+        weight, safe = self._weights(logits, targets)                      # (N,), (N,)
         e, m = _stable_exp(xp, logits, 1)
         logp = logits - m - xp.log(xp.sum(e, axis=1, keepdims=True))       # (N, C)
         picked = xp.take_along_axis(logp, xp.reshape(safe, (-1, 1)), axis=1)[:, 0]
-        self._weights(logits, valid, safe)
-        return -xp.sum(picked * self.weight)
+        return -xp.sum(picked * weight)
 
-    def _weights(self, logits, valid, safe):
-        """Each row's share of the mean (0 if ignored), and the one-hot targets."""
+    def _weights(self, logits, targets):
+        """Each row's share of the mean (0 if ignored), and the targets with ignored rows set to 0."""
         xp = self.xp
+        valid = targets != self.ignore_index                               # (N,)
         count = xp.sum(xp.astype(valid, logits.dtype))
-        self.weight = xp.astype(valid, logits.dtype) / xp.maximum(count, 1.0)    # (N,)
-        self.onehot = xp.astype(xp.reshape(safe, (-1, 1)) == self.backend.arange(logits.shape[1])[None, :], logits.dtype)
+        weight = xp.astype(valid, logits.dtype) / xp.maximum(count, 1.0)   # (N,)
+        return weight, xp.where(valid, targets, xp.zeros_like(targets))
 
     def backward(self, g):
         logits, targets = self.parents
-        if self.lse is not None:                                           # the forward was fused
-            if not is_grad_enabled():
-                dlogits = self.backend.fused_cross_entropy_backward(
-                    g.data, logits.data, targets.data, self.lse, self.scale, self.ignore_index)
-                if dlogits is not None:
-                    return _const(g, dlogits), None
-            valid = targets.data != self.ignore_index
-            self._weights(logits.data, valid, self.xp.where(valid, targets.data, self.xp.zeros_like(targets.data)))
-        weight = _const(g, self.xp.reshape(self.weight, (-1, 1)))        # (N, 1)
-        return g * weight * (softmax(logits, 1) - _const(g, self.onehot)), None
+        if self.lse is not None and not is_grad_enabled():                 # the forward was fused
+            dlogits = self.backend.fused_cross_entropy_backward(
+                g.data, logits.data, targets.data, self.lse, self.scale, self.ignore_index)
+            if dlogits is not None:
+                return _const(g, dlogits), None
+        xp = self.xp
+        weight, safe = self._weights(logits.data, targets.data)            # d loss / d logits =
+        onehot = xp.astype(xp.reshape(safe, (-1, 1)) == self.backend.arange(logits.shape[1])[None, :],
+                           logits.data.dtype)                              # weight * (softmax - onehot)
+        return g * _const(g, xp.reshape(weight, (-1, 1))) * (softmax(logits, 1) - _const(g, onehot)), None
 
 
 def cross_entropy(logits, targets, ignore_index=-100):

@@ -8,7 +8,6 @@ Each side trains in its own block of time (not interleaved), one after the other
 """
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ import tinyattn as ta  # noqa: E402
 from tinyattn.models import GPT, GPTConfig  # noqa: E402
 from tinyattn.optim import warmup_cosine, set_lr  # noqa: E402
 from train.__main__ import train_step  # noqa: E402
-from train.bench_step import make_torch_gpt  # noqa: E402
+from train.bench_step import make_torch_gpt, torch_adamw  # noqa: E402
 from train.data import load_text  # noqa: E402
 
 BABY = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, vocab_size=None, dropout=0.0)
@@ -50,10 +49,7 @@ def run_tinyattn(model, dataset, cfg):
 
 
 def run_torch(torch, model, dataset, cfg):
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": HYPER["wd"]},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=HYPER["lr"], betas=HYPER["betas"])
+    opt = torch_adamw(torch, model, HYPER["lr"], HYPER["betas"], HYPER["wd"])
     rng = np.random.default_rng(HYPER["seed"])
 
     def step_fn(step, x, y):

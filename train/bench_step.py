@@ -147,16 +147,20 @@ class TinyattnSide:
                         "(it keeps freed blocks, so about the peak)"}
 
 
+def torch_adamw(torch, model, lr, betas, weight_decay, fused=False):
+    """torch's AdamW grouped as tinyattn's GPT.configure_optimizer does: decay matrices only."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=betas, fused=fused)
+
+
 class TorchSide:
     def __init__(self, torch, cfg, device, x, y):
         self.torch, self.cuda = torch, device.startswith("cuda")
         torch.manual_seed(0)
         self.model = make_torch_gpt(torch, cfg).to(device)
-        decay = [p for p in self.model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
-        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
-                                            {"params": no_decay, "weight_decay": 0.0}],
-                                           lr=LR, betas=BETAS, fused=self.cuda)
+        self.optimizer = torch_adamw(torch, self.model, LR, BETAS, WEIGHT_DECAY, fused=self.cuda)
         self.x, self.y = (torch.from_numpy(a).to(device) for a in (x, y))     # (K, B, T) each
         self.i = 0
 

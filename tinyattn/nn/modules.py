@@ -2,8 +2,8 @@
 import math
 from collections import OrderedDict
 
-from ..tensor import arange, ones, rand, randn, tensor, zeros
-from ..tensor import Tensor
+from ..tensor import Tensor, arange, ones, rand, randn, tensor, zeros
+from ..ops import cat
 from . import functional as F
 
 
@@ -312,8 +312,8 @@ class KVCache:
 
     def append(self, k, v):                                          # (B, H, T, D) each
         if self.k is not None:
-            k = _cat2(self.k, k)
-            v = _cat2(self.v, v)
+            k = cat([self.k, k], dim=2)
+            v = cat([self.v, v], dim=2)
         self.k, self.v = k.detach(), v.detach()
         return k, v
 
@@ -330,7 +330,3 @@ class KVCache:
         cols = arange(t_total, device=like.device).view(1, t_total)
         return cols <= rows
 
-
-def _cat2(a, b):
-    from ..ops import cat
-    return cat([a, b], dim=2)

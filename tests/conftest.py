@@ -1,12 +1,8 @@
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))   # tests import optable
-
-import tinyattn as ta  # noqa: E402
+import tinyattn as ta
+from tinyattn.backend import get_backend
 
 
 def make_tensors(arrays, device="cpu", dtype="float64"):
@@ -26,6 +22,38 @@ def forward_and_backward(spec, arrays, device):
     cotangent = np.random.default_rng(5).standard_normal(out.shape)
     out.backward(ta.tensor(cotangent, dtype="float64", device=device))
     return [out.numpy()] + [t.grad.numpy() for t in inputs if t.requires_grad]
+
+
+def count_kernel_calls(backend, monkeypatch):
+    """Wrap each of ``backend``'s registered kernels: {name: calls that did not decline}."""
+    calls = {}
+
+    def counting(name, fn):
+        def wrapper(*args):
+            out = fn(*args)
+            if out is not None:
+                calls[name] = calls.get(name, 0) + 1
+            return out
+        return wrapper
+
+    for name, fn in list(backend.kernels.items()):
+        monkeypatch.setitem(backend.kernels, name, counting(name, fn))
+    return calls
+
+
+def kernel_and_formula(case, device, dtype, monkeypatch, seed=11):
+    """A KernelCase run with the device's kernels on, then off: (fused, formula) host arrays.
+
+    Fails unless every kernel that the case names really ran."""
+    backend = get_backend(device)
+    calls = count_kernel_calls(backend, monkeypatch)
+    arrays = case.inputs(np.random.default_rng(seed))
+    monkeypatch.setattr(backend, "use_kernels", True)
+    fused = case.run(arrays, device, dtype)
+    monkeypatch.setattr(backend, "use_kernels", False)
+    formula = case.run(arrays, device, dtype)
+    assert case.kernels <= set(calls), f"{case.name} on {device}: kernels that ran: {calls}"
+    return fused, formula
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ tests/test_exercises_<name>.py run them on the learner's exercises/<name>.py
 on the reference solutions in tests/exercise_solutions/.
 """
 import importlib
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +13,7 @@ import pytest
 import tinyattn as ta
 import tinyattn.nn.functional as F
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))           # the learner's exercises/ package lives there
-
+REPO_ROOT = Path(__file__).resolve().parent.parent       # the learner's exercises/ package lives there
 
 def load_exercise(name):
     """exercises/<name>.py as a module; the test is skipped while the file does not exist.

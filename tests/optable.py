@@ -230,3 +230,79 @@ OPS = [
            lambda r: [normal(r, 1, 2, 7, 4), normal(r, 1, 2, 4, 4), normal(r, 1, 2, 4, 2)],
            lambda q, k, v: _attention(q, k, v, causal=True, scale=0.7), gradgrad=False),
 ]
+
+
+# ---------------------------------------------------------------- fused kernels
+# Every kernel that a backend registers (``backend.kernels``) is checked against
+# the op's own formula: the same case runs with ``backend.use_kernels`` off and
+# on. A registered kernel with no case here fails the suite.
+@dataclass
+class KernelCase:
+    name: str
+    kernels: set               # the kernel names that this case must run
+    inputs: Callable           # rng -> list of numpy arrays
+    fn: Callable = None        # Tensors -> Tensor: the op (run is then its forward and backward)
+    run: Callable = None       # (arrays, device, dtype) -> list of host arrays to compare
+
+    def __post_init__(self):
+        if self.run is None:
+            self.run = forward_backward(self.fn)
+
+
+def forward_backward(fn):
+    """A case runner: fn's output and the gradient of every float input, for a fixed random cotangent."""
+    import tinyattn as ta
+
+    def run(arrays, device, dtype):
+        inputs = [ta.tensor(a, dtype=dtype, device=device, requires_grad=True) if a.dtype.kind == "f"
+                  else ta.tensor(a, device=device) for a in arrays]
+        out = fn(*inputs)
+        cotangent = np.random.default_rng(5).standard_normal(out.shape)
+        out.backward(ta.tensor(cotangent, dtype=dtype, device=device))
+        return [out.numpy()] + [t.grad.numpy() for t in inputs if t.requires_grad]
+    return run
+
+
+def adamw_steps(arrays, device, dtype):
+    """Three AdamW steps with and without weight decay: the parameters and both moments after them."""
+    import tinyattn as ta
+    start, grads = arrays[:2], [arrays[2:4], arrays[4:6], arrays[6:8]]
+    params = [ta.tensor(a, dtype=dtype, device=device, requires_grad=True) for a in start]
+    opt = ta.optim.AdamW([{"params": params[:1], "weight_decay": 0.1},
+                          {"params": params[1:], "weight_decay": 0.0}], lr=1e-2, betas=(0.9, 0.99))
+    for step_grads in grads:
+        for p, g in zip(params, step_grads):
+            p.grad = ta.tensor(g, dtype=dtype, device=device)
+        opt.step()
+    state = opt.state_dict()["state"]
+    return [p.numpy() for p in params] + [np.asarray(s[k]) for s in state.values() for k in ("exp_avg", "exp_avg_sq")]
+
+
+def _targets(rng, n, classes):
+    t = rng.integers(0, classes, n)
+    t[::5] = -1                                                   # some ignored rows
+    return t
+
+
+KERNEL_CASES = [
+    KernelCase("gelu_tanh", {"gelu_tanh", "gelu_tanh_backward"}, lambda r: [3 * normal(r, 64, 100)],
+               fn=lambda a: F.gelu(a, approximate="tanh")),
+    KernelCase("layer_norm C=384", {"layer_norm", "layer_norm_backward"},
+               lambda r: [2 * normal(r, 4, 7, 384) + 0.5, normal(r, 384), normal(r, 384)],
+               fn=lambda x, w, b: F.layer_norm(x, 384, w, b)),
+    KernelCase("layer_norm C=1000", {"layer_norm", "layer_norm_backward"},          # > 256 threads a row
+               lambda r: [normal(r, 5, 1000), normal(r, 1000), normal(r, 1000)],
+               fn=lambda x, w, b: F.layer_norm(x, 1000, w, b)),
+    KernelCase("layer_norm C=5", {"layer_norm", "layer_norm_backward"},
+               lambda r: [normal(r, 9, 5), normal(r, 5), normal(r, 5)],
+               fn=lambda x, w, b: F.layer_norm(x, 5, w, b)),
+    KernelCase("cross_entropy V=65", {"cross_entropy", "cross_entropy_backward"},
+               lambda r: [3 * normal(r, 300, 65), _targets(r, 300, 65)],
+               fn=lambda a, t: F.cross_entropy(a, t, ignore_index=-1)),
+    KernelCase("cross_entropy V=1000", {"cross_entropy", "cross_entropy_backward"},
+               lambda r: [normal(r, 37, 1000), _targets(r, 37, 1000)],
+               fn=lambda a, t: F.cross_entropy(a, t, ignore_index=-1)),
+    KernelCase("adamw_", {"adamw_"},
+               lambda r: [normal(r, 33, 17), normal(r, 17)] + [normal(r, *s) for _ in range(3) for s in ((33, 17), (17,))],
+               run=adamw_steps),
+]

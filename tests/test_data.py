@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))   # data/ and train/ are not installed
 
-from data import coref, shakespeare_char  # noqa: E402
-from train.data import (CharTokenizer, Dataset, WordTokenizer, load_coref,  # noqa: E402
+from data import coref, shakespeare_char
+from train.data import (CharTokenizer, Dataset, WordTokenizer, load_coref,
                         load_text, tokenizer_from_json, tokenizer_to_json)
 
 

@@ -5,18 +5,14 @@ and any machine are asserted (the causal mask, the scaling at d_k = 64);
 timings are never compared.
 """
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))   # train/ is not installed
-
-from train import checkpoint  # noqa: E402
-from train.data import tokenizer_to_json  # noqa: E402
-from train.experiments import _common, causal, heads, quadratic, scaling, sinks  # noqa: E402
+from train import checkpoint
+from train.data import tokenizer_to_json
+from train.experiments import _common, causal, heads, quadratic, scaling, sinks
 
 
 @pytest.fixture(scope="module")

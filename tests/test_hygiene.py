@@ -15,7 +15,7 @@ array_api_strict = pytest.importorskip("array_api_strict")
 import tinyattn as ta  # noqa: E402
 from tinyattn.backend import StrictBackend, get_backend  # noqa: E402
 from tinyattn.models import GPT, GPTConfig  # noqa: E402
-import train.__main__ as train_main  # noqa: E402
+import train.loop as train_main  # noqa: E402
 
 # Array methods through which data reaches the host (implicitly or not).
 LEAKS = ("__bool__", "__float__", "__int__", "__index__", "__complex__", "__array__",
@@ -108,7 +108,7 @@ def test_a_training_step_makes_no_device_to_host_copy(transfers, n_batches):
 
 
 def test_the_training_loop_reads_the_loss_only_at_log_steps(transfers, monkeypatch, tmp_path):
-    """The real loop (train.__main__.train) on the stand-in device, with evaluation and
+    """The real loop (train.loop.train) on the stand-in device, with evaluation and
     checkpoints stubbed out: the only copies are the loss reads at steps 0, 3 and 6."""
     text = tmp_path / "tiny.txt"
     text.write_text("To be, or not to be, that is the question.\n" * 20)
@@ -122,7 +122,7 @@ def test_the_training_loop_reads_the_loss_only_at_log_steps(transfers, monkeypat
     assert train_main.main(argv) == 0
     assert transfers.implicit == [], f"implicit host copies: {transfers.implicit}"
     assert len(transfers.explicit) == 3, f"expected 3 loss reads (steps 0, 3, 6), got {transfers.explicit}"
-    assert all("__main__.py" in w for w in transfers.explicit), transfers.explicit
+    assert all("loop.py" in w for w in transfers.explicit), transfers.explicit
 
 
 def test_the_counter_sees_implicit_conversions(transfers):

@@ -1,20 +1,16 @@
 """Tests for train/lesson.py: the "it" report, its heatmaps, and a short training run that beats chance."""
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))   # data/ and train/ are not installed
-
-import tinyattn as ta  # noqa: E402
-from tinyattn.models import GPT, GPTConfig  # noqa: E402
-from data import coref  # noqa: E402
-from train import lesson  # noqa: E402
-from train.__main__ import main  # noqa: E402
-from train.data import load_coref  # noqa: E402
+import tinyattn as ta
+from tinyattn.models import GPT, GPTConfig
+from data import coref
+from train import lesson
+from train.loop import main
+from train.data import load_coref
 
 WORDS = ["the", "animal", "was", "tired", ".", "it", "="]
 

@@ -1,12 +1,15 @@
 """Every op in the table: forward against numpy, gradcheck, gradgradcheck, the stand-in device."""
+import weakref
+
 import numpy as np
 import pytest
 
 import tinyattn as ta
 import tinyattn.nn.functional as F
-from tinyattn.tensor import Function
-from conftest import make_tensors, forward_and_backward
-from optable import OPS
+from tinyattn.autograd import Function
+from tinyattn.backend import get_backend
+from conftest import make_tensors, forward_and_backward, kernel_and_formula
+from optable import OPS, KERNEL_CASES, KernelCase
 
 IDS = [spec.name for spec in OPS]
 
@@ -148,11 +151,11 @@ def test_gradcheck_rejects_a_zero_softmax_backward():
 def test_gradgradcheck_rejects_a_wrong_second_derivative():
     class Cube(ta.Function):       # first derivative right, written with a constant: second is 0
         def forward(self, a):
-            self.d = 3 * a * a
+            self.save(3 * a * a)
             return a * a * a
 
         def backward(self, g):
-            return g * ta.Tensor._make(self.d, g._backend)
+            return g * self.constant(self.saved[0])
 
     x = ta.randn(4, dtype="float64", requires_grad=True)
     assert ta.gradcheck(lambda a: Cube.apply(a), (x,))
@@ -184,3 +187,87 @@ def test_fused_backward_refuses_create_graph():
     y = F.layer_norm(x, 4)
     with pytest.raises(RuntimeError, match="fused backward"):
         ta.grad(y.sum(), x, create_graph=True)
+
+
+# ---------------------------------------------------------------- saved state is freed by backward
+def _graph_functions(out):
+    """Every Function in the graph that made ``out``."""
+    seen, stack, found = set(), [out], []
+    while stack:
+        ctx = stack.pop().grad_fn
+        if ctx is None or id(ctx) in seen:
+            continue
+        seen.add(id(ctx))
+        found.append(ctx)
+        stack.extend(ctx.parents)
+    return found
+
+
+def _holds_array(value, backend):
+    if isinstance(value, (tuple, list)):
+        return any(_holds_array(v, backend) for v in value)
+    return backend.is_array(value)
+
+
+@pytest.mark.parametrize("spec", OPS, ids=IDS)
+def test_backward_frees_every_saved_array(spec):
+    """One convention: arrays that backward needs go through self.save, and the engine drops them."""
+    inputs = make_tensors(spec.inputs(np.random.default_rng(3)))
+    out = spec.fn(*inputs)
+    functions = _graph_functions(out)
+    assert functions or any(out is t for t in inputs), f"{spec.name} recorded no graph"
+    out.backward(ta.tensor(np.random.default_rng(4).standard_normal(out.shape), dtype="float64"))
+    for ctx in functions:
+        kept = [k for k, v in vars(ctx).items() if k not in ("backend", "xp") and _holds_array(v, out.backend)]
+        assert not kept, f"{type(ctx).__name__} keeps arrays after backward in {kept}: use self.save(...)"
+
+
+def test_saved_arrays_are_released_after_backward():
+    x = ta.randn(8, 16, requires_grad=True)
+    y = F.gelu(x, approximate="tanh")                 # saves tanh(u), an (8, 16) array
+    saved = weakref.ref(y.grad_fn.saved[0])
+    y.sum().backward(retain_graph=True)
+    assert saved() is not None                        # retain_graph keeps it for a second backward
+    y.sum().backward()
+    assert saved() is None, "the saved array outlived backward"
+    assert y.shape == (8, 16)                         # while the output itself is still alive
+
+
+# ---------------------------------------------------------------- every registered kernel against the formula
+def registered_kernels():
+    """(device, kernel name) for every kernel that a backend on this machine registers."""
+    found = []
+    for device in ("cpu", "strict", "cuda"):
+        try:
+            backend = get_backend(device)
+        except RuntimeError:                                   # no CuPy or GPU here
+            continue
+        found += [(device, name) for name in sorted(backend.kernels)]
+    return found
+
+
+@pytest.mark.parametrize("device, name", registered_kernels())
+def test_every_registered_kernel_matches_the_formula(device, name, monkeypatch):
+    cases = [case for case in KERNEL_CASES if name in case.kernels]
+    assert cases, f"kernel {name!r} on {device} has no KernelCase in tests/optable.py"
+    for case in cases:
+        fused, formula = kernel_and_formula(case, device, "float64", monkeypatch)
+        for i, (a, b) in enumerate(zip(fused, formula)):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=f"{case.name}: output {i}")
+
+
+def _gelu_tanh_numpy(x):
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["right kernel", "wrong kernel"])
+def test_a_cpu_kernel_is_used_and_checked(wrong, monkeypatch):
+    """The lookup works on the CPU too: a kernel registered there runs, and the check catches a wrong one."""
+    cpu = get_backend("cpu")
+    monkeypatch.setitem(cpu.kernels, "gelu_tanh", lambda a: _gelu_tanh_numpy(a) * (1.01 if wrong else 1.0))
+    case = KernelCase("gelu_tanh on the CPU", {"gelu_tanh"}, lambda r: [r.standard_normal((6, 9))],
+                      fn=lambda a: F.gelu(a, approximate="tanh"))
+    fused, formula = kernel_and_formula(case, "cpu", "float64", monkeypatch)
+    close = np.allclose(fused[0], formula[0], rtol=1e-10, atol=1e-12)
+    assert close != wrong
+    np.testing.assert_allclose(fused[1], formula[1], rtol=1e-10)    # no backward kernel: the formula's gradient

@@ -9,7 +9,7 @@ import pytest
 
 import tinyattn as ta
 from train import checkpoint
-from train.__main__ import main
+from train.loop import main
 from train.sample import main as sample_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -136,7 +136,7 @@ def test_gradient_accumulation_equals_one_big_batch():
     """Two half batches with loss/2 each give the same step, clipping included, as one full batch."""
     import tinyattn as ta
     from tinyattn.models import GPT, GPTConfig
-    from train.__main__ import train_step
+    from train.loop import train_step
     rng = np.random.default_rng(0)
     x = ta.tensor(rng.integers(0, 9, (4, 8)))
     y = ta.tensor(rng.integers(0, 9, (4, 8)))
@@ -153,7 +153,7 @@ def test_gradient_accumulation_equals_one_big_batch():
 
 
 def test_ctrl_c_saves_a_checkpoint(text_file, tmp_path, monkeypatch):
-    import train.__main__ as program
+    import train.loop as program
     real_step = program.train_step
     calls = []
 

@@ -10,7 +10,9 @@ full per-element comparison runs to name the worst input and index.
 mode="full" compares every element of every input.
 """
 from .backend import get_backend, float64
-from .tensor import Tensor, enable_grad, grad, no_grad
+from .autograd import enable_grad, grad, no_grad
+from .ops import constant
+from .tensor import Tensor
 
 
 class GradcheckError(AssertionError):
@@ -39,7 +41,7 @@ class _Objective:
         with no_grad():
             outs = _as_tuple(fn(*inputs))
         rng = get_backend("cpu").xp.random.default_rng(seed)       # its own generator: ta's is untouched
-        self.cotangents = [Tensor._make(o._backend.asarray(rng.standard_normal(o.shape)), o._backend)
+        self.cotangents = [constant(o, o.backend.asarray(rng.standard_normal(o.shape)))
                            if _is_float(o) else None for o in outs]
 
     def value(self):
@@ -67,7 +69,7 @@ class _Objective:
         for sign in (1.0, -1.0):
             for i, v in directions.items():
                 t = self.inputs[i]
-                t.data = saved[i] + t._backend.asarray(sign * eps * v)
+                t.data = saved[i] + t.backend.asarray(sign * eps * v)
             values.append(self.value())
         for i in directions:
             self.inputs[i].data = saved[i]

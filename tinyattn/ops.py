@@ -1,12 +1,18 @@
-"""The primitive ops: one small Function each, forward and backward side by side.
+"""The ops: one small Function each, forward and backward side by side.
 
 ``forward`` gets raw arrays and uses ``self.xp``; ``backward`` gets the output
 gradient ``g`` as a Tensor and returns gradients built from Tensor ops, so
-they can be differentiated again. Shapes in comments: a, b inputs; g like out.
+they can be differentiated again. Arrays that backward needs go through
+``self.save(...)``. Shapes in comments: a, b inputs; g like out.
+
+An op with a fused kernel asks for it in one line,
+``self.backend.run_kernel(name, ...)``, and runs its own formula when the
+answer is None (no kernel on this device, or one that declines these inputs).
 """
+import functools
 import math
 
-from .tensor import Function, Tensor, is_grad_enabled
+from .autograd import Function, is_grad_enabled, is_tensor, wrap
 
 
 def sum_to(g, shape):
@@ -18,9 +24,18 @@ def sum_to(g, shape):
     return g.sum(axes, keepdim=True).reshape(shape)
 
 
-def _const(like, array):
-    """A constant Tensor (no gradient) on ``like``'s device."""
-    return Tensor._make(array, like._backend)
+def constant(like, array):
+    """A Tensor without gradient around a raw ``array`` on ``like``'s device."""
+    return wrap(array, like.backend)
+
+
+def lift(like, value):
+    """``value`` as a Tensor on ``like``'s device: a Tensor as it is, a Python number
+    as a 0-d array (of like's dtype when like is floating)."""
+    if is_tensor(value):
+        return value
+    dtype = like.dtype if like.dtype.kind == "f" else None
+    return wrap(like.backend.asarray(value, dtype), like.backend)
 
 
 # ---------------------------------------------------------------- arithmetic
@@ -196,11 +211,13 @@ class Relu(Function):
     """max(a, 0); at a == 0 the gradient is 0, as in PyTorch."""
 
     def forward(self, a):
-        self.mask = a > 0
-        return self.xp.where(self.mask, a, 0.0)
+        mask = a > 0
+        self.save(mask)
+        return self.xp.where(mask, a, 0.0)
 
     def backward(self, g):
-        return g * _const(g, self.xp.astype(self.mask, g.data.dtype))
+        (mask,) = self.saved
+        return g * self.constant(self.xp.astype(mask, g.data.dtype))
 
 
 class Erf(Function):
@@ -228,54 +245,42 @@ class Gelu(Function):
         return g * (cdf + a * pdf)
 
 
+def _gelu_tanh_u(x):
+    """u = sqrt(2/pi) (x + 0.044715 x^3), on arrays or Tensors."""
+    return (x * x * 0.044715 + 1.0) * x * _SQRT_2_OVER_PI
+
+
+def _gelu_tanh_slope(x, t):
+    """d/dx of 0.5 x (1 + t), t = tanh(u): 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx, on arrays or Tensors."""
+    du = x * x * (3 * 0.044715 * _SQRT_2_OVER_PI) + _SQRT_2_OVER_PI
+    return ((t * t - 1.0) * x * du - t - 1.0) * -0.5
+
+
 class GeluTanh(Function):
     """0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3): GPT-2's approximation.
 
-    d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx, with t = tanh(u).
-    When no graph is recorded (the usual backward) the derivative is computed
-    on raw arrays, in place, from the t kept by forward: GELU is the largest
-    elementwise cost of a GPT step. On CUDA a fused kernel does each pass.
-    With create_graph=True the same formula runs as Tensor ops.
+    The usual backward (no graph recorded) runs the slope on raw arrays with
+    the t kept by forward; with create_graph=True the same formula runs on
+    Tensors, so it can be differentiated again.
     """
 
     def forward(self, a):
-        fused = self.backend.fused_gelu_tanh(a)
-        if fused is not None:
-            self.t = None
-            return fused
-        u = a * a
-        u *= 0.044715
-        u += 1.0
-        u *= a
-        u *= _SQRT_2_OVER_PI                                     # u = sqrt(2/pi) (a + 0.044715 a^3)
-        self.t = self.xp.tanh(u)
-        out = self.t + 1.0
-        out *= a
-        out *= 0.5
-        return out
+        out = self.backend.run_kernel("gelu_tanh", a)
+        if out is not None:
+            return out
+        t = self.xp.tanh(_gelu_tanh_u(a))
+        self.save(t)
+        return (t + 1.0) * a * 0.5
 
     def backward(self, g):
         a = self.parents[0]
-        if not is_grad_enabled():
-            fused = self.backend.fused_gelu_tanh_backward(a.data, g.data)
-            if fused is not None:
-                return _const(g, fused)
-            x, t = a.data, self.t
-            du = x * x
-            du *= 3 * 0.044715 * _SQRT_2_OVER_PI
-            du += _SQRT_2_OVER_PI                                # du/dx
-            d = t * t
-            d -= 1.0
-            d *= x
-            d *= du                                              # -x (1 - t^2) du/dx
-            d -= t
-            d -= 1.0
-            d *= -0.5                                            # 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx
-            d *= g.data
-            return _const(g, d)
-        t = (_SQRT_2_OVER_PI * (a + 0.044715 * a * a * a)).tanh()
-        du = _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * a * a)
-        return g * (0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * du)
+        if is_grad_enabled():                                    # create_graph=True
+            return _gelu_tanh_slope(a, _gelu_tanh_u(a).tanh()) * g
+        dx = self.backend.run_kernel("gelu_tanh_backward", a.data, g.data)
+        if dx is None:
+            t = self.saved[0] if self.saved else self.xp.tanh(_gelu_tanh_u(a.data))   # fused forward: no t
+            dx = _gelu_tanh_slope(a.data, t) * g.data
+        return self.constant(dx)
 
 
 def gelu(x, approximate="none"):
@@ -292,15 +297,17 @@ class Clamp(Function):
     def forward(self, a, lo=None, hi=None):
         inside = [a >= lo] if lo is not None else []
         inside += [a <= hi] if hi is not None else []
-        self.mask = None
+        mask = None
         for m in inside:
-            self.mask = m if self.mask is None else self.mask & m
+            mask = m if mask is None else mask & m
+        self.save(mask)
         return self.xp.clip(a, lo, hi)
 
     def backward(self, g):
-        if self.mask is None:
+        (mask,) = self.saved
+        if mask is None:
             return g
-        return g * _const(g, self.xp.astype(self.mask, g.data.dtype))
+        return g * self.constant(self.xp.astype(mask, g.data.dtype))
 
 
 class Cast(Function):
@@ -316,13 +323,7 @@ class ToDevice(Function):
 
     def forward(self, a, backend):
         out = backend.asarray(self.backend.to_numpy(a))
-        self.backend, self.xp = backend, backend.xp   # the output lives on the new device
-        return out
-
-    @classmethod
-    def apply(cls, x, backend):
-        out = super().apply(x, backend=backend)
-        out._backend = backend
+        self.backend, self.xp = backend, backend.xp   # apply puts the output on the new device
         return out
 
     def backward(self, g):
@@ -346,12 +347,13 @@ class Max(Function):
         xp = self.xp
         out = xp.max(a, axis=dim, keepdims=True)
         hit = xp.astype(a == out, a.dtype)
-        self.weights = hit / xp.sum(hit, axis=dim, keepdims=True)
+        self.save(hit / xp.sum(hit, axis=dim, keepdims=True))              # each element's share
         self.kept = out.shape
         return out if keepdim else xp.reshape(out, tuple(n for i, n in enumerate(a.shape) if i not in dim))
 
     def backward(self, g):
-        return g.reshape(self.kept) * _const(g, self.weights)
+        (weights,) = self.saved
+        return g.reshape(self.kept) * self.constant(weights)
 
 
 # ---------------------------------------------------------------- shape
@@ -400,7 +402,7 @@ def _canonical_index(index, backend):
         index = (index,)
     out = []
     for i in index:
-        if isinstance(i, Tensor):
+        if is_tensor(i):
             i = i.data
         elif isinstance(i, list):
             i = backend.asarray(i)
@@ -419,30 +421,32 @@ class GetItem(Function):
     """a[index]: slices, ints, None, Ellipsis, integer arrays (repeats too), boolean masks."""
 
     def forward(self, a, index):
-        self.index = index
+        self.save(index)
         return self.backend.getitem(a, index)
 
     def backward(self, g):
-        return IndexAdd.apply(g, index=self.index, shape=self.parents[0].shape)
+        (index,) = self.saved
+        return IndexAdd.apply(g, index=index, shape=self.parents[0].shape)
 
 
 class IndexAdd(Function):
     """zeros(shape) with g added at ``index``: GetItem's backward, repeats summed."""
 
     def forward(self, g, index, shape):
-        self.index = index
+        self.save(index)
         out = self.backend.zeros(shape, self.backend.dtype_of(g))
-        if _is_basic(index, self.backend) and self.backend.name != "strict":
+        if _is_basic(index, self.backend) and self.backend.setitem_basic:
             out[index] = g
             return out
         return self.backend.index_add(out, index, g)
 
     def backward(self, gg):
-        return GetItem.apply(gg, index=self.index)
+        (index,) = self.saved
+        return GetItem.apply(gg, index=index)
 
 
 def getitem(x, index):
-    return GetItem.apply(x, index=_canonical_index(index, x._backend))
+    return GetItem.apply(x, index=_canonical_index(index, x.backend))
 
 
 class Cat(Function):
@@ -500,25 +504,114 @@ class Where(Function):
     """cond ? a : b, broadcasting all three; cond takes no gradient."""
 
     def forward(self, cond, a, b):
-        self.cond = cond
         return self.xp.where(cond, a, b)
 
     def backward(self, g):
-        _, a, b = self.parents
+        cond, a, b = self.parents
         _, da, db = self.needs_input_grad
-        cond = _const(g, self.cond)
-        zero = _const(g, self.backend.zeros((), g.dtype))
+        zero = self.constant(self.backend.zeros((), g.dtype))
         return (None,
                 sum_to(where(cond, g, zero), a.shape) if da else None,
                 sum_to(where(cond, zero, g), b.shape) if db else None)
 
 
 def where(cond, a, b):
-    like = next((t for t in (a, b) if isinstance(t, Tensor)), None)
+    like = next((t for t in (a, b) if is_tensor(t)), None)
     if like is None:
         raise TypeError("where: a or b must be a Tensor")
-    cond = cond if isinstance(cond, Tensor) else like._lift(cond)
-    return Where.apply(cond, like._lift(a), like._lift(b))
+    return Where.apply(lift(like, cond), lift(like, a), lift(like, b))
 
 
-__all__ = ["sum_to", "matmul", "gelu", "getitem", "cat", "stack", "split", "where"]
+# ---------------------------------------------------------------- softmax family
+# Each is one Function with a stable forward (the row's max is subtracted
+# first) and a backward written with Tensor ops, so it differentiates twice.
+def stable_exp(xp, x, dim):
+    """exp(x - max) along dim, and that max (kept), finite for any finite x."""
+    m = xp.max(x, axis=dim, keepdims=True)
+    return xp.exp(x - m), m
+
+
+def _softmax_backward(y, g, dim):
+    """Through y = softmax(x): dx_i = y_i (g_i - sum_j g_j y_j)."""
+    return y * (g - (g * y).sum(dim, keepdim=True))
+
+
+class Softmax(Function):
+    def forward(self, x, dim):
+        self.dim = dim
+        e, _ = stable_exp(self.xp, x, dim)
+        return e / self.xp.sum(e, axis=dim, keepdims=True)
+
+    def backward(self, g):
+        return _softmax_backward(self.output, g, self.dim)
+
+
+class LogSoftmax(Function):
+    def forward(self, x, dim):
+        self.dim = dim
+        e, m = stable_exp(self.xp, x, dim)
+        return x - m - self.xp.log(self.xp.sum(e, axis=dim, keepdims=True))
+
+    def backward(self, g):
+        return g - self.output.exp() * g.sum(self.dim, keepdim=True)
+
+
+class LogSumExp(Function):
+    def forward(self, x, dim, keepdim):
+        self.dim = dim
+        e, m = stable_exp(self.xp, x, dim)
+        out = m + self.xp.log(self.xp.sum(e, axis=dim, keepdims=True))
+        return out if keepdim else self.xp.squeeze(out, axis=dim)
+
+    def backward(self, g):
+        x = self.parents[0]
+        out = self.output if self.output.ndim == x.ndim else self.output.unsqueeze(self.dim)
+        g = g if g.ndim == x.ndim else g.unsqueeze(self.dim)
+        return g * (x - out).exp()
+
+
+def softmax(x, dim=-1):
+    return Softmax.apply(x, dim=dim % x.ndim)
+
+
+def log_softmax(x, dim=-1):
+    return LogSoftmax.apply(x, dim=dim % x.ndim)
+
+
+def logsumexp(x, dim=-1, keepdim=False):
+    return LogSumExp.apply(x, dim=dim % x.ndim, keepdim=keepdim)
+
+
+class MaskedSoftmax(Function):
+    """Softmax over the last dim of the allowed entries only (mask: True = take part).
+
+    A row with nothing allowed gets all-zero weights and a zero gradient,
+    not the NaN of exp(-inf) / 0.
+    """
+
+    def forward(self, x, allowed):
+        xp = self.xp
+        x = xp.where(allowed, x, -xp.inf)
+        m = xp.max(x, axis=-1, keepdims=True)
+        m = xp.where(xp.isfinite(m), m, 0.0)                        # fully masked rows
+        e = xp.exp(x - m)                                           # exp(-inf) = 0 where masked
+        total = xp.sum(e, axis=-1, keepdims=True)
+        return e / xp.where(total > 0, total, 1.0)
+
+    def backward(self, g):
+        return _softmax_backward(self.output, g, -1), None
+
+
+@functools.lru_cache(maxsize=256)
+def causal_mask(t_q, t_k, backend, offset=0):
+    """(t_q, t_k) booleans on ``backend``: True where query i may see key j, i.e. j <= i + offset.
+
+    offset 0 aligns the queries at the top left (as PyTorch's is_causal); with
+    a KV cache the new queries sit at the end, offset = t_k - t_q.
+    """
+    ones = backend.full((t_q, t_k), 1, "float32")
+    return backend.xp.tril(ones, k=offset) > 0
+
+
+__all__ = ["sum_to", "constant", "lift", "matmul", "gelu", "getitem", "cat", "stack", "split", "where",
+           "softmax", "log_softmax", "logsumexp", "causal_mask"]

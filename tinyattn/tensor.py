@@ -1,214 +1,10 @@
-"""Tensor and the reverse-mode autodiff engine.
+"""Tensor: the n-d array that users hold, and the functions that create one.
 
-A Tensor wraps one backend array. An op is a ``Function`` subclass: its
-``forward`` works on raw arrays, its ``backward`` gets the output gradient as
-a Tensor and returns one gradient Tensor (or None) per input. Backward
-formulas use Tensor ops, so ``backward(create_graph=True)`` records them and
-gradients of gradients work.
+A Tensor wraps one backend array. Its methods are thin: each calls an op
+from ``ops.py``, and the engine in ``autograd.py`` records it.
 """
-import contextlib
-import functools
-import weakref
-
-from .backend import get_backend, float32, float64, int64, dtype_of_host
-
-_grad_enabled = True
-
-
-# --------------------------------------------------------------------------
-# grad mode
-# --------------------------------------------------------------------------
-@contextlib.contextmanager
-def set_grad_enabled(mode):
-    """Turn graph recording on or off inside a ``with`` block."""
-    global _grad_enabled
-    previous, _grad_enabled = _grad_enabled, bool(mode)
-    try:
-        yield
-    finally:
-        _grad_enabled = previous
-
-
-class no_grad(contextlib.ContextDecorator):
-    """``with ta.no_grad():`` or ``@ta.no_grad()``: ops record no graph."""
-
-    def __enter__(self):
-        self._cm = set_grad_enabled(False)
-        self._cm.__enter__()
-
-    def __exit__(self, *exc):
-        return self._cm.__exit__(*exc)
-
-
-class enable_grad(no_grad):
-    def __enter__(self):
-        self._cm = set_grad_enabled(True)
-        self._cm.__enter__()
-
-
-def is_grad_enabled():
-    return _grad_enabled
-
-
-# --------------------------------------------------------------------------
-# Function: one op, forward and backward side by side
-# --------------------------------------------------------------------------
-class Function:
-    """Base class of every differentiable op, and of learners' own ops.
-
-    Subclass it, write ``forward(self, *arrays, **params) -> array`` and
-    ``backward(self, grad) -> grads``, then call ``MyOp.apply(*tensors, **params)``.
-    Inside them: ``self.xp`` is the array namespace, ``self.parents`` the input
-    Tensors, ``self.output`` the output Tensor, ``self.needs_input_grad`` a
-    tuple of bools. Keep arrays that backward needs as attributes of ``self``.
-    """
-
-    registry = []                  # every Function subclass, for the op-table coverage test
-    trace = None                   # a set that records applied ops, while the coverage test runs
-    differentiable_backward = True  # False: backward works on raw arrays (a fused kernel)
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        Function.registry.append(cls)
-
-    def forward(self, *arrays, **params):
-        raise NotImplementedError(f"{type(self).__name__} has no forward")
-
-    def backward(self, grad):
-        raise NotImplementedError(f"{type(self).__name__} has no backward")
-
-    @property
-    def output(self):
-        return self._output()
-
-    @classmethod
-    def apply(cls, *inputs, **params):
-        backend = _common_backend(inputs, cls.__name__)
-        ctx = cls()
-        ctx.backend, ctx.xp = backend, backend.xp
-        if Function.trace is not None:
-            Function.trace.add(cls)
-        data = ctx.forward(*[t.data for t in inputs], **params)
-        requires_grad = _grad_enabled and any(t.requires_grad for t in inputs)
-        out = Tensor._make(data, backend, requires_grad)
-        if requires_grad:
-            ctx.parents = inputs
-            ctx.needs_input_grad = tuple(t.requires_grad for t in inputs)
-            ctx._output = weakref.ref(out)
-            out._ctx = ctx
-        return out
-
-
-def _common_backend(tensors, op_name):
-    backend = tensors[0]._backend
-    for t in tensors[1:]:
-        if t._backend is not backend:
-            raise RuntimeError(f"{op_name}: expected all tensors on one device, "
-                               f"found {backend.name} and {t._backend.name}")
-    return backend
-
-
-# --------------------------------------------------------------------------
-# the engine
-# --------------------------------------------------------------------------
-def _toposort(roots):
-    """Every node that needs a gradient, each after all the nodes that consume it."""
-    order, visited, added = [], set(), set()
-    stack = [(r, False) for r in roots]
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            if id(node) not in added:
-                added.add(id(node))
-                order.append(node)
-            continue
-        if id(node) in visited:
-            continue
-        visited.add(id(node))
-        stack.append((node, True))
-        ctx = node._ctx
-        if ctx is not None and ctx.parents is not None:
-            stack.extend((p, False) for p in ctx.parents if p.requires_grad and id(p) not in visited)
-    order.reverse()
-    return order
-
-
-def _run_backward(roots, root_grads, retain_graph, create_graph, inputs=None):
-    """Propagate gradients from ``roots``. With ``inputs``, return their gradients
-    instead of accumulating into ``.grad`` (that is ``ta.grad``)."""
-    pending = {}
-    for root, g in zip(roots, root_grads):
-        pending[id(root)] = g if id(root) not in pending else pending[id(root)] + g
-    wanted = None if inputs is None else {id(t): None for t in inputs}
-    with set_grad_enabled(create_graph):
-        for node in _toposort(roots):
-            g = pending.pop(id(node), None)
-            if g is None:
-                continue
-            if wanted is not None:
-                if id(node) in wanted:
-                    wanted[id(node)] = g
-            elif node._ctx is None or node._retains_grad:
-                node.grad = g if node.grad is None else node.grad + g
-            ctx = node._ctx
-            if ctx is None:
-                continue
-            if ctx.parents is None:
-                raise RuntimeError(
-                    "Trying to backward through the graph a second time: its saved values were "
-                    "freed by the first backward. Pass retain_graph=True to the first one.")
-            if create_graph and not ctx.differentiable_backward:
-                raise RuntimeError(f"{type(ctx).__name__} has a fused backward that cannot be "
-                                   "differentiated again (create_graph=True)")
-            grads = ctx.backward(g)
-            if not isinstance(grads, tuple):
-                grads = (grads,)
-            for parent, pg in zip(ctx.parents, grads):
-                if pg is None or not parent.requires_grad:
-                    continue
-                if pg.shape != parent.shape:
-                    raise RuntimeError(f"{type(ctx).__name__}.backward returned a gradient of shape "
-                                       f"{pg.shape} for an input of shape {parent.shape}")
-                key = id(parent)
-                pending[key] = pg if key not in pending else pending[key] + pg
-            if not retain_graph:
-                ctx.parents = None
-                ctx.__dict__.pop("saved", None)
-    if wanted is not None:
-        return tuple(wanted[id(t)] for t in inputs)
-
-
-def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, allow_unused=False):
-    """Gradients of ``outputs`` with respect to ``inputs``, without touching ``.grad``."""
-    outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
-    inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
-    if grad_outputs is None:
-        grad_outputs = [None] * len(outputs)
-    elif isinstance(grad_outputs, Tensor):
-        grad_outputs = [grad_outputs]
-    root_grads = [_initial_grad(o, g) for o, g in zip(outputs, grad_outputs)]
-    retain = create_graph if retain_graph is None else retain_graph
-    result = _run_backward(outputs, root_grads, retain, create_graph, inputs)
-    for t, g in zip(inputs, result):
-        if g is None and not allow_unused:
-            raise RuntimeError(f"an input of shape {t.shape} was not used to compute the outputs "
-                               "(pass allow_unused=True to get None for it)")
-    return result
-
-
-def _initial_grad(output, gradient):
-    if not output.requires_grad:
-        raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
-    if gradient is None:
-        if output.numel() != 1:
-            raise RuntimeError(f"grad can be implicitly created only for scalar outputs; this output has "
-                               f"shape {output.shape}: pass a gradient of that shape to backward()")
-        return ones_like(output)
-    if not isinstance(gradient, Tensor):
-        gradient = tensor(gradient, dtype=output.dtype, device=output.device)
-    if gradient.shape != output.shape:
-        raise RuntimeError(f"gradient has shape {gradient.shape} but the output has shape {output.shape}")
-    return gradient
+from . import autograd, ops as _ops
+from .backend import get_backend, float32, float64, int64, dtype_of_host, is_device, seed_all
 
 
 # --------------------------------------------------------------------------
@@ -217,11 +13,13 @@ def _initial_grad(output, gradient):
 class Tensor:
     """An n-d array on one device, that can record the ops applied to it."""
 
-    __slots__ = ("data", "grad", "requires_grad", "_ctx", "_backend", "_retains_grad", "__weakref__")
+    __slots__ = ("data", "grad", "requires_grad", "grad_fn", "_backend", "retains_grad", "__weakref__")
     __array_priority__ = 1000     # numpy_array * tensor calls Tensor.__rmul__
 
     def __init__(self, data, dtype=None, device=None, requires_grad=False):
-        other = tensor(data, dtype=dtype, device=device)
+        """From host data (as ``ta.tensor``); a Tensor with no dtype or device given is shared, not copied."""
+        same = isinstance(data, Tensor) and dtype is None and device is None
+        other = data if same else tensor(data, dtype=dtype, device=device)
         self._init(other.data, other._backend, requires_grad)
 
     def _init(self, data, backend, requires_grad):
@@ -229,8 +27,8 @@ class Tensor:
         self._backend = backend
         self.requires_grad = requires_grad
         self.grad = None
-        self._ctx = None
-        self._retains_grad = False
+        self.grad_fn = None                  # the Function that made it (None for a leaf)
+        self.retains_grad = False
 
     @classmethod
     def _make(cls, data, backend, requires_grad=False):
@@ -257,12 +55,13 @@ class Tensor:
         return self._backend.name
 
     @property
-    def is_leaf(self):
-        return self._ctx is None
+    def backend(self):
+        """The backend (device) that holds the data; fixed for the tensor's life."""
+        return self._backend
 
     @property
-    def grad_fn(self):
-        return self._ctx
+    def is_leaf(self):
+        return self.grad_fn is None
 
     @property
     def xp(self):
@@ -283,7 +82,7 @@ class Tensor:
 
     def __repr__(self):
         body = repr(self.numpy()).replace("array(", "tensor(", 1)
-        extra = "" if self.device == "cpu" else f", device='{self.device}'"
+        extra = "" if self.device == get_backend().name else f", device='{self.device}'"
         extra += ", requires_grad=True" if self.requires_grad else ""
         return body[:-1] + extra + ")" if extra else body
 
@@ -318,7 +117,12 @@ class Tensor:
 
     def retain_grad(self):
         """Keep ``.grad`` on this non-leaf tensor after backward."""
-        self._retains_grad = True
+        self.retains_grad = True
+
+    def set_(self, source):
+        """Take over ``source``'s array and device, in place (as ``torch.Tensor.set_``)."""
+        self.data, self._backend = source.data, source.backend
+        return self
 
     def zero_(self):
         self.data = self._backend.xp.zeros_like(self.data)
@@ -326,7 +130,7 @@ class Tensor:
 
     def to(self, target):
         """``x.to("cuda")`` moves it (differentiably); ``x.to(ta.float64)`` casts it."""
-        if isinstance(target, str) and (target in ("cpu", "strict") or target.startswith("cuda")):
+        if isinstance(target, str) and is_device(target):
             backend = get_backend(target)
             if backend is self._backend:
                 return self
@@ -355,15 +159,11 @@ class Tensor:
     # --- autodiff ---
     def backward(self, gradient=None, retain_graph=False, create_graph=False):
         """Accumulate d(self)/d(leaf) into every leaf's ``.grad``."""
-        g = _initial_grad(self, gradient)
-        _run_backward([self], [g], retain_graph or create_graph, create_graph)
+        g = autograd.initial_grad(self, gradient)
+        autograd.run_backward([self], [g], retain_graph or create_graph, create_graph)
 
     # --- arithmetic (Python scalars on either side) ---
-    def _lift(self, other):
-        if isinstance(other, Tensor):
-            return other
-        return Tensor._make(self._backend.asarray(other, self.dtype if _is_float(self.dtype) else None),
-                            self._backend)
+    _lift = _ops.lift
 
     def __add__(self, other):
         return _ops.Add.apply(self, self._lift(other))
@@ -510,13 +310,13 @@ class Tensor:
         return self.var(dim, keepdim, correction).sqrt()
 
     def softmax(self, dim=-1):
-        return _F().softmax(self, dim)
+        return _ops.softmax(self, dim)
 
     def log_softmax(self, dim=-1):
-        return _F().log_softmax(self, dim)
+        return _ops.log_softmax(self, dim)
 
     def logsumexp(self, dim=-1, keepdim=False):
-        return _F().logsumexp(self, dim, keepdim)
+        return _ops.logsumexp(self, dim, keepdim)
 
     # --- shape ---
     def reshape(self, *shape):
@@ -610,12 +410,6 @@ def _shape_arg(shape):
     return tuple(shape)
 
 
-@functools.cache
-def _F():
-    from .nn import functional
-    return functional
-
-
 # --------------------------------------------------------------------------
 # creation
 # --------------------------------------------------------------------------
@@ -701,10 +495,7 @@ def full_like(t, fill_value, dtype=None, device=None, requires_grad=False):
 
 def manual_seed(seed):
     """Seed the host generator (randn, rand, init) and every device's (dropout)."""
-    from .backend import _BACKENDS
-    get_backend("cpu")
-    for backend in _BACKENDS.values():
-        backend.seed(seed)
+    seed_all(seed)
 
 
-from . import ops as _ops  # noqa: E402  (ops needs Tensor and Function, defined above)
+autograd.use_tensor_class(Tensor)

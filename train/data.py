@@ -7,16 +7,15 @@ Two data sets:
 A Dataset holds two 1-d arrays of token ids (train and val); get_batch cuts
 random windows out of them, with targets shifted by one token.
 """
-import importlib
 import json
 import random
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from data import coref
+
 MIN_CHARS = 20   # a shorter text file is refused: both splits need a few tokens
 
 
@@ -162,23 +161,12 @@ def load_text(path):
     return Dataset(train=ids[:n], val=ids[n:], tokenizer=tok, name=name)
 
 
-def import_coref():
-    """data/coref.py as a module, also when the repository root is not on sys.path."""
-    try:
-        return importlib.import_module("data.coref")
-    except ImportError:
-        sys.path.insert(0, str(REPO_ROOT))
-        importlib.invalidate_caches()
-        return importlib.import_module("data.coref")
-
-
 def load_coref(seed=0):
     """The generated "it" corpus as a word-level Dataset.
 
     train: the training sentences, shuffled and concatenated.
     val: the held-out test sentences (unseen noun/adjective pairs), concatenated.
     """
-    coref = import_coref()
     corpus = coref.make_corpus(seed=seed)
     tok = WordTokenizer(corpus.vocab)
     train_examples = list(corpus.train)

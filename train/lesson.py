@@ -19,7 +19,8 @@ from contextlib import contextmanager
 import numpy as np
 
 import tinyattn as ta
-from .data import import_coref
+from data import coref
+from .plots import NOT_INSTALLED, pyplot
 
 SHADES = " ░▒▓█"      # terminal shading, from no attention to all of it
 CHUNK = 512           # sentences per forward pass
@@ -176,13 +177,9 @@ def plot_attention(rows, words, labels, path, title, say=print, highlight=None):
     blocks, and the PNG is skipped. Returns the name of the file written, or None.
     """
     rows = np.asarray(rows)
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        say(f"{os.path.basename(path)} skipped: matplotlib is not installed (pip install -e \".[viz]\"); "
-            "here it is as text")
+    plt = pyplot()
+    if plt is None:
+        say(f"{os.path.basename(path)} skipped: {NOT_INSTALLED}; here it is as text")
         print_attention(rows, words, labels, title, say, highlight)
         return None
     n_layer, n_head = rows.shape[:2]
@@ -228,7 +225,6 @@ def print_attention(rows, words, labels, title, say=print, highlight=None):
 # ---------------------------------------------------------------------------
 def report(model, dataset, out_dir, device, say=print):
     """Accuracy, the referent head and the heatmaps; returns a dict for summary.json."""
-    coref = import_coref()
     tok = dataset.tokenizer
     train_examples, test_examples = dataset.examples["train"], dataset.examples["test"]
     longest = max(len(prefix(ex)) for ex in train_examples + test_examples + coref.LESSON_SENTENCES)

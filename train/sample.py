@@ -5,7 +5,7 @@ import tinyattn as ta
 from tinyattn.models import GPT, GPTConfig
 
 from . import checkpoint
-from .__main__ import OneLineParser
+from .loop import OneLineParser
 from .data import tokenizer_from_json
 
 

@@ -2,8 +2,10 @@
 
 A backend holds the array namespace ``xp`` for one device and the few things
 that differ between devices: moving data to and from the host, scatter-add,
-random numbers, ``erf``, synchronisation and fused kernels (``fused_*``:
-None where a backend has none). Everything above this module
+random numbers, ``erf``, synchronisation, and a table of fused kernels
+(``kernel(name)``: None where a backend has none). What differs is told by
+capability flags (``on_host``, ``setitem_basic``), never by comparing
+device names. Everything above this module
 writes ``xp.exp(...)`` with the array-API names that numpy 2, CuPy 14 and
 array_api_strict share (``concat``, ``permute_dims``, ``astype``, ...).
 
@@ -32,6 +34,10 @@ class Backend:
     """numpy on the CPU. Subclasses override what differs."""
 
     name = "cpu"
+    on_host = True          # arrays live in host memory: reading a value back costs nothing
+    setitem_basic = True    # a[index] = v works for basic indices (ints, slices, None, Ellipsis)
+    kernels = {}            # name -> fused kernel; the CPU has none yet
+    use_kernels = True      # False: every op runs its own formula (to compare against the kernels)
 
     def __init__(self):
         self.xp = np
@@ -110,38 +116,19 @@ class Backend:
         pass
 
     # --- fused kernels ---------------------------------------------------
-    # An op asks its backend for a fused kernel first. None means "no kernel
-    # here": the op runs its own array code. Only CupyBackend has kernels
-    # (backend/cuda_kernels.py); numpy and the stand-in device use the ops' code.
-    def fused_gelu_tanh(self, x):
-        return None
+    # An op asks its backend for a fused kernel by name, in one line:
+    # ``self.backend.run_kernel("gelu_tanh", a)``. None means "no kernel here"
+    # (or "not for these inputs"): the op runs its own formula. Each backend
+    # registers its kernels in one table, ``kernels`` (name -> function);
+    # tests/test_optable.py checks every registered kernel against the formula.
+    def kernel(self, name):
+        """The fused implementation of ``name`` on this device, or None."""
+        return self.kernels.get(name) if self.use_kernels else None
 
-    def fused_gelu_tanh_backward(self, x, g):
-        return None
-
-    def fused_layer_norm(self, x, weight, bias, eps):
-        """-> (y, xhat, rstd) or None."""
-        return None
-
-    def fused_layer_norm_backward(self, g, xhat, weight, rstd):
-        """-> dx or None."""
-        return None
-
-    def fused_cross_entropy(self, logits, targets, ignore_index):
-        """-> (loss, lse, scale) or None."""
-        return None
-
-    def fused_cross_entropy_backward(self, g, logits, targets, lse, scale, ignore_index):
-        """-> dlogits or None."""
-        return None
-
-    def fused_adamw_(self, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step):
-        """Update p, m, v in place and return True, or return None."""
-        return None
-
-    def fused_attention(self, q, k, v, is_causal=False, scale=None):
-        """-> (out, lse) of softmax(q k^T scale) v, forward only, or None."""
-        return None
+    def run_kernel(self, name, *args):
+        """``kernel(name)(*args)``, or None when there is no such kernel or it declines these inputs."""
+        fn = self.kernel(name)
+        return None if fn is None else fn(*args)
 
 
 def _erf(xp, x):
@@ -170,13 +157,14 @@ def _erf(xp, x):
 
 class CupyBackend(Backend):
     name = "cuda"
+    on_host = False
 
     def __init__(self):
         import cupy
         import cupyx.scipy.special
         self.xp = cupy
         self._erf = cupyx.scipy.special.erf
-        self.use_fused_kernels = os.environ.get("TINYATTN_FUSED", "1") != "0"
+        self.use_kernels = os.environ.get("TINYATTN_FUSED", "1") != "0"
         self._kernels = None
         self.seed(0)
 
@@ -215,41 +203,13 @@ class CupyBackend(Backend):
         self.xp.cuda.get_current_stream().synchronize()
 
     # --- fused kernels (backend/cuda_kernels.py), on unless TINYATTN_FUSED=0 ---
-    # ``self.kernels and ...`` is None when they are off; each kernel itself
-    # returns None for inputs it does not handle (float16, empty arrays, ...).
     @property
     def kernels(self):
-        """The fused-kernel module, imported on first use; None when fused kernels are off."""
-        if not self.use_fused_kernels:
-            return None
+        """cuda_kernels.KERNELS, imported on first use (compiling happens per kernel, on first call)."""
         if self._kernels is None:
-            from . import cuda_kernels
-            self._kernels = cuda_kernels
+            from .cuda_kernels import KERNELS
+            self._kernels = KERNELS
         return self._kernels
-
-    def fused_gelu_tanh(self, x):
-        return self.kernels and self.kernels.gelu_tanh(x)
-
-    def fused_gelu_tanh_backward(self, x, g):
-        return self.kernels and self.kernels.gelu_tanh_backward(x, g)
-
-    def fused_layer_norm(self, x, weight, bias, eps):
-        return self.kernels and self.kernels.layer_norm(x, weight, bias, eps)
-
-    def fused_layer_norm_backward(self, g, xhat, weight, rstd):
-        return self.kernels and self.kernels.layer_norm_backward(g, xhat, weight, rstd)
-
-    def fused_cross_entropy(self, logits, targets, ignore_index):
-        return self.kernels and self.kernels.cross_entropy(logits, targets, ignore_index)
-
-    def fused_cross_entropy_backward(self, g, logits, targets, lse, scale, ignore_index):
-        return self.kernels and self.kernels.cross_entropy_backward(g, logits, targets, lse, scale, ignore_index)
-
-    def fused_adamw_(self, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step):
-        return self.kernels and self.kernels.adamw_(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step)
-
-    def fused_attention(self, q, k, v, is_causal=False, scale=None):
-        return self.kernels and self.kernels.attention_forward(q, k, v, is_causal, scale)
 
 
 class StrictBackend(Backend):
@@ -261,6 +221,9 @@ class StrictBackend(Backend):
     """
 
     name = "strict"
+    on_host = False
+    setitem_basic = False
+    kernels = {}            # its own table (none yet), not the CPU's
 
     def __init__(self):
         import array_api_strict
@@ -351,6 +314,23 @@ def _make_cuda():
     except Exception as e:  # ImportError, or CUDA present in name only
         raise RuntimeError(f"{hint} ({type(e).__name__}: {e})") from None
     return backend
+
+
+def is_device(name):
+    """True for a device name that ``get_backend`` knows: "cpu", "cuda", "cuda:N" or "strict"."""
+    return name in ("cpu", "strict") or name.startswith("cuda")
+
+
+def seed_all(seed):
+    """Seed the host generator and every device's generator made so far."""
+    get_backend("cpu")
+    for backend in _BACKENDS.values():
+        backend.seed(seed)
+
+
+def host_rng():
+    """The host's numpy Generator (seeded by ``ta.manual_seed``): for sampling and init on the host."""
+    return get_backend("cpu").rng
 
 
 def cuda_is_available():

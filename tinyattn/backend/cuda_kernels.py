@@ -1,16 +1,15 @@
-"""Fused CuPy kernels for the "cuda" backend.
+"""Fused CuPy kernels for the "cuda" backend, registered by name in ``KERNELS``.
 
 Only ``CupyBackend`` imports this module, and only on first use, so a machine
 without CuPy never sees it. Every function takes and returns CuPy arrays and
 returns None when it has no kernel for its input (a dtype other than float32
-or float64, an empty array, a head size over 128): the op then runs its
-ordinary array code. tests/test_gpu.py checks each kernel against that code.
+or float64, an empty array): the op then runs its own formula. The op-table
+tests check each registered kernel against that formula.
 
     gelu_tanh, gelu_tanh_backward        ElementwiseKernel
     adamw_                               ElementwiseKernel: p, m, v updated in place
     layer_norm, layer_norm_backward      RawKernel, one block per row
     cross_entropy, cross_entropy_backward  RawKernel, one block per row
-    attention_forward                    RawKernel, tiled, forward only (no backward)
 
 The RawKernels are written once for a type ``real`` and compiled for float or
 double. CuPy checks neither the number nor the types of RawKernel arguments,
@@ -300,107 +299,13 @@ def cross_entropy_backward(g, logits, targets, lse, scale, ignore_index):
     return dlogits
 
 
-# --------------------------------------------------------------------------
-# Tiled attention, forward only: softmax(q k^T * scale) v without the (T, T) scores
-# --------------------------------------------------------------------------
-_ATTENTION = r"""
-// One thread per query row, blockDim.x query rows per block; blockIdx.y picks the
-// (batch, head). Keys and values pass through shared memory in tiles of BK rows.
-// Online softmax: a running max m, a running sum l of exp(s - m) and a running
-// acc = sum exp(s - m) v, both rescaled by exp(m_old - m_new) when the max grows.
-// q, out: (BH, Tq, HEAD_DIM); k, v: (BH, Tk, HEAD_DIM); lse: (BH, Tq).
-// causal: query i sees keys j <= i (top-left aligned, as PyTorch's is_causal).
-__device__ int smaller(int a, int b) { return a < b ? a : b; }
-
-extern "C" __global__ void attention_fwd(const real* q, const real* k, const real* v,
-                                         real* out, real* lse, int Tq, int Tk, int BK,
-                                         int causal, real scale) {
-    extern __shared__ unsigned char smem[];
-    real* ks = (real*)smem;                         // (BK, HEAD_DIM)
-    real* vs = ks + BK * HEAD_DIM;                  // (BK, HEAD_DIM)
-    const long long bh = blockIdx.y;
-    const int first = blockIdx.x * blockDim.x;      // this block's first query row
-    const int i = first + threadIdx.x;              // this thread's query row
-    const bool active = i < Tq;
-    const real* kb = k + bh * Tk * HEAD_DIM;
-    const real* vb = v + bh * Tk * HEAD_DIM;
-
-    real qi[HEAD_DIM], acc[HEAD_DIM];
-    #pragma unroll
-    for (int d = 0; d < HEAD_DIM; ++d) {
-        qi[d] = active ? q[(bh * Tq + i) * HEAD_DIM + d] * scale : (real)0;
-        acc[d] = 0;
-    }
-    real m = (real)-1e30;                           // a finite stand-in for -infinity
-    real l = 0;
-
-    // causal: no row of this block looks past key first + blockDim.x - 1
-    const int kend = causal ? smaller(Tk, first + (int)blockDim.x) : Tk;
-    for (int start = 0; start < kend; start += BK) {
-        const int rows = smaller(BK, kend - start);
-        for (int idx = threadIdx.x; idx < rows * HEAD_DIM; idx += blockDim.x) {
-            ks[idx] = kb[(long long)start * HEAD_DIM + idx];   // rows start.. are contiguous
-            vs[idx] = vb[(long long)start * HEAD_DIM + idx];
-        }
-        __syncthreads();
-        if (active) {
-            const int last = causal ? smaller(rows, i - start + 1) : rows;
-            for (int r = 0; r < last; ++r) {
-                real s = 0;
-                #pragma unroll
-                for (int d = 0; d < HEAD_DIM; ++d) s += qi[d] * ks[r * HEAD_DIM + d];
-                const real m_new = fmax(m, s);
-                const real corr = exp(m - m_new);   // 0 on the first key, 1 while the max holds
-                const real p = exp(s - m_new);
-                l = l * corr + p;
-                #pragma unroll
-                for (int d = 0; d < HEAD_DIM; ++d) acc[d] = acc[d] * corr + p * vs[r * HEAD_DIM + d];
-                m = m_new;
-            }
-        }
-        __syncthreads();                            // the tile is used up before it is overwritten
-    }
-    if (active) {                                   // every row saw key 0, so l > 0
-        #pragma unroll
-        for (int d = 0; d < HEAD_DIM; ++d) out[(bh * Tq + i) * HEAD_DIM + d] = acc[d] / l;
-        lse[bh * Tq + i] = m + log(l);
-    }
+# The one table the backend reads: ``backend.kernel(name)``.
+KERNELS = {
+    "gelu_tanh": gelu_tanh,
+    "gelu_tanh_backward": gelu_tanh_backward,
+    "layer_norm": layer_norm,
+    "layer_norm_backward": layer_norm_backward,
+    "cross_entropy": cross_entropy,
+    "cross_entropy_backward": cross_entropy_backward,
+    "adamw_": adamw_,
 }
-"""
-
-ATTENTION_MAX_HEAD_DIM = 128
-_QUERY_ROWS = 64                  # threads (query rows) per block
-_SHARED_BYTES = 48 * 1024         # the default limit of dynamic shared memory per block
-
-
-@functools.cache
-def _attention_kernel(dtype, head_dim):
-    head = f"typedef {_CTYPES[dtype]} real;\n#define HEAD_DIM {head_dim}\n"
-    return cupy.RawKernel(head + _ATTENTION, "attention_fwd")
-
-
-def attention_forward(q, k, v, is_causal=False, scale=None):
-    """softmax(q k^T * scale) v for q (B, H, Tq, D), k and v (B, H, Tk, D): (out, lse).
-
-    out is (B, H, Tq, D) and lse (B, H, Tq) the log-sum-exp of each row of
-    scaled scores (what a backward would need). No mask other than causal, no
-    dropout, no autograd: None for D > 128, for other shapes or dtypes.
-    """
-    if q.ndim != 4 or not _floats(q, k, v) or k.shape != v.shape or q.shape[:2] != k.shape[:2]:
-        return None
-    B, H, Tq, D = q.shape
-    Tk = k.shape[2]
-    if D > ATTENTION_MAX_HEAD_DIM or k.shape[3] != D or B * H > 65535:
-        return None
-    scale = 1.0 / D ** 0.5 if scale is None else scale
-    itemsize = q.dtype.itemsize
-    bk = max(1, min(64, _SHARED_BYTES // (2 * D * itemsize)))     # key rows per tile
-    q3, k3, v3 = (cupy.ascontiguousarray(a).reshape(B * H, -1, D) for a in (q, k, v))
-    out = cupy.empty((B * H, Tq, D), dtype=q.dtype)
-    lse = cupy.empty((B * H, Tq), dtype=q.dtype)
-    grid = ((Tq + _QUERY_ROWS - 1) // _QUERY_ROWS, B * H)
-    _attention_kernel(q.dtype, D)(grid, (_QUERY_ROWS,),
-                                  (q3, k3, v3, out, lse, np.int32(Tq), np.int32(Tk), np.int32(bk),
-                                   np.int32(1 if is_causal else 0), q.dtype.type(scale)),
-                                  shared_mem=2 * bk * D * itemsize)
-    return out.reshape(B, H, Tq, D), lse.reshape(B, H, Tq)

@@ -5,9 +5,10 @@ B batch, T time (tokens), C channels (n_embd), H heads, V vocabulary.
 import math
 from dataclasses import dataclass, asdict
 
-from ..tensor import arange, no_grad, randn, tensor, zeros_like
+from ..autograd import no_grad
+from ..tensor import arange, randn, tensor, zeros_like
 from ..ops import cat
-from ..backend import get_backend
+from ..backend import get_backend, host_rng
 from .. import nn
 from ..nn import functional as F
 
@@ -161,6 +162,6 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
         np.put_along_axis(keep, order, keep_sorted, -1)
         probs = np.where(keep, probs, 0.0)
         probs /= probs.sum(-1, keepdims=True)
-    rng = get_backend("cpu").rng
+    rng = host_rng()
     u = rng.random((probs.shape[0], 1))
     return np.minimum((np.cumsum(probs, -1) < u).sum(-1, keepdims=True), probs.shape[1] - 1)

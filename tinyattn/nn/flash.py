@@ -25,8 +25,8 @@ memory. On a GPU the same loops would be one fused kernel.
 """
 import math
 
-from ..tensor import Function
-from ..ops import _const
+from ..autograd import Function
+from ..ops import causal_mask
 
 
 def _mT(xp, a):
@@ -54,9 +54,8 @@ class FlashAttention(Function):
         s = (q_i @ _mT(xp, k_j)) * self.scale                          # (B, H, bq, bk)
         bq, bk = s.shape[-2], s.shape[-1]
         if self.is_causal and j0 + bk - 1 > i0:                        # the tile crosses the diagonal
-            rows = self.pos[i0:i0 + bq, None]                          # (bq, 1) query positions
-            cols = self.pos[None, j0:j0 + bk]                          # (1, bk) key positions
-            s = xp.where(rows >= cols, s, -math.inf)
+            allowed = causal_mask(bq, bk, self.backend, offset=i0 - j0)   # key j0 + c <= query i0 + r
+            s = xp.where(allowed, s, -math.inf)
         return s
 
     def _key_blocks(self, i1, t_k):
@@ -69,7 +68,6 @@ class FlashAttention(Function):
         B, H, t_q, _ = q.shape
         t_k, d_v = k.shape[-2], v.shape[-1]
         dtype = backend.dtype_of(q)
-        self.pos = backend.arange(max(t_q, t_k))                       # positions, for the causal mask
         out = backend.zeros((B, H, t_q, d_v), dtype)                   # (B, H, Tq, Dv)
         lse = backend.zeros((B, H, t_q, 1), dtype)                     # (B, H, Tq, 1) logsumexp per row
         for i0, i1 in _blocks(t_q, block_size):
@@ -90,7 +88,7 @@ class FlashAttention(Function):
             l = xp.where(seen, l, 1.0)
             out[..., i0:i1, :] = acc / l                               # a fully masked row stays 0
             lse[..., i0:i1, :] = xp.where(seen, m + xp.log(l), math.inf)   # +inf: P = exp(s - L) = 0
-        self.saved = (q, k, v, out, lse)
+        self.save(q, k, v, out, lse)
         return out
 
     def backward(self, g):
@@ -115,9 +113,9 @@ class FlashAttention(Function):
             dq[..., i0:i1, :] = dq_i * self.scale
         dk = dk * self.scale
         need_q, need_k, need_v = self.needs_input_grad
-        return (_const(g, dq) if need_q else None,
-                _const(g, dk) if need_k else None,
-                _const(g, dv) if need_v else None)
+        return (self.constant(dq) if need_q else None,
+                self.constant(dk) if need_k else None,
+                self.constant(dv) if need_v else None)
 
 
 def flash_attention(q, k, v, is_causal=False, scale=None, block_size=64):

@@ -1,90 +1,38 @@
-"""Functional ops for networks: softmax family, cross-entropy, embedding,
-layer norm, dropout, GELU and attention.
+"""Functional ops for networks: cross-entropy, embedding, layer norm, dropout,
+GELU and attention; the softmax family comes from ``tinyattn/ops.py``.
 
-Softmax, log-softmax, logsumexp and cross-entropy are fused: one Function
-with a stable forward (the max is subtracted first) and a backward written
-with Tensor ops, so they can be differentiated twice.
+Cross-entropy is fused: one Function with a stable forward (the max is
+subtracted first) and a backward written with Tensor ops, so it can be
+differentiated twice.
 """
 import math
 
-from ..tensor import Function, is_grad_enabled
-from ..ops import gelu as _gelu, _const
+from ..autograd import Function, is_grad_enabled
+from ..ops import (constant, gelu as _gelu, softmax, log_softmax, logsumexp, MaskedSoftmax, causal_mask,  # noqa: F401
+                   stable_exp)
 
 __all__ = ["softmax", "log_softmax", "logsumexp", "cross_entropy", "embedding", "layer_norm",
            "dropout", "gelu", "relu", "linear", "scaled_dot_product_attention",
            "flash_attention"]
 
 
-def _stable_exp(xp, x, dim):
-    """exp(x - max) along dim, and that max (kept), finite for any finite x."""
-    m = xp.max(x, axis=dim, keepdims=True)
-    return xp.exp(x - m), m
-
-
-class Softmax(Function):
-    def forward(self, x, dim):
-        self.dim = dim
-        e, _ = _stable_exp(self.xp, x, dim)
-        return e / self.xp.sum(e, axis=dim, keepdims=True)
-
-    def backward(self, g):
-        y = self.output                                      # dy_i = y_i (g_i - sum_j g_j y_j)
-        return y * (g - (g * y).sum(self.dim, keepdim=True))
-
-
-class LogSoftmax(Function):
-    def forward(self, x, dim):
-        self.dim = dim
-        e, m = _stable_exp(self.xp, x, dim)
-        return x - m - self.xp.log(self.xp.sum(e, axis=dim, keepdims=True))
-
-    def backward(self, g):
-        return g - self.output.exp() * g.sum(self.dim, keepdim=True)
-
-
-class LogSumExp(Function):
-    def forward(self, x, dim, keepdim):
-        self.dim = dim
-        e, m = _stable_exp(self.xp, x, dim)
-        out = m + self.xp.log(self.xp.sum(e, axis=dim, keepdims=True))
-        return out if keepdim else self.xp.squeeze(out, axis=dim)
-
-    def backward(self, g):
-        x = self.parents[0]
-        out = self.output if self.output.ndim == x.ndim else self.output.unsqueeze(self.dim)
-        g = g if g.ndim == x.ndim else g.unsqueeze(self.dim)
-        return g * (x - out).exp()
-
-
-def softmax(x, dim=-1):
-    return Softmax.apply(x, dim=dim % x.ndim)
-
-
-def log_softmax(x, dim=-1):
-    return LogSoftmax.apply(x, dim=dim % x.ndim)
-
-
-def logsumexp(x, dim=-1, keepdim=False):
-    return LogSumExp.apply(x, dim=dim % x.ndim, keepdim=keepdim)
-
-
 class CrossEntropy(Function):
     """Mean over non-ignored rows of -log softmax(logits)[target]. logits (N, C), targets (N,).
 
-    On CUDA a fused kernel does each pass (it keeps only the per-row
-    log-sum-exp); the Tensor backward below remains for create_graph=True.
+    A fused kernel, where the device has one, does each pass (it keeps only
+    the per-row log-sum-exp); the Tensor backward below is the formula.
     """
 
     def forward(self, logits, targets, ignore_index):
         xp = self.xp
         self.ignore_index = ignore_index
-        fused = self.backend.fused_cross_entropy(logits, targets, ignore_index)
+        fused = self.backend.run_kernel("cross_entropy", logits, targets, ignore_index)
         if fused is not None:
-            loss, self.lse, self.scale = fused                             # (), (N,), ()
+            loss, lse, scale = fused                                       # (), (N,), ()
+            self.save(lse, scale)
             return loss
-        self.lse = None
         weight, safe = self._weights(logits, targets)                      # (N,), (N,)
-        e, m = _stable_exp(xp, logits, 1)
+        e, m = stable_exp(xp, logits, 1)
         logp = logits - m - xp.log(xp.sum(e, axis=1, keepdims=True))       # (N, C)
         picked = xp.take_along_axis(logp, xp.reshape(safe, (-1, 1)), axis=1)[:, 0]
         return -xp.sum(picked * weight)
@@ -99,16 +47,16 @@ class CrossEntropy(Function):
 
     def backward(self, g):
         logits, targets = self.parents
-        if self.lse is not None and not is_grad_enabled():                 # the forward was fused
-            dlogits = self.backend.fused_cross_entropy_backward(
-                g.data, logits.data, targets.data, self.lse, self.scale, self.ignore_index)
+        if self.saved and not is_grad_enabled():                           # the forward was fused
+            dlogits = self.backend.run_kernel("cross_entropy_backward", g.data, logits.data, targets.data,
+                                              *self.saved, self.ignore_index)
             if dlogits is not None:
-                return _const(g, dlogits), None
+                return self.constant(dlogits), None
         xp = self.xp
         weight, safe = self._weights(logits.data, targets.data)            # d loss / d logits =
         onehot = xp.astype(xp.reshape(safe, (-1, 1)) == self.backend.arange(logits.shape[1])[None, :],
                            logits.data.dtype)                              # weight * (softmax - onehot)
-        return g * _const(g, xp.reshape(weight, (-1, 1))) * (softmax(logits, 1) - _const(g, onehot)), None
+        return g * self.constant(xp.reshape(weight, (-1, 1))) * (softmax(logits, 1) - self.constant(onehot)), None
 
 
 def cross_entropy(logits, targets, ignore_index=-100):
@@ -127,8 +75,8 @@ class Embedding(Function):
     """weight[idx]: rows of a (V, C) table for integer ids of any shape."""
 
     def forward(self, weight, idx):
-        self.flat = self.xp.reshape(idx, (-1,))                                 # (N,)
-        return self.xp.reshape(self.xp.take(weight, self.flat, axis=0), tuple(idx.shape) + weight.shape[1:])
+        flat = self.xp.reshape(idx, (-1,))                                      # (N,)
+        return self.xp.reshape(self.xp.take(weight, flat, axis=0), tuple(idx.shape) + weight.shape[1:])
 
     def backward(self, g):
         weight, idx = self.parents
@@ -148,7 +96,7 @@ class EmbeddingGrad(Function):
 
 
 def embedding(idx, weight):
-    if weight._backend.name == "cpu" and idx.numel():
+    if weight.backend.on_host and idx.numel():                   # reading ids back is free only on the host
         lo, hi = int(idx.data.min()), int(idx.data.max())
         if lo < 0 or hi >= weight.shape[0]:
             raise IndexError(f"embedding: ids must be in [0, {weight.shape[0]}), got {lo}..{hi}")
@@ -166,30 +114,32 @@ class LayerNorm(Function):
 
     def forward(self, x, weight, bias, eps):
         xp = self.xp
-        fused = self.backend.fused_layer_norm(x, weight, bias, eps)       # a CUDA kernel, or None
+        fused = self.backend.run_kernel("layer_norm", x, weight, bias, eps)
         if fused is not None:
-            y, self.xhat, self.rstd = fused
+            y, xhat, rstd = fused
+            self.save(xhat, rstd)
             return y
         mu = xp.mean(x, axis=-1, keepdims=True)
         xc = x - mu
         var = xp.mean(xc * xc, axis=-1, keepdims=True)
-        self.rstd = 1.0 / xp.sqrt(var + eps)                     # (..., 1)
-        self.xhat = xc * self.rstd                               # (..., C)
-        return self.xhat * weight + bias
+        rstd = 1.0 / xp.sqrt(var + eps)                          # (..., 1)
+        xhat = xc * rstd                                         # (..., C)
+        self.save(xhat, rstd)
+        return xhat * weight + bias
 
     def backward(self, g):
-        xp, xhat, rstd = self.xp, self.xhat, self.rstd
+        xp, (xhat, rstd) = self.xp, self.saved
         x, weight, bias = self.parents
         gd = g.data
         lead = tuple(range(gd.ndim - 1))
         dw = xp.sum(gd * xhat, axis=lead) if weight.requires_grad else None
         db = xp.sum(gd, axis=lead) if bias.requires_grad else None
-        dx = self.backend.fused_layer_norm_backward(gd, xhat, weight.data, rstd)   # a CUDA kernel, or None
+        dx = self.backend.run_kernel("layer_norm_backward", gd, xhat, weight.data, rstd)
         if dx is None:
             gx = gd * weight.data                                # d loss / d xhat
             dx = rstd * (gx - xp.mean(gx, axis=-1, keepdims=True)
                          - xhat * xp.mean(gx * xhat, axis=-1, keepdims=True))
-        wrap = lambda a: None if a is None else _const(g, a)    # noqa: E731
+        wrap = lambda a: None if a is None else self.constant(a)    # noqa: E731
         return wrap(dx), wrap(dw), wrap(db)
 
 
@@ -199,9 +149,9 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, fused=True
     if len(shape) != 1 or x.shape[-1:] != shape:
         raise ValueError(f"layer_norm: normalized_shape {shape} does not match input shape {x.shape}")
     if weight is None:
-        weight = _const(x, x._backend.full(shape, 1, x.dtype))
+        weight = constant(x, x.backend.full(shape, 1, x.dtype))
     if bias is None:
-        bias = _const(x, x._backend.zeros(shape, x.dtype))
+        bias = constant(x, x.backend.zeros(shape, x.dtype))
     if fused:
         return LayerNorm.apply(x, weight, bias, eps=eps)
     mu = x.mean(-1, keepdim=True)
@@ -217,8 +167,8 @@ def dropout(x, p=0.5, training=True):
     if p >= 1.0:
         return x * 0.0
     xp = x.xp
-    keep = x._backend.uniform(x.shape, x.dtype) >= p
-    return x * _const(x, xp.astype(keep, x.data.dtype) * (1.0 / (1.0 - p)))
+    keep = x.backend.uniform(x.shape, x.dtype) >= p
+    return x * constant(x, xp.astype(keep, x.data.dtype) * (1.0 / (1.0 - p)))
 
 
 def gelu(x, approximate="none"):
@@ -235,42 +185,7 @@ def linear(x, weight, bias=None):
     return out if bias is None else out + bias
 
 
-
 # ---------------------------------------------------------------- attention
-class MaskedSoftmax(Function):
-    """Softmax over the last dim of the allowed entries only (mask: True = take part).
-
-    A row with nothing allowed gets all-zero weights and a zero gradient,
-    not the NaN of exp(-inf) / 0.
-    """
-
-    def forward(self, x, allowed):
-        xp = self.xp
-        x = xp.where(allowed, x, -xp.inf)
-        m = xp.max(x, axis=-1, keepdims=True)
-        m = xp.where(xp.isfinite(m), m, 0.0)                        # fully masked rows
-        e = xp.exp(x - m)                                           # exp(-inf) = 0 where masked
-        total = xp.sum(e, axis=-1, keepdims=True)
-        return e / xp.where(total > 0, total, 1.0)
-
-    def backward(self, g):
-        y = self.output
-        return y * (g - (g * y).sum(-1, keepdim=True)), None
-
-
-_causal_cache = {}
-
-
-def causal_mask(t_q, t_k, like):
-    """(t_q, t_k) booleans, True where query i may see key j (j <= i), on like's device."""
-    key = (t_q, t_k, like._backend.name)
-    if key not in _causal_cache:
-        xp = like.xp
-        ones = like._backend.full((t_q, t_k), 1, "float32")
-        _causal_cache[key] = xp.tril(ones) > 0
-    return _causal_cache[key]
-
-
 def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0,
                                  scale=None, return_weights=False):
     """softmax(q k^T / sqrt(d_k) + mask) v.
@@ -287,7 +202,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropo
     scores = (q * scale) @ k.mT                                    # (B, H, Tq, Tk); scaling q is cheaper
     allowed = None
     if is_causal:
-        allowed = causal_mask(q.shape[-2], k.shape[-2], q)
+        allowed = causal_mask(q.shape[-2], k.shape[-2], q.backend)
     if attn_mask is not None:
         if attn_mask.dtype.kind == "b":
             allowed = attn_mask.data if allowed is None else allowed & attn_mask.data
@@ -299,7 +214,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropo
         shape = tuple(max(a, b) for a, b in zip((1,) * (scores.ndim - allowed.ndim) + tuple(allowed.shape), scores.shape))
         if shape != scores.shape:
             scores = scores.expand(shape)
-        weights = MaskedSoftmax.apply(scores, _const(scores, allowed))
+        weights = MaskedSoftmax.apply(scores, constant(scores, allowed))
     if dropout_p > 0.0:
         weights_used = dropout(weights, dropout_p)
     else:

@@ -2,8 +2,8 @@
 import math
 from collections import OrderedDict
 
-from ..tensor import Tensor, arange, ones, rand, randn, tensor, zeros
-from ..ops import cat
+from ..tensor import Tensor, ones, rand, randn, tensor, zeros
+from ..ops import cat, causal_mask, constant
 from . import functional as F
 
 
@@ -13,8 +13,7 @@ class Parameter(Tensor):
     __slots__ = ()
 
     def __init__(self, data, requires_grad=True):
-        t = data if isinstance(data, Tensor) else tensor(data)
-        self._init(t.data, t._backend, requires_grad)
+        super().__init__(data, requires_grad=requires_grad)
 
     def __repr__(self):
         return "Parameter containing:\n" + super().__repr__()
@@ -126,7 +125,8 @@ class Module:
         for _, t in list(self.named_parameters()) + list(self.named_buffers()):
             if t.device != device:
                 moved = t.to(device)
-                t.data, t._backend, t.grad = moved.data, moved._backend, None
+                t.set_(moved)
+                t.grad = None
         return self
 
     def zero_grad(self):
@@ -326,7 +326,5 @@ class KVCache:
     @staticmethod
     def causal_mask(t_new, t_total, like):
         """(t_new, t_total): query i (at absolute position t_total - t_new + i) sees keys <= it."""
-        rows = arange(t_total - t_new, t_total, device=like.device).view(t_new, 1)
-        cols = arange(t_total, device=like.device).view(1, t_total)
-        return cols <= rows
+        return constant(like, causal_mask(t_new, t_total, like.backend, offset=t_total - t_new))
 

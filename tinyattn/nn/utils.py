@@ -1,5 +1,5 @@
 """Training utilities."""
-from ..tensor import Tensor
+from ..ops import constant
 
 
 def clip_grad_norm_(parameters, max_norm):
@@ -17,4 +17,4 @@ def clip_grad_norm_(parameters, max_norm):
     coef = xp.minimum(max_norm / (norm + 1e-6), 1.0)
     for g in grads:
         g.data = g.data * coef
-    return Tensor._make(norm, grads[0]._backend)
+    return constant(grads[0], norm)

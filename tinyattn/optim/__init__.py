@@ -40,7 +40,7 @@ class Optimizer:
         state = {}
         for i, p in enumerate(self.parameters()):
             if id(p) in self.state:
-                state[i] = {k: (p._backend.to_numpy(v).copy() if not isinstance(v, (int, float)) else v)
+                state[i] = {k: (p.backend.to_numpy(v).copy() if not isinstance(v, (int, float)) else v)
                             for k, v in self.state[id(p)].items()}
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
         return {"state": state, "param_groups": groups}
@@ -55,7 +55,7 @@ class Optimizer:
         self.state = {}
         for i, values in saved["state"].items():
             p = params[int(i)]
-            self.state[id(p)] = {k: (v if isinstance(v, (int, float)) else p._backend.asarray(v))
+            self.state[id(p)] = {k: (v if isinstance(v, (int, float)) else p.backend.asarray(v))
                                  for k, v in values.items()}
 
 
@@ -103,8 +103,8 @@ class AdamW(Optimizer):
                 state["step"] += 1
                 t = state["step"]
                 m, v = state["exp_avg"], state["exp_avg_sq"]
-                if p._backend.fused_adamw_(p.data, g, m, v, lr, b1, b2, eps, wd, t):
-                    continue                                        # one CUDA kernel did all of the below
+                if p.backend.run_kernel("adamw_", p.data, g, m, v, lr, b1, b2, eps, wd, t):
+                    continue                                        # a fused kernel did all of the below
                 m *= b1
                 m += (1 - b1) * g                                   # first moment
                 v *= b2

@@ -9,6 +9,7 @@ import numpy as np
 import tinyattn as ta
 from tinyattn.models import GPT, GPTConfig
 
+from .. import plots
 from ..data import load_coref, load_text
 
 TINY_CONFIG = dict(n_layer=2, n_head=4, n_embd=32, block_size=32)
@@ -27,13 +28,9 @@ def parser(prog, doc, default_out_dir, out_dir_help):
 
 def pyplot():
     """matplotlib.pyplot with a file-only backend, or None (and a one-line notice)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install -e \".[viz]\"): skipping the plot")
-        return None
+    plt = plots.pyplot()
+    if plt is None:
+        print(f"{plots.NOT_INSTALLED}: skipping the plot")
     return plt
 
 

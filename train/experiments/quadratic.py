@@ -10,9 +10,9 @@ exponent p of cost ~ N^p on a log-log scale over the larger sizes. The
 score computation alone (q k^T, forward only) is timed too: it is exactly
 N^2 D multiply-adds, so its exponent shows the N^2 without the overheads.
 
-If tinyattn has F.flash_attention (blockwise attention with an online
-softmax), it is measured beside the naive one: it never holds an (N, N)
-array, so its memory grows linearly, while its time stays quadratic.
+F.flash_attention (blockwise attention with an online softmax) is measured
+beside the naive one: it never holds an (N, N) array, so its memory grows
+linearly, while its time stays quadratic.
 
 Run as a script it uses one BLAS thread (set OPENBLAS_NUM_THREADS to
 override): on a shared 2-core machine, a second BLAS thread that waits for a
@@ -40,13 +40,12 @@ SIZES = (64, 128, 256, 512, 1024, 2048, 4096)
 
 
 def methods(block_size=64):
-    """name -> (attention function (q, k, v, is_causal), with backward?) for every method tinyattn has."""
-    found = {"naive": (lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c), True)}
-    flash = getattr(F, "flash_attention", None)
-    if flash is not None:
-        found["flash"] = (lambda q, k, v, c: flash(q, k, v, is_causal=c, block_size=block_size), True)
-    found["scores"] = (lambda q, k, v, c: q @ k.mT, False)          # (B, H, N, N), forward only
-    return found
+    """name -> (attention function (q, k, v, is_causal), with backward?) for every method measured."""
+    return {
+        "naive": (lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c), True),
+        "flash": (lambda q, k, v, c: F.flash_attention(q, k, v, is_causal=c, block_size=block_size), True),
+        "scores": (lambda q, k, v, c: q @ k.mT, False),          # (B, H, N, N), forward only
+    }
 
 
 def inputs(n, d, batch, heads, rng):
@@ -177,15 +176,11 @@ def table(r):
 def sentence(r):
     def fmt(x):
         return "n/a" if x is None else f"{x:.2f}"
-    naive = r["methods"]["naive"]
+    naive, flash = r["methods"]["naive"], r["methods"]["flash"]
     text = (f"From N = {r['sizes'][0]} to {r['sizes'][-1]}, naive attention's forward + backward time grows "
-            f"like N^{fmt(naive['time_exponent'])} and its peak memory like N^{fmt(naive['memory_exponent'])}")
-    if "flash" in r["methods"]:
-        flash = r["methods"]["flash"]
-        text += (f"; flash attention's time like N^{fmt(flash['time_exponent'])} and its memory like "
-                 f"N^{fmt(flash['memory_exponent'])}")
-    else:
-        text += " (F.flash_attention is not in tinyattn yet, so only naive attention was measured)"
+            f"like N^{fmt(naive['time_exponent'])} and its peak memory like N^{fmt(naive['memory_exponent'])}"
+            f"; flash attention's time like N^{fmt(flash['time_exponent'])} and its memory like "
+            f"N^{fmt(flash['memory_exponent'])}")
     scores = r["methods"]["scores"]
     return text + (f"; the score matrix q k^T alone takes time like N^{fmt(scores['time_exponent'])} "
                    "(exponents fitted on the larger sizes).")

@@ -2,7 +2,7 @@
 initial weights, on the same batches, with the same optimizer and schedule, and compare
 their val losses and speed. (Needs torch; install torch==2.13.0 for a CPU build.)
 
-    python train/bench_baby.py --data ../shared/data/tinyshakespeare.txt --out baby.json
+    python bench/bench_baby.py --data data/shakespeare_char/input.txt --out baby.json
 
 Each side trains in its own block of time (not interleaved), one after the other.
 """
@@ -14,14 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import tinyattn as ta
+from tinyattn.models import GPT, GPTConfig
+from tinyattn.optim import warmup_cosine, set_lr
+from train.data import load_text
+from train.loop import train_step
 
-import tinyattn as ta  # noqa: E402
-from tinyattn.models import GPT, GPTConfig  # noqa: E402
-from tinyattn.optim import warmup_cosine, set_lr  # noqa: E402
-from train.__main__ import train_step  # noqa: E402
-from train.bench_step import make_torch_gpt, torch_adamw  # noqa: E402
-from train.data import load_text  # noqa: E402
+from bench_step import make_torch_gpt, torch_adamw      # the sibling script (run as python bench/...)
 
 BABY = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, vocab_size=None, dropout=0.0)
 HYPER = dict(max_iters=2000, lr=1e-3, min_lr=1e-4, warmup=100, decay=2000, wd=0.1, betas=(0.9, 0.99),

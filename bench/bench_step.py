@@ -1,14 +1,14 @@
 """Benchmark: one GPT training step, tinyattn (CuPy) against PyTorch eager, side by side.
 
-    python3 train/bench_step.py --out bench.json                  # nanoGPT's GPU Shakespeare config on "cuda"
-    python3 train/bench_step.py --device cpu --config baby        # nanoGPT's CPU "baby" config on the CPU
-    python3 train/bench_step.py --device cpu --config tiny        # a smoke test
+    python3 bench/bench_step.py --out bench.json                  # nanoGPT's GPU Shakespeare config on "cuda"
+    python3 bench/bench_step.py --device cpu --config baby        # nanoGPT's CPU "baby" config on the CPU
+    python3 bench/bench_step.py --device cpu --config tiny        # a smoke test
 
 The config is nanoGPT's shakespeare_char: 6 layers, 6 heads, 384 channels,
 block 256, batch 64, dropout 0.2, vocabulary 65. One step is forward,
 backward, clip_grad_norm_(1.0), AdamW, zero_grad, on the same batch for every side:
 
-    tinyattn           train.__main__.train_step, with the fused CUDA kernels
+    tinyattn           train.loop.train_step, with the fused CUDA kernels
     tinyattn_unfused   the same, with the fused kernels off (what they save)
     torch              the same architecture in plain PyTorch (below): eager, no torch.compile
 
@@ -29,16 +29,13 @@ import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # runs as a script or with -m
-
-import tinyattn as ta  # noqa: E402
-from tinyattn.backend import get_backend  # noqa: E402
-from tinyattn.models import GPT, GPTConfig  # noqa: E402
-from train.__main__ import train_step  # noqa: E402
+import tinyattn as ta
+from tinyattn.backend import get_backend
+from tinyattn.models import GPT, GPTConfig
+from train.loop import train_step
 
 SHAKESPEARE_GPU = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, dropout=0.2, vocab_size=65)
 BABY_CPU = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, dropout=0.0, vocab_size=65)
@@ -127,8 +124,7 @@ class TinyattnSide:
         self.batch, self.i = self.batches[:1], 0
 
     def _set_fused(self):
-        if hasattr(self.backend, "use_fused_kernels"):
-            self.backend.use_fused_kernels = self.fused
+        self.backend.use_kernels = self.fused
 
     def step(self):
         self._set_fused()
@@ -139,7 +135,7 @@ class TinyattnSide:
         self.backend.synchronize()
 
     def memory(self):
-        if self.backend.name != "cuda":
+        if not hasattr(self.backend.xp, "get_default_memory_pool"):     # only CuPy keeps a pool
             return None
         pool = self.backend.xp.get_default_memory_pool()
         return {"pool_used_bytes": int(pool.used_bytes()), "pool_total_bytes": int(pool.total_bytes()),
@@ -276,7 +272,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     start = time.perf_counter()
     allocator_note = "glibc mallopt: mmap threshold 64 MiB, trim threshold 256 MiB" if (
-        args.device == "cpu" and steady_host_allocator()) else "default"
+        get_backend(args.device).on_host and steady_host_allocator()) else "default"
 
     cfg = dict(CONFIGS[args.config])
     rng = np.random.default_rng(0)
@@ -299,7 +295,7 @@ def main(argv=None):
         torch.backends.cudnn.allow_tf32 = False
 
     sides = {"tinyattn": TinyattnSide(cfg, args.device, x, y, fused=True)} if args.sides != "torch" else {}
-    if args.device.startswith("cuda") and not args.no_unfused and args.sides != "torch":
+    if get_backend(args.device).kernels and not args.no_unfused and args.sides != "torch":
         sides["tinyattn_unfused"] = TinyattnSide(cfg, args.device, x, y, fused=False)
     if torch is not None:
         sides["torch"] = TorchSide(torch, cfg, args.device, x, y)

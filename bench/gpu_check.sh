@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# The GPU checks, in one run of at most about 8 minutes (train/BENCHMARKS.md has the command):
+# The GPU checks, in one run of at most about 8 minutes (bench/BENCHMARKS.md has the command):
 #   1. pytest -m gpu        every op numpy vs CuPy (forward, backward, float64 gradchecks on the GPU),
-#                           each fused kernel against its composite op, the attention kernel against
-#                           naive attention, a short GPT run on CPU and GPU with matching losses
-#   2. train/bench_step.py   one training step of nanoGPT's GPU Shakespeare config: tinyattn (CuPy)
+#                           each registered fused kernel against its op's formula, a short GPT run
+#                           on CPU and GPU with matching losses
+#   2. bench/bench_step.py   one training step of nanoGPT's GPU Shakespeare config: tinyattn (CuPy)
 #                           against PyTorch eager CUDA, median ms/step, tokens/s, memory pools
 #   3. python -m train      that config trained on tiny Shakespeare for the time left (<= 300 s)
 # Each stage runs even if an earlier one failed. Results go to $OUT (default gpu_out), 8 files at
-# most, no subfolders: what the device tool brings back. The exit code is the number of failed stages.
-# The data travels in the git-ignored .gpu_data/ (carry it): cp <tinyshakespeare.txt> .gpu_data/
+# most, no subfolders. The exit code is the number of failed stages.
+# The data is read from the git-ignored .gpu_data/: cp <tinyshakespeare.txt> .gpu_data/
 #
 # SMOKE=1 DEVICE=cpu runs the same flow with toy sizes on a CPU, to test this script itself.
 set -u
 cd "$(dirname "$0")/.."
-export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"   # a bare GPU machine may run the checkout uninstalled
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-gpu_out}
 DEVICE=${DEVICE:-cuda}
@@ -53,7 +53,7 @@ note "  at $(elapsed) s"
 # ---- 2. benchmark ---------------------------------------------------------------------
 BENCH_ARGS="--device $DEVICE --budget_s 80"
 [ "$SMOKE" = 1 ] && BENCH_ARGS="$BENCH_ARGS --config tiny --blocks 2 --steps 2 --warmup 1"
-timeout 120 python3 train/bench_step.py $BENCH_ARGS --out "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+timeout 120 python3 bench/bench_step.py $BENCH_ARGS --out "$OUT/bench.json" > "$OUT/bench.log" 2>&1
 rc=$?
 if [ "$rc" -eq 0 ] && [ -s "$OUT/bench.json" ]; then
     note "2 benchmark: PASS $(python3 -c "

@@ -1,6 +1,6 @@
 """Benchmark: plain attention against flash attention, time and memory as N grows.
 
-    python -m train.bench_attention --sizes 128 256 512 1024 2048
+    python bench/bench_attention.py --sizes 128 256 512 1024 2048
 
 Prints one JSON object per line:
     {"kind": "config", ...}                        the settings
@@ -72,8 +72,8 @@ def time_ms(fn, inputs, args):
 
 
 def peak_mib(fn, inputs, args):
-    """Peak host memory (MiB) traced during one forward + backward; None off the CPU."""
-    if args.device != "cpu":
+    """Peak host memory (MiB) traced during one forward + backward; None off the host."""
+    if not get_backend(args.device).on_host:
         return None
     tracemalloc.start()
     try:

@@ -1,0 +1,126 @@
+"""Imports run one way: backend -> autograd -> ops -> tensor API -> nn -> models -> train.
+
+Each module's imports are read with ``ast`` (lazy imports inside functions
+too); a module may import its own layer or lower ones, never a higher one.
+"""
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (module prefix, layer): the longest matching prefix names a module's layer
+LAYERS = [
+    ("tinyattn.backend", 0),
+    ("tinyattn.autograd", 1),
+    ("tinyattn.ops", 2),
+    ("tinyattn.tensor", 3),
+    ("tinyattn.gradcheck", 4),
+    ("tinyattn.nn", 4),
+    ("tinyattn.optim", 4),
+    ("tinyattn.models", 5),
+    ("data", 6),
+    ("train", 7),
+    ("bench", 8),
+]
+PACKAGES = ("tinyattn", "data", "train", "bench")
+
+
+def layer_of(module):
+    best = None
+    for prefix, layer in LAYERS:
+        if module == prefix or module.startswith(prefix + "."):
+            if best is None or len(prefix) > len(best[0]):
+                best = (prefix, layer)
+    return None if best is None else best[1]
+
+
+def module_name(path, root=ROOT):
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts), path.name == "__init__.py"
+
+
+def imported_modules(path, root=ROOT):
+    """Every module that ``path`` imports, as absolute dotted names."""
+    name, is_package = module_name(path, root)
+    package = name if is_package else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                stem = ".".join(base + ([node.module] if node.module else []))
+            else:
+                stem = node.module
+            out.append(stem)
+            out += [f"{stem}.{alias.name}" for alias in node.names]   # "from . import ops" names a module
+    return out
+
+
+def source_files():
+    files = []
+    for pkg in PACKAGES:
+        files += sorted((ROOT / pkg).rglob("*.py")) if (ROOT / pkg).is_dir() else []
+    return [f for f in files if f != ROOT / "tinyattn" / "__init__.py"]   # the facade re-exports every layer
+
+
+def test_the_layer_table_covers_every_module():
+    unknown = [str(f.relative_to(ROOT)) for f in source_files() if layer_of(module_name(f)[0]) is None]
+    assert not unknown, f"modules with no layer in tests/test_layers.py: {unknown}"
+
+
+@pytest.mark.parametrize("path", source_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_imports_a_higher_layer(path):
+    own = layer_of(module_name(path)[0])
+    upward = sorted({m for m in imported_modules(path) if (layer_of(m) or -1) > own})
+    assert not upward, f"{path.relative_to(ROOT)} (layer {own}) imports higher layers: {upward}"
+
+
+def node_is_package_private_module(node):
+    return isinstance(node, ast.ImportFrom) and node.level == 1 and node.module is None
+
+
+def test_no_private_name_is_imported_across_modules():
+    found = []
+    for path in source_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if node_is_package_private_module(node):
+                continue                                  # "from . import _common": the package's own helper
+            if isinstance(node, ast.ImportFrom) and (node.level or node.module.split(".")[0] in PACKAGES):
+                found += [f"{path.relative_to(ROOT)}: {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not found, f"private names imported from another module: {found}"
+
+
+def test_the_checker_sees_an_upward_import(tmp_path):
+    """A lower layer that imports a higher one is caught, lazy imports inside functions too."""
+    fake = tmp_path / "tinyattn" / "ops.py"
+    fake.parent.mkdir()
+    fake.write_text("import math\n\ndef f():\n    from .nn import functional\n    return functional\n")
+    upward = [m for m in imported_modules(fake, tmp_path) if (layer_of(m) or -1) > layer_of("tinyattn.ops")]
+    assert upward == ["tinyattn.nn", "tinyattn.nn.functional"]
+
+
+def test_no_sys_path_edits():
+    """train, data and exercises are installed with the package: nothing edits sys.path."""
+    edits = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if ".venv" in path.parts or path == Path(__file__).resolve():
+            continue
+        text = path.read_text(errors="replace")
+        if "sys.path.insert" in text or "sys.path.append" in text:
+            edits.append(str(path.relative_to(ROOT)))
+    assert not edits, f"sys.path edits in {edits}"
+
+
+@pytest.mark.parametrize("package", ["train", "data", "exercises"])
+def test_the_programs_import_from_this_checkout(package):
+    """Installed with tinyattn, so another installed package of that name cannot shadow them."""
+    module = __import__(package)
+    assert Path(module.__file__).resolve().parent == ROOT / package

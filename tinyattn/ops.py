@@ -6,7 +6,7 @@ they can be differentiated again. Shapes in comments: a, b inputs; g like out.
 """
 import math
 
-from .tensor import Function, Tensor, is_grad_enabled
+from .tensor import Function, Tensor, is_grad_enabled, _dim
 
 
 def sum_to(g, shape):
@@ -25,6 +25,8 @@ def _const(like, array):
 
 # ---------------------------------------------------------------- arithmetic
 class Add(Function):
+    broadcasts = True
+
     def forward(self, a, b):
         return a + b
 
@@ -34,6 +36,8 @@ class Add(Function):
 
 
 class Sub(Function):
+    broadcasts = True
+
     def forward(self, a, b):
         return a - b
 
@@ -43,6 +47,8 @@ class Sub(Function):
 
 
 class Mul(Function):
+    broadcasts = True
+
     def forward(self, a, b):
         return a * b
 
@@ -54,6 +60,8 @@ class Mul(Function):
 
 
 class Div(Function):
+    broadcasts = True
+
     def forward(self, a, b):
         return a / b
 
@@ -89,6 +97,8 @@ class PowScalar(Function):
 class Pow(Function):
     """a ** b for two tensors; the gradient for b needs a > 0 (it uses log a)."""
 
+    broadcasts = True
+
     def forward(self, a, b):
         return a ** b
 
@@ -123,10 +133,21 @@ class MatMul(Function):
         return grad_a, sum_to(a.mT @ g, b.shape)
 
 
+def check_same_kind(op, *tensors):
+    """Layers and matmul do not mix integer (or boolean) and float tensors, as in PyTorch:
+    ids fed to a Linear layer by mistake would otherwise give a float64 result silently."""
+    floats = [t.dtype.kind == "f" for t in tensors]
+    if any(floats) and not all(floats):
+        dtypes = " and ".join(str(t.dtype) for t in tensors)
+        raise TypeError(f"{op}: got {dtypes} tensors; convert the integer one with .float() "
+                        "(token ids go through an Embedding first)")
+
+
 def matmul(a, b):
     """numpy's matmul rules: a 1-d operand gains a dim of 1, which is dropped after."""
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError(f"matmul needs at least 1-d operands, got shapes {a.shape} and {b.shape}")
+    check_same_kind("matmul", a, b)
     if a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]:
         raise ValueError(f"matmul: shapes {a.shape} and {b.shape} do not fit "
                          f"({a.shape[-1]} != {b.shape[-2 if b.ndim > 1 else 0]})")
@@ -462,7 +483,10 @@ class Cat(Function):
 
 def cat(tensors, dim=0):
     tensors = list(tensors)
-    dim = dim % tensors[0].ndim
+    if not tensors or not all(isinstance(t, Tensor) for t in tensors):
+        raise TypeError("cat: expected a non-empty list of Tensors, got "
+                        f"{[type(t).__name__ for t in tensors] or 'an empty list'}")
+    dim = _dim(dim, tensors[0].ndim, "cat")
     for t in tensors[1:]:
         if t.ndim != tensors[0].ndim or any(
                 n != m for i, (n, m) in enumerate(zip(t.shape, tensors[0].shape)) if i != dim):
@@ -472,16 +496,18 @@ def cat(tensors, dim=0):
 
 def stack(tensors, dim=0):
     tensors = list(tensors)
+    if not tensors:
+        raise TypeError("stack: expected a non-empty list of Tensors")
     for t in tensors[1:]:
         if t.shape != tensors[0].shape:
             raise ValueError(f"stack: all shapes must match, got {tensors[0].shape} and {t.shape}")
-    dim = dim % (tensors[0].ndim + 1)
+    dim = _dim(dim, tensors[0].ndim + 1, "stack")
     return cat([t.unsqueeze(dim) for t in tensors], dim)
 
 
 def split(x, split_size_or_sections, dim=0):
     """Pieces along ``dim``: of one size (the last may be smaller) or of the listed sizes."""
-    dim = dim % x.ndim
+    dim = _dim(dim, x.ndim, "split")
     n = x.shape[dim]
     if isinstance(split_size_or_sections, int):
         sizes = [min(split_size_or_sections, n - s) for s in range(0, n, split_size_or_sections)]
@@ -498,6 +524,8 @@ def split(x, split_size_or_sections, dim=0):
 
 class Where(Function):
     """cond ? a : b, broadcasting all three; cond takes no gradient."""
+
+    broadcasts = True
 
     def forward(self, cond, a, b):
         self.cond = cond

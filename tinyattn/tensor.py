@@ -66,6 +66,7 @@ class Function:
     registry = []                  # every Function subclass, for the op-table coverage test
     trace = None                   # a set that records applied ops, while the coverage test runs
     differentiable_backward = True  # False: backward works on raw arrays (a fused kernel)
+    broadcasts = False             # True: the inputs broadcast against each other (add, mul, ...)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -88,7 +89,15 @@ class Function:
         ctx.backend, ctx.xp = backend, backend.xp
         if Function.trace is not None:
             Function.trace.add(cls)
-        data = ctx.forward(*[t.data for t in inputs], **params)
+        try:
+            data = ctx.forward(*[t.data for t in inputs], **params)
+        except Exception as e:
+            better = _explain_forward_error(cls, inputs, e)
+            if better is None:
+                raise
+            raise better from None
+        if not ctx.backend.is_array(data):      # numpy turns 0-d results into scalars
+            data = ctx.backend.xp.asarray(data)
         requires_grad = _grad_enabled and any(t.requires_grad for t in inputs)
         out = Tensor._make(data, backend, requires_grad)
         if requires_grad:
@@ -100,12 +109,42 @@ class Function:
 
 
 def _common_backend(tensors, op_name):
+    if not tensors:
+        raise TypeError(f"{op_name}.apply needs at least one Tensor input")
+    for i, t in enumerate(tensors):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op_name}.apply: input {i} is a {type(t).__name__}, not a Tensor "
+                            "(pass other values as keyword arguments)")
     backend = tensors[0]._backend
     for t in tensors[1:]:
         if t._backend is not backend:
             raise RuntimeError(f"{op_name}: expected all tensors on one device, "
                                f"found {backend.name} and {t._backend.name}")
     return backend
+
+
+def broadcast_shape(op, *shapes):
+    """The shape that ``shapes`` broadcast to, as numpy's rules say; a ValueError naming
+    ``op`` and the shapes when they do not fit."""
+    out = []
+    for i in range(1, max(len(s) for s in shapes) + 1):
+        sizes = {s[-i] for s in shapes if len(s) >= i} - {1}
+        if len(sizes) > 1:
+            raise ValueError(f"{op}: shapes {' and '.join(str(tuple(s)) for s in shapes)} do not broadcast "
+                             f"(dim -{i} has sizes {' and '.join(str(n) for n in sorted(sizes))})")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(reversed(out))
+
+
+def _explain_forward_error(cls, inputs, error):
+    """A forward failed: if the inputs of a broadcasting op do not fit, an error that says so
+    in the library's words (else None: the original error stands)."""
+    if cls.broadcasts and isinstance(error, ValueError):
+        try:
+            broadcast_shape(cls.__name__.lower(), *[t.shape for t in inputs])
+        except ValueError as better:
+            return better
+    return None
 
 
 # --------------------------------------------------------------------------
@@ -160,15 +199,10 @@ def _run_backward(roots, root_grads, retain_graph, create_graph, inputs=None):
             if create_graph and not ctx.differentiable_backward:
                 raise RuntimeError(f"{type(ctx).__name__} has a fused backward that cannot be "
                                    "differentiated again (create_graph=True)")
-            grads = ctx.backward(g)
-            if not isinstance(grads, tuple):
-                grads = (grads,)
+            grads = _check_backward_grads(ctx, ctx.backward(g))
             for parent, pg in zip(ctx.parents, grads):
                 if pg is None or not parent.requires_grad:
                     continue
-                if pg.shape != parent.shape:
-                    raise RuntimeError(f"{type(ctx).__name__}.backward returned a gradient of shape "
-                                       f"{pg.shape} for an input of shape {parent.shape}")
                 key = id(parent)
                 pending[key] = pg if key not in pending else pending[key] + pg
             if not retain_graph:
@@ -176,6 +210,30 @@ def _run_backward(roots, root_grads, retain_graph, create_graph, inputs=None):
                 ctx.__dict__.pop("saved", None)
     if wanted is not None:
         return tuple(wanted[id(t)] for t in inputs)
+
+
+def _check_backward_grads(ctx, grads):
+    """The Function contract: backward returns one Tensor (or None) per input, each
+    shaped like its input. Anything else is an error naming the Function."""
+    name = f"{type(ctx).__name__}.backward"
+    if not isinstance(grads, (tuple, list)):
+        grads = (grads,)
+    n = len(ctx.parents)
+    if len(grads) != n:
+        raise RuntimeError(f"{name} returned {len(grads)} gradient{'s' * (len(grads) != 1)} for "
+                           f"{n} input{'s' * (n != 1)}: return one per input (None for an input "
+                           "that needs none)")
+    for i, (parent, pg) in enumerate(zip(ctx.parents, grads)):
+        if pg is None:
+            continue
+        if not isinstance(pg, Tensor):
+            raise TypeError(f"{name} returned a {type(pg).__module__}.{type(pg).__name__} for input {i}: "
+                            "return a Tensor (build it with Tensor ops, or wrap an array a as "
+                            "ta.tensor(a, dtype=a.dtype)) or None")
+        if parent.requires_grad and pg.shape != parent.shape:
+            raise RuntimeError(f"{name} returned a gradient of shape {pg.shape} for input {i} "
+                               f"of shape {parent.shape}")
+    return grads
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, allow_unused=False):
@@ -282,7 +340,7 @@ class Tensor:
         return self.shape[0]
 
     def __repr__(self):
-        body = repr(self.numpy()).replace("array(", "tensor(", 1)
+        body = repr(self.numpy()).replace("array(", "tensor(", 1)     # numpy's layout, any size
         extra = "" if self.device == "cpu" else f", device='{self.device}'"
         extra += ", requires_grad=True" if self.requires_grad else ""
         return body[:-1] + extra + ")" if extra else body
@@ -290,7 +348,16 @@ class Tensor:
     # --- leaving the graph, the device, the dtype ---
     def numpy(self):
         """A host numpy array (an explicit copy off the device)."""
-        return self._backend.to_numpy(self.data)
+        return _host_array(self._backend.to_numpy(self.data))
+
+    def __array__(self, dtype=None, copy=None):
+        """``np.asarray(t)``: a numeric host array, for CPU tensors. Like CuPy, a tensor on
+        another device must be copied explicitly, with ``t.numpy()``."""
+        if self.device != "cpu":
+            raise TypeError(f"np.asarray: this tensor is on {self.device}; copy it to the host "
+                            "explicitly with t.numpy()")
+        out = self.numpy()
+        return out if dtype is None else out.astype(dtype, copy=False)
 
     def item(self):
         if self.numel() != 1:
@@ -331,7 +398,11 @@ class Tensor:
             if backend is self._backend:
                 return self
             return _ops.ToDevice.apply(self, backend=backend)
-        dtype = dtype_of_host(target)
+        try:
+            dtype = dtype_of_host(target)
+        except TypeError:
+            raise ValueError(f"to: {target!r} is neither a device ('cpu', 'cuda', 'strict') "
+                             "nor a dtype ('float32', ta.float64, ...)") from None
         return self if dtype == self.dtype else _ops.Cast.apply(self, dtype=dtype)
 
     def cpu(self):
@@ -359,55 +430,99 @@ class Tensor:
         _run_backward([self], [g], retain_graph or create_graph, create_graph)
 
     # --- arithmetic (Python scalars on either side) ---
-    def _lift(self, other):
+    def _lift(self, other, op="an op"):
         if isinstance(other, Tensor):
             return other
+        _check_operand(other, op)
         return Tensor._make(self._backend.asarray(other, self.dtype if _is_float(self.dtype) else None),
                             self._backend)
 
     def __add__(self, other):
-        return _ops.Add.apply(self, self._lift(other))
+        return _ops.Add.apply(self, self._lift(other, "+"))
 
     def __radd__(self, other):
-        return _ops.Add.apply(self._lift(other), self)
+        return _ops.Add.apply(self._lift(other, "+"), self)
+
+    def __iadd__(self, other):
+        return self._inplace(other, "+", Tensor.__add__)
 
     def __sub__(self, other):
-        return _ops.Sub.apply(self, self._lift(other))
+        return _ops.Sub.apply(self, self._lift(other, "-"))
 
     def __rsub__(self, other):
-        return _ops.Sub.apply(self._lift(other), self)
+        return _ops.Sub.apply(self._lift(other, "-"), self)
+
+    def __isub__(self, other):
+        return self._inplace(other, "-", Tensor.__sub__)
 
     def __mul__(self, other):
-        return _ops.Mul.apply(self, self._lift(other))
+        return _ops.Mul.apply(self, self._lift(other, "*"))
 
     def __rmul__(self, other):
-        return _ops.Mul.apply(self._lift(other), self)
+        return _ops.Mul.apply(self._lift(other, "*"), self)
+
+    def __imul__(self, other):
+        return self._inplace(other, "*", Tensor.__mul__)
 
     def __truediv__(self, other):
-        return _ops.Div.apply(self, self._lift(other))
+        return _ops.Div.apply(self, self._lift(other, "/"))
 
     def __rtruediv__(self, other):
-        return _ops.Div.apply(self._lift(other), self)
+        return _ops.Div.apply(self._lift(other, "/"), self)
+
+    def __itruediv__(self, other):
+        return self._inplace(other, "/", Tensor.__truediv__)
 
     def __pow__(self, other):
         if isinstance(other, Tensor):
             return _ops.Pow.apply(self, other)
+        _check_operand(other, "**")
+        if not isinstance(other, (int, float)):
+            return _ops.Pow.apply(self, self._lift(other, "**"))
         return _ops.PowScalar.apply(self, exponent=other)
 
     def __rpow__(self, other):
-        return _ops.Pow.apply(self._lift(other), self)
+        return _ops.Pow.apply(self._lift(other, "**"), self)
 
     def __matmul__(self, other):
-        return _ops.matmul(self, self._lift(other))
+        return _ops.matmul(self, self._lift(other, "@"))
 
     def __rmatmul__(self, other):
-        return _ops.matmul(self._lift(other), self)
+        return _ops.matmul(self._lift(other, "@"), self)
+
+    def _inplace(self, other, op, out_of_place):
+        """``t += x`` and friends. A leaf that requires grad refuses (as in PyTorch): its
+        ``.grad`` would silently stay None. Where no graph is recorded (``ta.no_grad()``, or
+        nothing requires grad) the tensor keeps its identity and takes the new values; it
+        replaces its array, so a ``detach()``-ed view keeps the old ones. Otherwise the
+        result is a new graph node, as ``t = t + x`` would be."""
+        if _grad_enabled and self.requires_grad and self.is_leaf:
+            raise RuntimeError(f"in-place {op}= on a leaf tensor that requires grad (shape {self.shape}): "
+                               "its .grad would be lost. Update it under `with ta.no_grad():`, or "
+                               f"write `x = x {op} ...` to make a new tensor")
+        recording = _grad_enabled and (self.requires_grad or (isinstance(other, Tensor) and other.requires_grad))
+        if recording:
+            return out_of_place(self, other)
+        with set_grad_enabled(False):
+            result = out_of_place(self, other)
+        if result.shape != self.shape:
+            raise ValueError(f"in-place {op}=: the result has shape {result.shape}, "
+                             f"the tensor has shape {self.shape}")
+        if result.dtype != self.dtype:
+            if _is_float(result.dtype) and not _is_float(self.dtype):
+                raise TypeError(f"in-place {op}=: the result is {result.dtype}, which cannot be stored "
+                                f"in a {self.dtype} tensor (convert it first with .float())")
+            result = result.to(self.dtype)
+        self.data = result.data
+        return self
 
     def __neg__(self):
         return _ops.Neg.apply(self)
 
     # --- comparisons: boolean tensors, no gradient ---
     def _compare(self, other, fn):
+        if not isinstance(other, Tensor) and other is not None:
+            _check_operand(other, "a comparison")
         other = other.data if isinstance(other, Tensor) else other
         return Tensor._make(fn(self.data, other), self._backend)
 
@@ -482,10 +597,10 @@ class Tensor:
 
     # --- reductions (dim: an int, a tuple of ints, or None for all) ---
     def sum(self, dim=None, keepdim=False):
-        return _ops.Sum.apply(self, dim=_axes(dim, self.ndim), keepdim=keepdim)
+        return _ops.Sum.apply(self, dim=_axes(dim, self.ndim, "sum"), keepdim=keepdim)
 
     def mean(self, dim=None, keepdim=False):
-        axes = _axes(dim, self.ndim)
+        axes = _axes(dim, self.ndim, "mean")
         count = 1
         for a in axes:
             count *= self.shape[a]
@@ -493,13 +608,13 @@ class Tensor:
 
     def max(self, dim=None, keepdim=False):
         """Largest values (like ``torch.amax``: values only; ties share the gradient)."""
-        return _ops.Max.apply(self, dim=_axes(dim, self.ndim), keepdim=keepdim)
+        return _ops.Max.apply(self, dim=_axes(dim, self.ndim, "max"), keepdim=keepdim)
 
     def min(self, dim=None, keepdim=False):
         return -((-self).max(dim, keepdim))
 
     def var(self, dim=None, keepdim=False, correction=1):
-        axes = _axes(dim, self.ndim)
+        axes = _axes(dim, self.ndim, "var")
         count = 1
         for a in axes:
             count *= self.shape[a]
@@ -521,14 +636,22 @@ class Tensor:
     # --- shape ---
     def reshape(self, *shape):
         shape = _shape_arg(shape)
-        return self if shape == self.shape else _ops.Reshape.apply(self, shape=shape)
+        if shape == self.shape:
+            return self
+        _check_reshape(self.shape, shape)
+        return _ops.Reshape.apply(self, shape=shape)
 
     view = reshape
 
     def permute(self, *dims):
-        return _ops.Permute.apply(self, dims=tuple(d % self.ndim for d in _shape_arg(dims)))
+        dims = tuple(_dim(d, self.ndim, "permute") for d in _shape_arg(dims))
+        if sorted(dims) != list(range(self.ndim)):
+            raise ValueError(f"permute: dims {_shape_arg(dims)} are not an order of the {self.ndim} dims "
+                             f"of shape {self.shape}")
+        return _ops.Permute.apply(self, dims=dims)
 
     def transpose(self, dim0, dim1):
+        dim0, dim1 = _dim(dim0, self.ndim, "transpose"), _dim(dim1, self.ndim, "transpose")
         dims = list(range(self.ndim))
         dims[dim0], dims[dim1] = dims[dim1], dims[dim0]
         return self.permute(dims)
@@ -544,6 +667,7 @@ class Tensor:
     def expand(self, *shape):
         shape = _shape_arg(shape)
         lead = len(shape) - self.ndim
+        _check_expand(self.shape, shape)
         shape = tuple(self.shape[i - lead] if n == -1 else n for i, n in enumerate(shape))
         return self if shape == self.shape else _ops.Expand.apply(self, shape=shape)
 
@@ -554,12 +678,12 @@ class Tensor:
         return self.expand(other.shape)
 
     def squeeze(self, dim=None):
-        dims = range(self.ndim) if dim is None else [d % self.ndim for d in _shape_arg((dim,))]
+        dims = range(self.ndim) if dim is None else [_dim(d, self.ndim, "squeeze") for d in _shape_arg((dim,))]
         drop = {d for d in dims if self.shape[d] == 1}
         return self.reshape(tuple(n for i, n in enumerate(self.shape) if i not in drop))
 
     def unsqueeze(self, dim):
-        dim = dim % (self.ndim + 1)
+        dim = _dim(dim, self.ndim + 1, "unsqueeze")
         return self.reshape(self.shape[:dim] + (1,) + self.shape[dim:])
 
     def flatten(self, start_dim=0, end_dim=-1):
@@ -596,12 +720,97 @@ def _is_float(dtype):
     return dtype.kind == "f"
 
 
-def _axes(dim, ndim):
+def _axes(dim, ndim, op):
     if dim is None:
         return tuple(range(ndim))
     if isinstance(dim, int):
         dim = (dim,)
-    return tuple(sorted(d % ndim for d in dim)) if ndim else ()
+    return tuple(sorted(_dim(d, ndim, op) for d in dim)) if ndim else ()
+
+
+def _dim(dim, ndim, op):
+    """``dim`` as an index in [0, ndim), negative dims counting from the end; an IndexError
+    naming ``op`` when it is out of range (a 0-d tensor takes 0 and -1, as in PyTorch)."""
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"{op}: dim {dim} is out of range for a tensor with {ndim} dims "
+                         f"(expected a dim in [{-n}, {n - 1}])")
+    return dim % n
+
+
+def _check_reshape(old, new):
+    """A ValueError naming both shapes unless ``old`` can be reshaped to ``new`` (one -1 allowed)."""
+    total = 1
+    for n in old:
+        total *= n
+    known, unknown = 1, 0
+    for n in new:
+        if n == -1:
+            unknown += 1
+        elif n < 0:
+            unknown = 2                                       # no other negative size exists
+        else:
+            known *= n
+    fits = known == total if not unknown else unknown == 1 and known > 0 and total % known == 0
+    if not fits:
+        raise ValueError(f"reshape: cannot reshape a tensor of shape {old} ({total} elements) to {new}")
+
+
+def _check_expand(old, new):
+    """A ValueError naming both shapes unless ``old`` broadcasts to ``new`` (-1 keeps a dim)."""
+    lead = len(new) - len(old)
+    problem = None
+    if lead < 0:
+        problem = "the new shape has fewer dims"
+    elif any(n == -1 for n in new[:lead]):
+        problem = "-1 is only allowed for existing dims"
+    else:
+        for i, n in enumerate(old):
+            if new[lead + i] not in (-1, n) and n != 1:
+                problem = f"dim {i} has size {n}; only a dim of size 1 can grow"
+                break
+    if problem:
+        raise ValueError(f"expand: cannot expand shape {old} to {new}: {problem}")
+
+
+def _describe(value):
+    """How an error message names a value: its type, and short values themselves."""
+    kind = type(value).__name__
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None:
+        return f"{kind} of dtype {dtype}"
+    text = repr(value)
+    return f"{kind} ({text})" if len(text) <= 20 and kind != "NoneType" else ("None" if value is None else kind)
+
+
+def _check_operand(value, op):
+    """A Python number, a numeric numpy value or a (nested) list of numbers; else a TypeError."""
+    if isinstance(value, (bool, int, float)):
+        return
+    kind = getattr(getattr(value, "dtype", None), "kind", None)
+    if kind is None and isinstance(value, (list, tuple)):
+        try:
+            kind = get_backend("cpu").xp.asarray(value).dtype.kind
+        except (ValueError, TypeError):
+            kind = None
+    if kind is None or kind not in "biuf":
+        raise TypeError(f"unsupported operand for {op}: Tensor and {_describe(value)}; "
+                        "use a number or a Tensor")
+
+
+def _host_array(a):
+    """numpy gives 0-d results as scalars (np.float32(1.0)): make them 0-d arrays."""
+    host = get_backend("cpu")
+    return a if host.is_array(a) else host.xp.asarray(a)
+
+
+def _check_data(host):
+    """``ta.tensor`` takes numbers and booleans only: never None, strings or objects."""
+    if host.dtype.kind not in "biuf":
+        what = "None" if host.dtype.kind == "O" and host.ndim == 0 and host.item() is None else \
+            f"data of dtype {host.dtype}"
+        raise TypeError(f"tensor: expected numbers or booleans (a number, a nested list, a numpy "
+                        f"array), got {what}")
 
 
 def _shape_arg(shape):
@@ -629,11 +838,19 @@ def tensor(data, dtype=None, device=None, requires_grad=False):
         data = data.data if data._backend is get_backend(device) else data.numpy()
     backend = get_backend(device or "cpu")
     if backend.is_array(data):
+        _check_data(data) if backend.name == "cpu" else None
         if dtype is None and backend.dtype_of(data).kind == "f":
             dtype = float32
         array = data if dtype is None else backend.xp.astype(data, backend.native_dtype(dtype))
     else:
-        host = get_backend("cpu").asarray(data)
+        try:
+            host = get_backend("cpu").asarray(data)
+        except ValueError as e:
+            if "inhomogeneous" not in str(e) and "sequence" not in str(e):
+                raise
+            raise ValueError("tensor: nested lists of uneven lengths do not make a tensor "
+                             "(every row must have the same length)") from None
+        _check_data(host)
         if dtype is None and host.dtype.kind == "f":
             dtype = float32
         array = backend.asarray(host, dtype)

@@ -87,6 +87,7 @@ class GPT(nn.Module):
         With ``kv_caches`` (one KVCache per block) only the new tokens are run:
         their positions continue after the cached ones.
         """
+        _check_model_input(idx, targets)
         B, T = idx.shape
         start = len(kv_caches[0]) if kv_caches else 0
         if start + T > self.config.block_size:
@@ -134,6 +135,18 @@ class GPT(nn.Module):
             idx = cat([idx, tensor(next_id, device=idx.device)], dim=1)
         self.train(was_training)
         return idx
+
+
+def _check_model_input(idx, targets):
+    """idx: a (B, T) Tensor of integer ids; targets, if any, the same shape."""
+    F._check_ids("GPT", "idx", idx)
+    if idx.ndim != 2:
+        raise ValueError(f"GPT expects idx (B, T) of token ids, got shape {idx.shape} "
+                         "(one sequence? add a batch dim: idx[None])")
+    if targets is not None:
+        F._check_ids("GPT", "targets", targets)
+        if targets.shape != idx.shape:
+            raise ValueError(f"GPT: targets shape {targets.shape} does not match idx shape {idx.shape}")
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None):

@@ -148,6 +148,21 @@ class Module:
 
 
 # ---------------------------------------------------------------- layers
+def expect_shape(module, x, pattern, words):
+    """Check a module's input: a Tensor whose shape fits ``pattern`` (ints must match, None is
+    any size, a leading ... any number of dims). Else an error such as
+    ``MultiHeadAttention expects (B, T, C) with C = 8, got (5, 8)``."""
+    name = type(module).__name__
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} expects a Tensor {words}, got {type(x).__name__}")
+    dims = pattern[1:] if pattern[0] is ... else pattern
+    shape = x.shape[len(x.shape) - len(dims):] if pattern[0] is ... else x.shape
+    if len(shape) != len(dims) or any(d is not None and d != n for d, n in zip(dims, shape)):
+        sizes = ", ".join(f"{w.strip('. ')} = {d}" for w, d in zip(words.strip("()").split(", ")[-len(dims):], dims)
+                          if d is not None)
+        raise ValueError(f"{name} expects {words}{' with ' + sizes if sizes else ''}, got {x.shape}")
+
+
 class Linear(Module):
     """y = x W^T + b, W (out_features, in_features); init U(-1/sqrt(in), 1/sqrt(in)) as in PyTorch."""
 
@@ -159,6 +174,7 @@ class Linear(Module):
         self.bias = Parameter(rand(out_features) * (2 * bound) - bound) if bias else None
 
     def forward(self, x):                       # (..., in) -> (..., out)
+        expect_shape(self, x, (..., self.in_features), "(..., in_features)")
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self):
@@ -280,6 +296,7 @@ class MultiHeadAttention(Module):
         self.last_weights = None
 
     def forward(self, x, attn_mask=None, is_causal=False, kv_cache=None):
+        expect_shape(self, x, (None, None, self.n_embd), "(B, T, C)")
         B, T, C = x.shape
         H, D = self.n_head, C // self.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)                     # 3 x (B, T, C)

@@ -19,6 +19,7 @@ def save(path, model, optimizer, meta):
     for i, values in opt["state"].items():
         for key, value in values.items():
             arrays[f"optim/{i}/{key}"] = np.asarray(value)
+    check_finite(arrays, path)
     meta = dict(meta, optim_groups=opt["param_groups"])
     arrays["meta"] = np.array(json.dumps(meta))
     folder = os.path.dirname(os.path.abspath(path))
@@ -37,6 +38,13 @@ def save(path, model, optimizer, meta):
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def check_finite(arrays, path):
+    """Never write NaN or Inf: the file on disk stays the last good state."""
+    for name, a in arrays.items():
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise ValueError(f"not saving {path}: {name} holds NaN or Inf (the last good checkpoint is kept)")
 
 
 def load(path):

@@ -260,9 +260,18 @@ def write_plot(log_rows, out_dir, train_losses=()):
         import matplotlib.pyplot as plt
     except ImportError:
         return "loss.png skipped: matplotlib is not installed (pip install -e \".[viz]\")"
+    fig = loss_figure(plt, log_rows, train_losses)
+    fig.savefig(os.path.join(out_dir, "loss.png"), dpi=100)
+    plt.close(fig)
+    return f"wrote {os.path.join(out_dir, 'loss.png')}"
+
+
+def loss_figure(plt, log_rows, train_losses):
+    """The loss of every training step (grey; None where unknown) and the eval points."""
     fig, ax = plt.subplots(figsize=(6, 4))
     if len(train_losses):
-        ax.plot(range(len(train_losses)), [math.nan if v is None else v for v in train_losses], color="0.7", lw=0.8, label="train (each step)")
+        losses = [math.nan if v is None else v for v in train_losses]        # None: a step from before --resume
+        ax.plot(range(len(losses)), losses, color="0.7", lw=0.8, label="train (each step)")
     steps = [r["step"] for r in log_rows]
     ax.plot(steps, [r["train_loss"] for r in log_rows], "o-", label="train (eval)")
     ax.plot(steps, [r["val_loss"] for r in log_rows], "o-", label="val (eval)")
@@ -271,9 +280,7 @@ def write_plot(log_rows, out_dir, train_losses=()):
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "loss.png"), dpi=100)
-    plt.close(fig)
-    return f"wrote {os.path.join(out_dir, 'loss.png')}"
+    return fig
 
 
 def write_log(log_rows, out_dir):

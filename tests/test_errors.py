@@ -165,7 +165,7 @@ def test_cross_entropy_targets_must_be_integers_in_range():
         F.cross_entropy(logits, ta.tensor([0.0, 1.0, 2.0]))
     with pytest.raises(IndexError, match=r"cross_entropy: targets must be in \[0, 4\) \(or ignore_index -100\), got 0..7"):
         F.cross_entropy(logits, ta.tensor([0, 1, 7]))
-    with pytest.raises(TypeError, match="cross_entropy: logits must be floats, got int64"):
+    with pytest.raises(TypeError, match="cross_entropy: expected a float tensor, got int64"):
         F.cross_entropy(ta.tensor([[1, 2]]), ta.tensor([0]))
     F.cross_entropy(logits, ta.tensor([0, -100, 3]))                        # ignored rows are fine
 
@@ -324,3 +324,39 @@ def test_zero_d_results_are_arrays():
     loss = ta.randn(3, requires_grad=True).sum()
     assert isinstance(loss.data, np.ndarray) and loss.data.shape == ()
     assert repr(loss).endswith("requires_grad=True)")
+
+
+# ---------------------------------------------------------------- more probes a newcomer tries
+@pytest.mark.parametrize("fn, error, message", [
+    (lambda: ta.randn(2, 3).sum("a"), TypeError, r"sum: dim must be an int \(or a tuple of ints\), got str"),
+    (lambda: ta.randn(2, 3).mean((0, 0)), ValueError, r"mean: dim \(0, 0\) names a dim twice"),
+    (lambda: ta.randn(2, 3)[ta.tensor([0.5])], IndexError, "index: a tensor used as an index must hold integers"),
+    (lambda: ta.tensor([1.0], dtype="foo"), TypeError, "unknown dtype 'foo': use one of float16, float32"),
+    (lambda: ta.randn(2, dtype="int64"), TypeError, "randn: dtype must be a float type, got int64"),
+    (lambda: ta.rand(2, dtype="bool"), TypeError, "rand: dtype must be a float type, got bool"),
+    (lambda: F.softmax(ta.tensor([1, 2, 3])), TypeError, r"softmax: expected a float tensor, got int64 \(convert with .float\(\)\)"),
+    (lambda: ta.tensor([1, 2]).log_softmax(), TypeError, "log_softmax: expected a float tensor"),
+    (lambda: nn.MultiHeadAttention(8, 0), ValueError, "MultiHeadAttention needs n_embd >= 1 and n_head >= 1"),
+    (lambda: nn.Dropout(1.5), ValueError, r"Dropout: p must be in \[0, 1\], got 1.5"),
+    (lambda: F.dropout(ta.randn(3), -0.1), ValueError, r"dropout: p must be in \[0, 1\], got -0.1"),
+    (lambda: ta.optim.AdamW(nn.Linear(2, 2)), TypeError, r"AdamW: pass model.parameters\(\), not the model"),
+    (lambda: ta.optim.SGD(nn.Linear(2, 2).parameters(), lr="a"), ValueError, "SGD: lr must be a finite number >= 0, got a"),
+])
+def test_more_newcomer_mistakes(fn, error, message):
+    with pytest.raises(error, match=message):
+        fn()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(temperature=-1), "temperature -1"), (dict(top_k=0), "top_k 0"), (dict(top_p=0.0), "top_p 0.0"),
+    (dict(top_p=1.5), "top_p 1.5"),
+])
+def test_generate_checks_its_settings(gpt, kwargs, message):
+    with pytest.raises(ValueError, match=f"generate: need temperature >= 0, top_k >= 1 and top_p in .*{message}"):
+        gpt.generate(ta.tensor([[1, 2]]), 2, **kwargs)
+
+
+def test_generate_takes_a_batch(gpt):
+    with pytest.raises(ValueError, match=r"GPT expects idx \(B, T\) of token ids, got shape \(2,\)"):
+        gpt.generate(ta.tensor([1, 2]), 2)
+    assert gpt.generate(ta.tensor([[1, 2]]), 2, temperature=0).shape == (1, 4)

@@ -334,3 +334,30 @@ def test_experiment_flags(capsys, module, argv, said):
 def test_sample_flags(capsys, argv, said):
     from train.sample import main as sample_main
     assert said in refused(capsys, argv, sample_main)
+
+
+# ---------------------------------------------------------------- more probes
+def test_bias_takes_true_or_false(capsys):
+    assert "argument --bias: expected true or false, got 'maybe'" in refused(capsys, ["--bias", "maybe"])
+    assert parse_args(["--bias", "false"]).bias is False and parse_args(["--bias", "1"]).bias is True
+
+
+def test_a_single_dash_flag_is_pointed_at_its_full_name(capsys):
+    assert "unknown flag -n_layer (did you mean --n_layer?)" in refused(capsys, ["-n_layer", "2"])
+
+
+def test_out_dir_that_is_a_file(text_file, capsys):
+    assert main(["--data", text_file, "--out_dir", text_file, *TINY, "--max_iters", "1"]) == 1
+    assert capsys.readouterr().err.strip() == f"python -m train: error: --out_dir {text_file} is a file, not a folder"
+
+
+def test_a_damaged_checkpoint_is_one_line_everywhere(tmp_path, capsys):
+    (tmp_path / "ckpt.npz").write_bytes(b"not a checkpoint")
+    said = f"{tmp_path / 'ckpt.npz'} is not a readable tinyattn checkpoint: damaged, or not written by python -m train"
+    assert main(["--out_dir", str(tmp_path), "--resume", "--max_iters", "1", "--quiet"]) == 1
+    from train.experiments import heads
+    from train.sample import main as sample_main
+    assert sample_main(["--out_dir", str(tmp_path)]) == 1
+    assert heads.main(["--out_dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(said in line for line in err), err

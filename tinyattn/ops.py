@@ -422,6 +422,8 @@ def _canonical_index(index, backend):
     out = []
     for i in index:
         if isinstance(i, Tensor):
+            if i.dtype.kind not in "biu":
+                raise IndexError(f"index: a tensor used as an index must hold integers or booleans, got {i.dtype}")
             i = i.data
         elif isinstance(i, list):
             i = backend.asarray(i)

@@ -725,13 +725,19 @@ def _axes(dim, ndim, op):
         return tuple(range(ndim))
     if isinstance(dim, int):
         dim = (dim,)
-    return tuple(sorted(_dim(d, ndim, op) for d in dim)) if ndim else ()
+    axes = tuple(sorted(_dim(d, ndim, op) for d in dim)) if ndim else ()
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"{op}: dim {tuple(dim)} names a dim twice")
+    return axes
 
 
 def _dim(dim, ndim, op):
     """``dim`` as an index in [0, ndim), negative dims counting from the end; an IndexError
     naming ``op`` when it is out of range (a 0-d tensor takes 0 and -1, as in PyTorch)."""
     n = max(ndim, 1)
+    if not isinstance(dim, int) and not (hasattr(dim, "__index__") and not hasattr(dim, "shape")):
+        raise TypeError(f"{op}: dim must be an int (or a tuple of ints), got {_describe(dim)}")
+    dim = int(dim)
     if not -n <= dim < n:
         raise IndexError(f"{op}: dim {dim} is out of range for a tensor with {ndim} dims "
                          f"(expected a dim in [{-n}, {n - 1}])")
@@ -833,6 +839,7 @@ def tensor(data, dtype=None, device=None, requires_grad=False):
 
     Floating data becomes float32 unless ``dtype`` says otherwise.
     """
+    dtype = None if dtype is None else dtype_of_host(dtype)
     if isinstance(data, Tensor):
         device, dtype = device or data.device, dtype or data.dtype
         data = data.data if data._backend is get_backend(device) else data.numpy()
@@ -887,16 +894,23 @@ def arange(start, end=None, step=1, dtype=None, device=None):
 
 def randn(*shape, dtype=None, device=None, requires_grad=False):
     """Standard normal numbers from the host generator (the same on every device)."""
-    dtype = dtype_of_host(dtype or float32)
+    dtype = _float_dtype(dtype, "randn")
     host = get_backend("cpu").normal(_shape_arg(shape), dtype)
     return tensor(host, dtype=dtype, device=device, requires_grad=requires_grad)
 
 
 def rand(*shape, dtype=None, device=None, requires_grad=False):
     """Uniform numbers in [0, 1) from the host generator."""
-    dtype = dtype_of_host(dtype or float32)
+    dtype = _float_dtype(dtype, "rand")
     host = get_backend("cpu").uniform(_shape_arg(shape), dtype)
     return tensor(host, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def _float_dtype(dtype, op):
+    dtype = dtype_of_host(dtype or float32)
+    if not _is_float(dtype):
+        raise TypeError(f"{op}: dtype must be a float type, got {dtype}")
+    return dtype
 
 
 def _like(fn):

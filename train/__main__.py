@@ -71,6 +71,15 @@ def at_least(lo, kind=int):
     return parse
 
 
+def yes_or_no(text):
+    """An argparse type for on/off flags: true/false, yes/no, 1/0."""
+    if text.lower() in ("1", "true", "yes"):
+        return True
+    if text.lower() in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 ALIASES = {"--lr": "--learning_rate", "--epochs": "--max_iters", "--steps": "--max_iters", "--iters": "--max_iters",
            "--bs": "--batch_size", "--context": "--block_size", "--layers": "--n_layer", "--heads": "--n_head"}
 
@@ -83,10 +92,11 @@ def unknown_argument_message(parser, extras):
         hint = f" (did you mean --data {first}?)" if os.path.isfile(first) else ""
         return f"unexpected argument {first!r}: every value follows its flag, as in --max_iters 100{hint}"
     name = first.split("=", 1)[0]
-    close = [ALIASES[name]] if name in ALIASES else []
-    close += [f for f in flags if f.startswith(name) and len(name) > 2 and f not in close]
+    full = "--" + name.lstrip("-")                           # -lr and --lr alike
+    close = [ALIASES[full]] if full in ALIASES else [full] if full in flags else []
+    close += [f for f in flags if f.startswith(full) and len(full) > 3 and f not in close]
     if not close:
-        close = difflib.get_close_matches(name, flags, n=3, cutoff=0.6)
+        close = difflib.get_close_matches(full, flags, n=3, cutoff=0.6)
     hint = f" (did you mean {' or '.join(close[:3])}?)" if close else ""
     return f"unknown flag {name}{hint}; flags are never abbreviated"
 
@@ -105,7 +115,7 @@ def build_parser():
         p.add_argument(f"--{name}", type=int)
     for name in ("learning_rate", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip", "dropout"):
         p.add_argument(f"--{name}", type=float)
-    p.add_argument("--bias", type=lambda s: s.lower() in ("1", "true", "yes"), help="biases in Linear and LayerNorm")
+    p.add_argument("--bias", type=yes_or_no, help="biases in Linear and LayerNorm (true or false)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or samples")
     return p
 
@@ -353,6 +363,8 @@ def last_saved(state):
 def train(args):
     """The training run; returns the summary dict."""
     ckpt_path = os.path.join(args.out_dir, "ckpt.npz")
+    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
+        raise ValueError(f"--out_dir {args.out_dir} is a file, not a folder")
     dataset = load_text(args.data) if args.data else load_coref(seed=0)
     device_backend = ta.backend.get_backend(args.device)      # a clear error when CUDA is missing
     ta.manual_seed(args.seed)

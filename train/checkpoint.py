@@ -9,6 +9,7 @@ run that dies keeps its last good checkpoint.
 import json
 import os
 import tempfile
+import zipfile
 
 import numpy as np
 
@@ -51,15 +52,19 @@ def load(path):
     """-> (model_state, optim_state, meta), all on the host."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path}")
-    with np.load(path, allow_pickle=False) as f:
-        meta = json.loads(str(f["meta"]))
-        model_state = {k[len("model/"):]: f[k] for k in f.files if k.startswith("model/")}
-        state = {}
-        for k in f.files:
-            if k.startswith("optim/"):
-                _, i, key = k.split("/", 2)
-                value = f[k]
-                state.setdefault(int(i), {})[key] = value.item() if value.ndim == 0 else value
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            meta = json.loads(str(f["meta"]))
+            model_state = {k[len("model/"):]: f[k] for k in f.files if k.startswith("model/")}
+            state = {}
+            for k in f.files:
+                if k.startswith("optim/"):
+                    _, i, key = k.split("/", 2)
+                    value = f[k]
+                    state.setdefault(int(i), {})[key] = value.item() if value.ndim == 0 else value
+    except (ValueError, KeyError, OSError, zipfile.BadZipFile) as e:
+        raise ValueError(f"{path} is not a readable tinyattn checkpoint: damaged, or not written by "
+                         f"python -m train ({type(e).__name__})") from None
     optim_state = {"state": state, "param_groups": [_groups_from_json(g) for g in meta.pop("optim_groups")]}
     return model_state, optim_state, meta
 

@@ -120,6 +120,10 @@ class GPT(nn.Module):
         every position changes, so the cache is rebuilt from the cropped context.
         Randomness comes from the host generator (``ta.manual_seed``).
         """
+        _check_model_input(idx, None)
+        if temperature < 0 or (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
+            raise ValueError(f"generate: need temperature >= 0, top_k >= 1 and top_p in (0, 1]; got temperature "
+                             f"{temperature}, top_k {top_k}, top_p {top_p}")
         was_training = self.training
         self.eval()
         block = self.config.block_size

@@ -56,15 +56,24 @@ class LogSumExp(Function):
         return g * (x - out).exp()
 
 
+def _check_float(op, x):
+    """Float ops refuse integer tensors, as in PyTorch (numpy would silently give float64)."""
+    if x.dtype.kind != "f":
+        raise TypeError(f"{op}: expected a float tensor, got {x.dtype} (convert with .float())")
+
+
 def softmax(x, dim=-1):
+    _check_float("softmax", x)
     return Softmax.apply(x, dim=_dim(dim, x.ndim, "softmax"))
 
 
 def log_softmax(x, dim=-1):
+    _check_float("log_softmax", x)
     return LogSoftmax.apply(x, dim=_dim(dim, x.ndim, "log_softmax"))
 
 
 def logsumexp(x, dim=-1, keepdim=False):
+    _check_float("logsumexp", x)
     return LogSumExp.apply(x, dim=_dim(dim, x.ndim, "logsumexp"), keepdim=keepdim)
 
 
@@ -121,8 +130,7 @@ def cross_entropy(logits, targets, ignore_index=-100):
     if logits.ndim != 2 or targets.shape != logits.shape[:1]:
         raise ValueError(f"cross_entropy: expected logits (N, C) and targets (N,), "
                          f"got logits {logits.shape} and targets {targets.shape}")
-    if logits.dtype.kind != "f":
-        raise TypeError(f"cross_entropy: logits must be floats, got {logits.dtype}")
+    _check_float("cross_entropy", logits)
     _check_id_range("cross_entropy", "targets", targets, logits.shape[1], ignore_index)
     return CrossEntropy.apply(logits, targets, ignore_index=ignore_index)
 
@@ -221,8 +229,7 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, fused=True
     if len(shape) != 1 or x.shape[-1:] != shape:
         raise ValueError(f"layer_norm: normalized_shape {shape} does not match input shape {x.shape}")
     check_same_kind("layer_norm", x, *[t for t in (weight, bias) if t is not None])
-    if x.dtype.kind != "f":
-        raise TypeError(f"layer_norm: expected a float input, got {x.dtype} (convert with .float())")
+    _check_float("layer_norm", x)
     if weight is None:
         weight = _const(x, x._backend.full(shape, 1, x.dtype))
     if bias is None:
@@ -237,6 +244,8 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, fused=True
 
 def dropout(x, p=0.5, training=True):
     """Zero each element with probability p and scale the rest by 1/(1-p)."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout: p must be in [0, 1], got {p}")
     if not training or p == 0.0:
         return x
     if p >= 1.0:

@@ -214,6 +214,8 @@ class LayerNorm(Module):
 class Dropout(Module):
     def __init__(self, p=0.5):
         super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"Dropout: p must be in [0, 1], got {p}")
         self.p = p
 
     def forward(self, x):
@@ -286,6 +288,8 @@ class MultiHeadAttention(Module):
 
     def __init__(self, n_embd, n_head, bias=True, dropout=0.0):
         super().__init__()
+        if n_head < 1 or n_embd < 1:
+            raise ValueError(f"MultiHeadAttention needs n_embd >= 1 and n_head >= 1, got {n_embd} and {n_head}")
         if n_embd % n_head:
             raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
         self.n_embd, self.n_head, self.dropout = n_embd, n_head, dropout

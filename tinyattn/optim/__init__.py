@@ -3,6 +3,7 @@
 Updates work on raw arrays, in place, outside the autodiff graph.
 """
 import math
+import numbers
 
 from ..tensor import Tensor
 
@@ -14,6 +15,8 @@ class Optimizer:
         if isinstance(params, Tensor):
             raise TypeError(f"{type(self).__name__}: params must be a list of Tensors (or of dicts), "
                             "not one Tensor: pass [t]")
+        if hasattr(params, "parameters") and hasattr(params, "named_modules"):
+            raise TypeError(f"{type(self).__name__}: pass model.parameters(), not the model")
         params = list(params)
         if not params:
             raise ValueError(f"{type(self).__name__} got an empty list of parameters")
@@ -81,7 +84,8 @@ def _check_param(opt, p):
 def _check_hyperparameters(opt, group):
     """Finite, non-negative rates; betas in [0, 1)."""
     for key in ("lr", "momentum", "weight_decay", "eps"):
-        if key in group and not (math.isfinite(group[key]) and group[key] >= 0):
+        if key in group and not (isinstance(group[key], numbers.Real) and math.isfinite(group[key])
+                                 and group[key] >= 0):
             raise ValueError(f"{opt}: {key} must be a finite number >= 0, got {group[key]}")
     for b in group.get("betas", ()):
         if not 0.0 <= b < 1.0:

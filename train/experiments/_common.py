@@ -9,6 +9,7 @@ import numpy as np
 import tinyattn as ta
 from tinyattn.models import GPT, GPTConfig
 
+from .. import checkpoint
 from ..__main__ import PRESETS, OneLineParser, at_least
 from ..data import load_coref, load_text
 
@@ -82,8 +83,7 @@ def read_meta(out_dir):
     path = os.path.join(out_dir, "ckpt.npz")
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path}: {HOW_TO_TRAIN}")
-    with np.load(path, allow_pickle=False) as f:
-        return json.loads(str(f["meta"]))
+    return checkpoint.load(path)[2]
 
 
 def warn_if_barely_trained(meta, out_dir):

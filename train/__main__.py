@@ -139,6 +139,13 @@ AT_LEAST_1 = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "eval_i
 AT_LEAST_0 = ("max_iters", "warmup_iters", "lr_decay_iters", "sample_tokens", "seed")
 
 
+def refit(args, name, value, limit):
+    """Set a preset value that does not fit; -> the note that says so."""
+    note = f"--{name} set to {value} to fit {limit} (the preset's was {getattr(args, name)})"
+    setattr(args, name, value)
+    return note
+
+
 def validate_args(args):
     """Range-check every numeric flag and fit the schedule to --max_iters.
 
@@ -178,21 +185,15 @@ def validate_args(args):
                 notes.append(f"--lr_decay_iters {args.lr_decay_iters} is past --max_iters {args.max_iters}: "
                              "the learning rate will not reach --min_lr in this run")
             else:
-                notes.append(f"--lr_decay_iters set to {args.max_iters} to fit --max_iters (the preset's was "
-                             f"{args.lr_decay_iters})")
-                args.lr_decay_iters = args.max_iters
+                notes.append(refit(args, "lr_decay_iters", args.max_iters, "--max_iters"))
         if args.warmup_iters >= args.max_iters:
             if "warmup_iters" in given:
                 notes.append(f"--warmup_iters {args.warmup_iters} is not below --max_iters {args.max_iters}: "
                              "the whole run is warmup")
             else:
-                notes.append(f"--warmup_iters set to {args.max_iters // 10} to fit --max_iters (the preset's was "
-                             f"{args.warmup_iters})")
-                args.warmup_iters = args.max_iters // 10
+                notes.append(refit(args, "warmup_iters", args.max_iters // 10, "--max_iters"))
     if args.warmup_iters > args.lr_decay_iters and "warmup_iters" not in given:
-        notes.append(f"--warmup_iters set to {args.lr_decay_iters // 10} to fit --lr_decay_iters (the preset's was "
-                     f"{args.warmup_iters})")
-        args.warmup_iters = args.lr_decay_iters // 10
+        notes.append(refit(args, "warmup_iters", args.lr_decay_iters // 10, "--lr_decay_iters"))
     if args.warmup_iters > args.lr_decay_iters:
         problems.append(f"--warmup_iters {args.warmup_iters} must not exceed --lr_decay_iters {args.lr_decay_iters}")
     return problems, notes

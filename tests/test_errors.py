@@ -304,6 +304,13 @@ def test_np_asarray_gives_a_numeric_array():
     assert np.asarray(ta.tensor([1, 2])).dtype == np.int64
 
 
+def test_numpy_functions_do_not_silently_drop_the_graph():
+    w = ta.randn(3, requires_grad=True)
+    with pytest.raises(TypeError, match="np.asarray: this tensor requires grad, and numpy would drop its graph"):
+        np.exp(w)
+    np.testing.assert_array_equal(np.asarray(w.detach()), w.numpy())
+
+
 def test_np_asarray_of_a_device_tensor_needs_an_explicit_copy():
     pytest.importorskip("array_api_strict")
     with pytest.raises(TypeError, match="np.asarray: this tensor is on strict; copy it to the host explicitly"):
@@ -360,3 +367,8 @@ def test_generate_takes_a_batch(gpt):
     with pytest.raises(ValueError, match=r"GPT expects idx \(B, T\) of token ids, got shape \(2,\)"):
         gpt.generate(ta.tensor([1, 2]), 2)
     assert gpt.generate(ta.tensor([[1, 2]]), 2, temperature=0).shape == (1, 4)
+
+
+def test_moving_a_module_to_an_unknown_device():
+    with pytest.raises(ValueError, match="unknown device 'gpu'"):
+        nn.Linear(2, 2).to("gpu")

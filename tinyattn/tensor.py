@@ -61,6 +61,8 @@ class Function:
     Inside them: ``self.xp`` is the array namespace, ``self.parents`` the input
     Tensors, ``self.output`` the output Tensor, ``self.needs_input_grad`` a
     tuple of bools. Keep arrays that backward needs as attributes of ``self``.
+    ``backward`` returns one Tensor (or None) per input, shaped like it: anything
+    else is an error naming the class (``_check_backward_grads``).
     """
 
     registry = []                  # every Function subclass, for the op-table coverage test
@@ -352,10 +354,14 @@ class Tensor:
 
     def __array__(self, dtype=None, copy=None):
         """``np.asarray(t)``: a numeric host array, for CPU tensors. Like CuPy, a tensor on
-        another device must be copied explicitly, with ``t.numpy()``."""
+        another device must be copied explicitly, with ``t.numpy()``; as in PyTorch, so must a
+        tensor that requires grad (``np.exp(w)`` would silently leave the graph)."""
         if self.device != "cpu":
             raise TypeError(f"np.asarray: this tensor is on {self.device}; copy it to the host "
                             "explicitly with t.numpy()")
+        if self.requires_grad:
+            raise TypeError("np.asarray: this tensor requires grad, and numpy would drop its graph; "
+                            "use Tensor ops, or t.detach().numpy() for the values")
         out = self.numpy()
         return out if dtype is None else out.astype(dtype, copy=False)
 

@@ -4,6 +4,7 @@ from collections import OrderedDict
 
 from ..tensor import Tensor, arange, ones, rand, randn, tensor, zeros
 from ..ops import cat
+from ..backend import get_backend
 from . import functional as F
 
 
@@ -123,6 +124,7 @@ class Module:
 
     def to(self, device):
         """Move every parameter and buffer to ``device``, in place."""
+        get_backend(device)                     # an unknown device name is an error that says so
         for _, t in list(self.named_parameters()) + list(self.named_buffers()):
             if t.device != device:
                 moved = t.to(device)

@@ -158,6 +158,17 @@ def test_resume_takes_the_model_flags_it_was_not_given(text_run, text_file):
     assert summary["config"]["n_embd"] == 16 and summary["iters"] == 12
 
 
+def test_resume_continues_with_the_runs_own_settings(text_run, text_file, capsys):
+    """Flags not given to --resume take the checkpoint run's values, not the presets."""
+    capsys.readouterr()
+    assert main(["--data", text_file, "--out_dir", str(text_run), "--resume", "--max_iters", "12"]) == 0
+    ran = checkpoint.read_meta(str(text_run / "ckpt.npz"))["args"]
+    assert (ran["learning_rate"], ran["batch_size"], ran["lr_decay_iters"], ran["eval_iters"]) == (3e-3, 8, 40, 2)
+    assert "note: --lr_decay_iters 40 is past --max_iters 12" in capsys.readouterr().out
+    assert main(["--data", text_file, "--out_dir", str(text_run), "--resume"]) == 0       # its own max_iters: 12
+    assert "is at step 12, not below --max_iters 12: nothing to train" in capsys.readouterr().out
+
+
 def test_resume_a_lesson_checkpoint_with_data(tmp_path, text_file, capsys):
     from tinyattn.models import GPT, GPTConfig
     model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=4, block_size=4, vocab_size=5))

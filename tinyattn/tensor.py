@@ -99,7 +99,7 @@ class Function:
                 raise
             raise better from None
         if not ctx.backend.is_array(data):      # numpy turns 0-d results into scalars
-            data = ctx.backend.xp.asarray(data)
+            data = _forward_result(ctx, data)
         requires_grad = _grad_enabled and any(t.requires_grad for t in inputs)
         out = Tensor._make(data, backend, requires_grad)
         if requires_grad:
@@ -108,6 +108,19 @@ class Function:
             ctx._output = weakref.ref(out)
             out._ctx = ctx
         return out
+
+
+def _forward_result(ctx, data):
+    """What forward returned, as an array: numpy's 0-d scalars become 0-d arrays; anything
+    that is not numbers (None, a Tensor, a string) is an error naming the Function."""
+    name = f"{type(ctx).__name__}.forward"
+    if isinstance(data, Tensor):
+        raise TypeError(f"{name} returned a Tensor: forward works on raw arrays (return t.data, "
+                        "or compute with self.xp)")
+    array = ctx.backend.xp.asarray(data) if data is not None else None
+    if array is None or ctx.backend.dtype_of(array).kind not in "biuf":
+        raise TypeError(f"{name} returned {_describe(data)}: return the output array")
+    return array
 
 
 def _common_backend(tensors, op_name):

@@ -125,6 +125,10 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     args._given = sorted(k for k, v in vars(args).items() if v is not None and k not in ("device", "seed"))
     preset = {**COMMON, **PRESETS["text" if args.data else "coref"]}
+    if args.resume:                              # --resume continues the run with its own settings
+        ran = resumed_settings(args.out_dir or preset["out_dir"])
+        preset.update(ran)
+        args._given = sorted(set(args._given) | set(ran))      # kept as they are, like flags given again
     for key, value in preset.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
@@ -331,6 +335,21 @@ def check_resume(args, meta, dataset):
                          f"{'these flags' if len(conflicts) > 1 else 'the flag'}, or use another --out_dir for a new model")
     for k in MODEL_FLAGS:
         setattr(args, k, config[k])
+
+
+RESUMED_FLAGS = ("max_iters", "batch_size", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay",
+                 "beta1", "beta2", "grad_clip", "gradient_accumulation_steps", "eval_interval", "eval_iters",
+                 "log_interval", "sample_tokens")
+
+
+def resumed_settings(out_dir):
+    """The training flags of the run in out_dir/ckpt.npz, the defaults of its --resume ({} when
+    there is no readable checkpoint: train() then says what is wrong)."""
+    try:
+        ran = checkpoint.read_meta(os.path.join(out_dir, "ckpt.npz")).get("args") or {}
+    except (ValueError, OSError):
+        return {}
+    return {k: ran[k] for k in RESUMED_FLAGS if ran.get(k) is not None}
 
 
 MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "block_size", "dropout", "bias")

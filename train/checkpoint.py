@@ -48,6 +48,21 @@ def check_finite(arrays, path):
             raise ValueError(f"not saving {path}: {name} holds NaN or Inf (the last good checkpoint is kept)")
 
 
+def read_meta(path):
+    """Only the JSON metadata of a checkpoint (config, step, the run's flags): a cheap read."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return json.loads(str(f["meta"]))
+    except (ValueError, KeyError, OSError, zipfile.BadZipFile) as e:
+        raise ValueError(_unreadable(path, e)) from None
+
+
+def _unreadable(path, error):
+    return f"{path} is not a readable tinyattn checkpoint: damaged, or not written by python -m train ({type(error).__name__})"
+
+
 def load(path):
     """-> (model_state, optim_state, meta), all on the host."""
     if not os.path.exists(path):
@@ -63,8 +78,7 @@ def load(path):
                     value = f[k]
                     state.setdefault(int(i), {})[key] = value.item() if value.ndim == 0 else value
     except (ValueError, KeyError, OSError, zipfile.BadZipFile) as e:
-        raise ValueError(f"{path} is not a readable tinyattn checkpoint: damaged, or not written by "
-                         f"python -m train ({type(e).__name__})") from None
+        raise ValueError(_unreadable(path, e)) from None
     optim_state = {"state": state, "param_groups": [_groups_from_json(g) for g in meta.pop("optim_groups")]}
     return model_state, optim_state, meta
 

@@ -83,7 +83,7 @@ def read_meta(out_dir):
     path = os.path.join(out_dir, "ckpt.npz")
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path}: {HOW_TO_TRAIN}")
-    return checkpoint.load(path)[2]
+    return checkpoint.read_meta(path)
 
 
 def warn_if_barely_trained(meta, out_dir):

@@ -372,3 +372,27 @@ def test_generate_takes_a_batch(gpt):
 def test_moving_a_module_to_an_unknown_device():
     with pytest.raises(ValueError, match="unknown device 'gpu'"):
         nn.Linear(2, 2).to("gpu")
+
+
+@pytest.mark.parametrize("result, said", [(None, "returned None"), ("tensor", "returned a Tensor: forward works on raw arrays"),
+                                          ("text", r"returned str \('abc'\)")])
+def test_forward_must_return_an_array(result, said):
+    class MyForward(ta.Function):
+        def forward(self, a):
+            return {"tensor": ta.tensor(a), "text": "abc"}.get(result) if result else None
+
+        def backward(self, g):
+            return g
+    with pytest.raises(TypeError, match=f"MyForward.forward {said}"):
+        MyForward.apply(ta.randn(2))
+
+
+def test_forward_may_return_a_number():
+    class Total(ta.Function):
+        def forward(self, a):
+            return float(a.sum())
+
+        def backward(self, g):
+            return g.expand(self.parents[0].shape)
+    out = Total.apply(ta.ones(3, dtype="float64", requires_grad=True))
+    assert out.shape == () and out.item() == 3.0

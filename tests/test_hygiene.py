@@ -114,7 +114,7 @@ def test_the_training_loop_reads_the_loss_only_at_log_steps(transfers, monkeypat
     text.write_text("To be, or not to be, that is the question.\n" * 20)
     monkeypatch.setattr(train_main, "estimate_loss", lambda model, dataset, args: {"train": 1.0, "val": 1.0})
     monkeypatch.setattr(train_main, "save_checkpoint", lambda *args, **kwargs: None)
-    monkeypatch.setattr(train_main, "write_plot", lambda rows, out_dir: "no plot")
+    monkeypatch.setattr(train_main, "write_plot", lambda rows, out_dir, train_losses=(): "no plot")
     argv = ["--data", str(text), "--device", "strict", "--out_dir", str(tmp_path / "run"),
             "--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--block_size", "8", "--batch_size", "4",
             "--dropout", "0.1", "--max_iters", "7", "--log_interval", "3", "--eval_interval", "100",

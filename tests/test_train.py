@@ -107,7 +107,7 @@ def test_sampling_is_deterministic_under_seed(text_file, tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--n_layer", "two"], "invalid int value"),
-    (["--bogus"], "unrecognized arguments"),
+    (["--bogus"], "unknown flag --bogus"),
     (["--n_embd", "30", "--n_head", "4"], "divisible"),
     (["--data", "/no/such/file.txt"], "no such file"),
     (["--device", "cuda"], "gpu"),

@@ -82,11 +82,14 @@ class Function:
     output Tensor, ``self.needs_input_grad`` a tuple of bools. Arrays that
     backward needs go through ``self.save(...)`` in forward and come back as
     the tuple ``self.saved``; the engine frees them after backward.
+    ``backward`` returns one Tensor (or None) per input, shaped like it: anything
+    else is an error naming the class (``check_backward_grads``).
     """
 
     registry = []                  # every Function subclass, for the op-table coverage test
     trace = None                   # a set that records applied ops, while the coverage test runs
     differentiable_backward = True  # False: backward works on raw arrays (a fused kernel)
+    broadcasts = False             # True: the inputs broadcast against each other (add, mul, ...)
     saved = ()
 
     def __init_subclass__(cls, **kwargs):
@@ -118,7 +121,15 @@ class Function:
         ctx.backend, ctx.xp = backend, backend.xp
         if Function.trace is not None:
             Function.trace.add(cls)
-        data = ctx.forward(*[t.data for t in inputs], **params)
+        try:
+            data = ctx.forward(*[t.data for t in inputs], **params)
+        except Exception as e:
+            better = _explain_forward_error(cls, inputs, e)
+            if better is None:
+                raise
+            raise better from None
+        if not ctx.backend.is_array(data):      # numpy turns 0-d results into scalars
+            data = _forward_result(ctx, data)
         requires_grad = _grad_enabled and any(t.requires_grad for t in inputs)
         out = wrap(data, ctx.backend, requires_grad)     # forward may move ctx to another device
         if requires_grad:
@@ -129,13 +140,66 @@ class Function:
         return out
 
 
+def _forward_result(ctx, data):
+    """What forward returned, as an array: numpy's 0-d scalars become 0-d arrays; anything
+    that is not numbers (None, a Tensor, a string) is an error naming the Function."""
+    name = f"{type(ctx).__name__}.forward"
+    if is_tensor(data):
+        raise TypeError(f"{name} returned a Tensor: forward works on raw arrays (return t.data, "
+                        "or compute with self.xp)")
+    array = ctx.backend.xp.asarray(data) if data is not None else None
+    if array is None or ctx.backend.dtype_of(array).kind not in "biuf":
+        raise TypeError(f"{name} returned {describe(data)}: return the output array")
+    return array
+
+
 def _common_backend(tensors, op_name):
+    if not tensors:
+        raise TypeError(f"{op_name}.apply needs at least one Tensor input")
+    for i, t in enumerate(tensors):
+        if not is_tensor(t):
+            raise TypeError(f"{op_name}.apply: input {i} is a {type(t).__name__}, not a Tensor "
+                            "(pass other values as keyword arguments)")
     backend = tensors[0].backend
     for t in tensors[1:]:
         if t.backend is not backend:
             raise RuntimeError(f"{op_name}: expected all tensors on one device, "
                                f"found {backend.name} and {t.backend.name}")
     return backend
+
+
+def broadcast_shape(op, *shapes):
+    """The shape that ``shapes`` broadcast to, as numpy's rules say; a ValueError naming
+    ``op`` and the shapes when they do not fit."""
+    out = []
+    for i in range(1, max(len(s) for s in shapes) + 1):
+        sizes = {s[-i] for s in shapes if len(s) >= i} - {1}
+        if len(sizes) > 1:
+            raise ValueError(f"{op}: shapes {' and '.join(str(tuple(s)) for s in shapes)} do not broadcast "
+                             f"(dim -{i} has sizes {' and '.join(str(n) for n in sorted(sizes))})")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(reversed(out))
+
+
+def _explain_forward_error(cls, inputs, error):
+    """A forward failed: if the inputs of a broadcasting op do not fit, an error that says so
+    in the library's words (else None: the original error stands)."""
+    if cls.broadcasts and isinstance(error, ValueError):
+        try:
+            broadcast_shape(cls.__name__.lower(), *[t.shape for t in inputs])
+        except ValueError as better:
+            return better
+    return None
+
+
+def describe(value):
+    """How an error message names a value: its type, and short values themselves."""
+    kind = type(value).__name__
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None:
+        return f"{kind} of dtype {dtype}"
+    text = repr(value)
+    return f"{kind} ({text})" if len(text) <= 20 and kind != "NoneType" else ("None" if value is None else kind)
 
 
 # --------------------------------------------------------------------------
@@ -190,15 +254,10 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs=None):
             if create_graph and not ctx.differentiable_backward:
                 raise RuntimeError(f"{type(ctx).__name__} has a fused backward that cannot be "
                                    "differentiated again (create_graph=True)")
-            grads = ctx.backward(g)
-            if not isinstance(grads, tuple):
-                grads = (grads,)
+            grads = check_backward_grads(ctx, ctx.backward(g))
             for parent, pg in zip(ctx.parents, grads):
                 if pg is None or not parent.requires_grad:
                     continue
-                if pg.shape != parent.shape:
-                    raise RuntimeError(f"{type(ctx).__name__}.backward returned a gradient of shape "
-                                       f"{pg.shape} for an input of shape {parent.shape}")
                 key = id(parent)
                 pending[key] = pg if key not in pending else pending[key] + pg
             if not retain_graph:
@@ -206,6 +265,30 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs=None):
                 ctx.__dict__.pop("saved", None)
     if wanted is not None:
         return tuple(wanted[id(t)] for t in inputs)
+
+
+def check_backward_grads(ctx, grads):
+    """The Function contract: backward returns one Tensor (or None) per input, each
+    shaped like its input. Anything else is an error naming the Function."""
+    name = f"{type(ctx).__name__}.backward"
+    if not isinstance(grads, (tuple, list)):
+        grads = (grads,)
+    n = len(ctx.parents)
+    if len(grads) != n:
+        raise RuntimeError(f"{name} returned {len(grads)} gradient{'s' * (len(grads) != 1)} for "
+                           f"{n} input{'s' * (n != 1)}: return one per input (None for an input "
+                           "that needs none)")
+    for i, (parent, pg) in enumerate(zip(ctx.parents, grads)):
+        if pg is None:
+            continue
+        if not is_tensor(pg):
+            raise TypeError(f"{name} returned a {type(pg).__module__}.{type(pg).__name__} for input {i}: "
+                            "return a Tensor (build it with Tensor ops, or wrap an array a as "
+                            "ta.tensor(a, dtype=a.dtype)) or None")
+        if parent.requires_grad and pg.shape != parent.shape:
+            raise RuntimeError(f"{name} returned a gradient of shape {pg.shape} for input {i} "
+                               f"of shape {parent.shape}")
+    return grads
 
 
 def initial_grad(output, gradient):

@@ -12,7 +12,8 @@ answer is None (no kernel on this device, or one that declines these inputs).
 import functools
 import math
 
-from .autograd import Function, is_grad_enabled, is_tensor, wrap
+from .autograd import Function, describe, is_grad_enabled, is_tensor, wrap
+from .backend import get_backend
 
 
 def sum_to(g, shape):
@@ -29,17 +30,50 @@ def constant(like, array):
     return wrap(array, like.backend)
 
 
-def lift(like, value):
+def lift(like, value, op="an op"):
     """``value`` as a Tensor on ``like``'s device: a Tensor as it is, a Python number
-    as a 0-d array (of like's dtype when like is floating)."""
+    as a 0-d array (of like's dtype when like is floating). Anything that is not a
+    number is a TypeError naming ``op``."""
     if is_tensor(value):
         return value
+    check_operand(value, op)
     dtype = like.dtype if like.dtype.kind == "f" else None
     return wrap(like.backend.asarray(value, dtype), like.backend)
 
 
+def normalize_dim(dim, ndim, op):
+    """``dim`` as an index in [0, ndim), negative dims counting from the end; an IndexError
+    naming ``op`` when it is out of range (a 0-d tensor takes 0 and -1, as in PyTorch)."""
+    n = max(ndim, 1)
+    if not isinstance(dim, int) and not (hasattr(dim, "__index__") and not hasattr(dim, "shape")):
+        raise TypeError(f"{op}: dim must be an int (or a tuple of ints), got {describe(dim)}")
+    dim = int(dim)
+    if not -n <= dim < n:
+        raise IndexError(f"{op}: dim {dim} is out of range for a tensor with {ndim} dims "
+                         f"(expected a dim in [{-n}, {n - 1}])")
+    return dim % n
+
+
+def check_operand(value, op):
+    """A Python number, a numeric numpy value or a (nested) list of numbers; else a TypeError."""
+    if isinstance(value, (bool, int, float)):
+        return
+    kind = getattr(getattr(value, "dtype", None), "kind", None)
+    if kind is None and isinstance(value, (list, tuple)):
+        try:
+            kind = get_backend("cpu").xp.asarray(value).dtype.kind
+        except (ValueError, TypeError):
+            kind = None
+    if kind is None or kind not in "biuf":
+        raise TypeError(f"unsupported operand for {op}: Tensor and {describe(value)}; "
+                        "use a number or a Tensor")
+
+
+
 # ---------------------------------------------------------------- arithmetic
 class Add(Function):
+    broadcasts = True
+
     def forward(self, a, b):
         return a + b
 
@@ -49,6 +83,8 @@ class Add(Function):
 
 
 class Sub(Function):
+    broadcasts = True
+
     def forward(self, a, b):
         return a - b
 
@@ -58,6 +94,8 @@ class Sub(Function):
 
 
 class Mul(Function):
+    broadcasts = True
+
     def forward(self, a, b):
         return a * b
 
@@ -69,6 +107,8 @@ class Mul(Function):
 
 
 class Div(Function):
+    broadcasts = True
+
     def forward(self, a, b):
         return a / b
 
@@ -104,6 +144,8 @@ class PowScalar(Function):
 class Pow(Function):
     """a ** b for two tensors; the gradient for b needs a > 0 (it uses log a)."""
 
+    broadcasts = True
+
     def forward(self, a, b):
         return a ** b
 
@@ -138,10 +180,21 @@ class MatMul(Function):
         return grad_a, sum_to(a.mT @ g, b.shape)
 
 
+def check_same_kind(op, *tensors):
+    """Layers and matmul do not mix integer (or boolean) and float tensors, as in PyTorch:
+    ids fed to a Linear layer by mistake would otherwise give a float64 result silently."""
+    floats = [t.dtype.kind == "f" for t in tensors]
+    if any(floats) and not all(floats):
+        dtypes = " and ".join(str(t.dtype) for t in tensors)
+        raise TypeError(f"{op}: got {dtypes} tensors; convert the integer one with .float() "
+                        "(token ids go through an Embedding first)")
+
+
 def matmul(a, b):
     """numpy's matmul rules: a 1-d operand gains a dim of 1, which is dropped after."""
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError(f"matmul needs at least 1-d operands, got shapes {a.shape} and {b.shape}")
+    check_same_kind("matmul", a, b)
     if a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]:
         raise ValueError(f"matmul: shapes {a.shape} and {b.shape} do not fit "
                          f"({a.shape[-1]} != {b.shape[-2 if b.ndim > 1 else 0]})")
@@ -403,6 +456,8 @@ def _canonical_index(index, backend):
     out = []
     for i in index:
         if is_tensor(i):
+            if i.dtype.kind not in "biu":
+                raise IndexError(f"index: a tensor used as an index must hold integers or booleans, got {i.dtype}")
             i = i.data
         elif isinstance(i, list):
             i = backend.asarray(i)
@@ -466,7 +521,10 @@ class Cat(Function):
 
 def cat(tensors, dim=0):
     tensors = list(tensors)
-    dim = dim % tensors[0].ndim
+    if not tensors or not all(is_tensor(t) for t in tensors):
+        raise TypeError("cat: expected a non-empty list of Tensors, got "
+                        f"{[type(t).__name__ for t in tensors] or 'an empty list'}")
+    dim = normalize_dim(dim, tensors[0].ndim, "cat")
     for t in tensors[1:]:
         if t.ndim != tensors[0].ndim or any(
                 n != m for i, (n, m) in enumerate(zip(t.shape, tensors[0].shape)) if i != dim):
@@ -476,16 +534,18 @@ def cat(tensors, dim=0):
 
 def stack(tensors, dim=0):
     tensors = list(tensors)
+    if not tensors:
+        raise TypeError("stack: expected a non-empty list of Tensors")
     for t in tensors[1:]:
         if t.shape != tensors[0].shape:
             raise ValueError(f"stack: all shapes must match, got {tensors[0].shape} and {t.shape}")
-    dim = dim % (tensors[0].ndim + 1)
+    dim = normalize_dim(dim, tensors[0].ndim + 1, "stack")
     return cat([t.unsqueeze(dim) for t in tensors], dim)
 
 
 def split(x, split_size_or_sections, dim=0):
     """Pieces along ``dim``: of one size (the last may be smaller) or of the listed sizes."""
-    dim = dim % x.ndim
+    dim = normalize_dim(dim, x.ndim, "split")
     n = x.shape[dim]
     if isinstance(split_size_or_sections, int):
         sizes = [min(split_size_or_sections, n - s) for s in range(0, n, split_size_or_sections)]
@@ -502,6 +562,8 @@ def split(x, split_size_or_sections, dim=0):
 
 class Where(Function):
     """cond ? a : b, broadcasting all three; cond takes no gradient."""
+
+    broadcasts = True
 
     def forward(self, cond, a, b):
         return self.xp.where(cond, a, b)
@@ -570,16 +632,25 @@ class LogSumExp(Function):
         return g * (x - out).exp()
 
 
+def check_float(op, x):
+    """Float ops refuse integer tensors, as in PyTorch (numpy would silently give float64)."""
+    if x.dtype.kind != "f":
+        raise TypeError(f"{op}: expected a float tensor, got {x.dtype} (convert with .float())")
+
+
 def softmax(x, dim=-1):
-    return Softmax.apply(x, dim=dim % x.ndim)
+    check_float("softmax", x)
+    return Softmax.apply(x, dim=normalize_dim(dim, x.ndim, "softmax"))
 
 
 def log_softmax(x, dim=-1):
-    return LogSoftmax.apply(x, dim=dim % x.ndim)
+    check_float("log_softmax", x)
+    return LogSoftmax.apply(x, dim=normalize_dim(dim, x.ndim, "log_softmax"))
 
 
 def logsumexp(x, dim=-1, keepdim=False):
-    return LogSumExp.apply(x, dim=dim % x.ndim, keepdim=keepdim)
+    check_float("logsumexp", x)
+    return LogSumExp.apply(x, dim=normalize_dim(dim, x.ndim, "logsumexp"), keepdim=keepdim)
 
 
 class MaskedSoftmax(Function):

@@ -89,7 +89,20 @@ class Tensor:
     # --- leaving the graph, the device, the dtype ---
     def numpy(self):
         """A host numpy array (an explicit copy off the device)."""
-        return self._backend.to_numpy(self.data)
+        return _host_array(self._backend.to_numpy(self.data))
+
+    def __array__(self, dtype=None, copy=None):
+        """``np.asarray(t)``: a numeric host array, for CPU tensors. Like CuPy, a tensor on
+        another device must be copied explicitly, with ``t.numpy()``; as in PyTorch, so must a
+        tensor that requires grad (``np.exp(w)`` would silently leave the graph)."""
+        if not self.backend.on_host:
+            raise TypeError(f"np.asarray: this tensor is on {self.device}; copy it to the host "
+                            "explicitly with t.numpy()")
+        if self.requires_grad:
+            raise TypeError("np.asarray: this tensor requires grad, and numpy would drop its graph; "
+                            "use Tensor ops, or t.detach().numpy() for the values")
+        out = self.numpy()
+        return out if dtype is None else out.astype(dtype, copy=False)
 
     def item(self):
         if self.numel() != 1:
@@ -135,7 +148,11 @@ class Tensor:
             if backend is self._backend:
                 return self
             return _ops.ToDevice.apply(self, backend=backend)
-        dtype = dtype_of_host(target)
+        try:
+            dtype = dtype_of_host(target)
+        except TypeError:
+            raise ValueError(f"to: {target!r} is neither a device ('cpu', 'cuda', 'strict') "
+                             "nor a dtype ('float32', ta.float64, ...)") from None
         return self if dtype == self.dtype else _ops.Cast.apply(self, dtype=dtype)
 
     def cpu(self):
@@ -166,48 +183,91 @@ class Tensor:
     _lift = _ops.lift
 
     def __add__(self, other):
-        return _ops.Add.apply(self, self._lift(other))
+        return _ops.Add.apply(self, self._lift(other, "+"))
 
     def __radd__(self, other):
-        return _ops.Add.apply(self._lift(other), self)
+        return _ops.Add.apply(self._lift(other, "+"), self)
+
+    def __iadd__(self, other):
+        return self._inplace(other, "+", Tensor.__add__)
 
     def __sub__(self, other):
-        return _ops.Sub.apply(self, self._lift(other))
+        return _ops.Sub.apply(self, self._lift(other, "-"))
 
     def __rsub__(self, other):
-        return _ops.Sub.apply(self._lift(other), self)
+        return _ops.Sub.apply(self._lift(other, "-"), self)
+
+    def __isub__(self, other):
+        return self._inplace(other, "-", Tensor.__sub__)
 
     def __mul__(self, other):
-        return _ops.Mul.apply(self, self._lift(other))
+        return _ops.Mul.apply(self, self._lift(other, "*"))
 
     def __rmul__(self, other):
-        return _ops.Mul.apply(self._lift(other), self)
+        return _ops.Mul.apply(self._lift(other, "*"), self)
+
+    def __imul__(self, other):
+        return self._inplace(other, "*", Tensor.__mul__)
 
     def __truediv__(self, other):
-        return _ops.Div.apply(self, self._lift(other))
+        return _ops.Div.apply(self, self._lift(other, "/"))
 
     def __rtruediv__(self, other):
-        return _ops.Div.apply(self._lift(other), self)
+        return _ops.Div.apply(self._lift(other, "/"), self)
+
+    def __itruediv__(self, other):
+        return self._inplace(other, "/", Tensor.__truediv__)
 
     def __pow__(self, other):
         if isinstance(other, Tensor):
             return _ops.Pow.apply(self, other)
+        _ops.check_operand(other, "**")
+        if not isinstance(other, (int, float)):
+            return _ops.Pow.apply(self, self._lift(other, "**"))
         return _ops.PowScalar.apply(self, exponent=other)
 
     def __rpow__(self, other):
-        return _ops.Pow.apply(self._lift(other), self)
+        return _ops.Pow.apply(self._lift(other, "**"), self)
 
     def __matmul__(self, other):
-        return _ops.matmul(self, self._lift(other))
+        return _ops.matmul(self, self._lift(other, "@"))
 
     def __rmatmul__(self, other):
-        return _ops.matmul(self._lift(other), self)
+        return _ops.matmul(self._lift(other, "@"), self)
+
+    def _inplace(self, other, op, out_of_place):
+        """``t += x`` and friends. A leaf that requires grad refuses (as in PyTorch): its
+        ``.grad`` would silently stay None. Where no graph is recorded (``ta.no_grad()``, or
+        nothing requires grad) the tensor keeps its identity and takes the new values; it
+        replaces its array, so a ``detach()``-ed view keeps the old ones. Otherwise the
+        result is a new graph node, as ``t = t + x`` would be."""
+        if autograd.is_grad_enabled() and self.requires_grad and self.is_leaf:
+            raise RuntimeError(f"in-place {op}= on a leaf tensor that requires grad (shape {self.shape}): "
+                               "its .grad would be lost. Update it under `with ta.no_grad():`, or "
+                               f"write `x = x {op} ...` to make a new tensor")
+        recording = autograd.is_grad_enabled() and (self.requires_grad or (isinstance(other, Tensor) and other.requires_grad))
+        if recording:
+            return out_of_place(self, other)
+        with autograd.set_grad_enabled(False):
+            result = out_of_place(self, other)
+        if result.shape != self.shape:
+            raise ValueError(f"in-place {op}=: the result has shape {result.shape}, "
+                             f"the tensor has shape {self.shape}")
+        if result.dtype != self.dtype:
+            if _is_float(result.dtype) and not _is_float(self.dtype):
+                raise TypeError(f"in-place {op}=: the result is {result.dtype}, which cannot be stored "
+                                f"in a {self.dtype} tensor (convert it first with .float())")
+            result = result.to(self.dtype)
+        self.data = result.data
+        return self
 
     def __neg__(self):
         return _ops.Neg.apply(self)
 
     # --- comparisons: boolean tensors, no gradient ---
     def _compare(self, other, fn):
+        if not isinstance(other, Tensor) and other is not None:
+            _ops.check_operand(other, "a comparison")
         other = other.data if isinstance(other, Tensor) else other
         return Tensor._make(fn(self.data, other), self._backend)
 
@@ -282,10 +342,10 @@ class Tensor:
 
     # --- reductions (dim: an int, a tuple of ints, or None for all) ---
     def sum(self, dim=None, keepdim=False):
-        return _ops.Sum.apply(self, dim=_axes(dim, self.ndim), keepdim=keepdim)
+        return _ops.Sum.apply(self, dim=_axes(dim, self.ndim, "sum"), keepdim=keepdim)
 
     def mean(self, dim=None, keepdim=False):
-        axes = _axes(dim, self.ndim)
+        axes = _axes(dim, self.ndim, "mean")
         count = 1
         for a in axes:
             count *= self.shape[a]
@@ -293,13 +353,13 @@ class Tensor:
 
     def max(self, dim=None, keepdim=False):
         """Largest values (like ``torch.amax``: values only; ties share the gradient)."""
-        return _ops.Max.apply(self, dim=_axes(dim, self.ndim), keepdim=keepdim)
+        return _ops.Max.apply(self, dim=_axes(dim, self.ndim, "max"), keepdim=keepdim)
 
     def min(self, dim=None, keepdim=False):
         return -((-self).max(dim, keepdim))
 
     def var(self, dim=None, keepdim=False, correction=1):
-        axes = _axes(dim, self.ndim)
+        axes = _axes(dim, self.ndim, "var")
         count = 1
         for a in axes:
             count *= self.shape[a]
@@ -321,14 +381,22 @@ class Tensor:
     # --- shape ---
     def reshape(self, *shape):
         shape = _shape_arg(shape)
-        return self if shape == self.shape else _ops.Reshape.apply(self, shape=shape)
+        if shape == self.shape:
+            return self
+        _check_reshape(self.shape, shape)
+        return _ops.Reshape.apply(self, shape=shape)
 
     view = reshape
 
     def permute(self, *dims):
-        return _ops.Permute.apply(self, dims=tuple(d % self.ndim for d in _shape_arg(dims)))
+        dims = tuple(_ops.normalize_dim(d, self.ndim, "permute") for d in _shape_arg(dims))
+        if sorted(dims) != list(range(self.ndim)):
+            raise ValueError(f"permute: dims {_shape_arg(dims)} are not an order of the {self.ndim} dims "
+                             f"of shape {self.shape}")
+        return _ops.Permute.apply(self, dims=dims)
 
     def transpose(self, dim0, dim1):
+        dim0, dim1 = _ops.normalize_dim(dim0, self.ndim, "transpose"), _ops.normalize_dim(dim1, self.ndim, "transpose")
         dims = list(range(self.ndim))
         dims[dim0], dims[dim1] = dims[dim1], dims[dim0]
         return self.permute(dims)
@@ -344,6 +412,7 @@ class Tensor:
     def expand(self, *shape):
         shape = _shape_arg(shape)
         lead = len(shape) - self.ndim
+        _check_expand(self.shape, shape)
         shape = tuple(self.shape[i - lead] if n == -1 else n for i, n in enumerate(shape))
         return self if shape == self.shape else _ops.Expand.apply(self, shape=shape)
 
@@ -354,12 +423,12 @@ class Tensor:
         return self.expand(other.shape)
 
     def squeeze(self, dim=None):
-        dims = range(self.ndim) if dim is None else [d % self.ndim for d in _shape_arg((dim,))]
+        dims = range(self.ndim) if dim is None else [_ops.normalize_dim(d, self.ndim, "squeeze") for d in _shape_arg((dim,))]
         drop = {d for d in dims if self.shape[d] == 1}
         return self.reshape(tuple(n for i, n in enumerate(self.shape) if i not in drop))
 
     def unsqueeze(self, dim):
-        dim = dim % (self.ndim + 1)
+        dim = _ops.normalize_dim(dim, self.ndim + 1, "unsqueeze")
         return self.reshape(self.shape[:dim] + (1,) + self.shape[dim:])
 
     def flatten(self, start_dim=0, end_dim=-1):
@@ -396,12 +465,65 @@ def _is_float(dtype):
     return dtype.kind == "f"
 
 
-def _axes(dim, ndim):
+def _axes(dim, ndim, op):
     if dim is None:
         return tuple(range(ndim))
     if isinstance(dim, int):
         dim = (dim,)
-    return tuple(sorted(d % ndim for d in dim)) if ndim else ()
+    axes = tuple(sorted(_ops.normalize_dim(d, ndim, op) for d in dim)) if ndim else ()
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"{op}: dim {tuple(dim)} names a dim twice")
+    return axes
+
+
+def _check_reshape(old, new):
+    """A ValueError naming both shapes unless ``old`` can be reshaped to ``new`` (one -1 allowed)."""
+    total = 1
+    for n in old:
+        total *= n
+    known, unknown = 1, 0
+    for n in new:
+        if n == -1:
+            unknown += 1
+        elif n < 0:
+            unknown = 2                                       # no other negative size exists
+        else:
+            known *= n
+    fits = known == total if not unknown else unknown == 1 and known > 0 and total % known == 0
+    if not fits:
+        raise ValueError(f"reshape: cannot reshape a tensor of shape {old} ({total} elements) to {new}")
+
+
+def _check_expand(old, new):
+    """A ValueError naming both shapes unless ``old`` broadcasts to ``new`` (-1 keeps a dim)."""
+    lead = len(new) - len(old)
+    problem = None
+    if lead < 0:
+        problem = "the new shape has fewer dims"
+    elif any(n == -1 for n in new[:lead]):
+        problem = "-1 is only allowed for existing dims"
+    else:
+        for i, n in enumerate(old):
+            if new[lead + i] not in (-1, n) and n != 1:
+                problem = f"dim {i} has size {n}; only a dim of size 1 can grow"
+                break
+    if problem:
+        raise ValueError(f"expand: cannot expand shape {old} to {new}: {problem}")
+
+
+def _host_array(a):
+    """numpy gives 0-d results as scalars (np.float32(1.0)): make them 0-d arrays."""
+    host = get_backend("cpu")
+    return a if host.is_array(a) else host.xp.asarray(a)
+
+
+def _check_data(host):
+    """``ta.tensor`` takes numbers and booleans only: never None, strings or objects."""
+    if host.dtype.kind not in "biuf":
+        what = "None" if host.dtype.kind == "O" and host.ndim == 0 and host.item() is None else \
+            f"data of dtype {host.dtype}"
+        raise TypeError(f"tensor: expected numbers or booleans (a number, a nested list, a numpy "
+                        f"array), got {what}")
 
 
 def _shape_arg(shape):
@@ -418,16 +540,26 @@ def tensor(data, dtype=None, device=None, requires_grad=False):
 
     Floating data becomes float32 unless ``dtype`` says otherwise.
     """
+    dtype = None if dtype is None else dtype_of_host(dtype)
     if isinstance(data, Tensor):
         device, dtype = device or data.device, dtype or data.dtype
         data = data.data if data._backend is get_backend(device) else data.numpy()
     backend = get_backend(device or "cpu")
     if backend.is_array(data):
+        if backend.on_host:
+            _check_data(data)
         if dtype is None and backend.dtype_of(data).kind == "f":
             dtype = float32
         array = data if dtype is None else backend.xp.astype(data, backend.native_dtype(dtype))
     else:
-        host = get_backend("cpu").asarray(data)
+        try:
+            host = get_backend("cpu").asarray(data)
+        except ValueError as e:
+            if "inhomogeneous" not in str(e) and "sequence" not in str(e):
+                raise
+            raise ValueError("tensor: nested lists of uneven lengths do not make a tensor "
+                             "(every row must have the same length)") from None
+        _check_data(host)
         if dtype is None and host.dtype.kind == "f":
             dtype = float32
         array = backend.asarray(host, dtype)
@@ -464,16 +596,23 @@ def arange(start, end=None, step=1, dtype=None, device=None):
 
 def randn(*shape, dtype=None, device=None, requires_grad=False):
     """Standard normal numbers from the host generator (the same on every device)."""
-    dtype = dtype_of_host(dtype or float32)
+    dtype = _float_dtype(dtype, "randn")
     host = get_backend("cpu").normal(_shape_arg(shape), dtype)
     return tensor(host, dtype=dtype, device=device, requires_grad=requires_grad)
 
 
 def rand(*shape, dtype=None, device=None, requires_grad=False):
     """Uniform numbers in [0, 1) from the host generator."""
-    dtype = dtype_of_host(dtype or float32)
+    dtype = _float_dtype(dtype, "rand")
     host = get_backend("cpu").uniform(_shape_arg(shape), dtype)
     return tensor(host, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def _float_dtype(dtype, op):
+    dtype = dtype_of_host(dtype or float32)
+    if not _is_float(dtype):
+        raise TypeError(f"{op}: dtype must be a float type, got {dtype}")
+    return dtype
 
 
 def _like(fn):

@@ -9,6 +9,7 @@ run that dies keeps its last good checkpoint.
 import json
 import os
 import tempfile
+import zipfile
 
 import numpy as np
 
@@ -19,6 +20,7 @@ def save(path, model, optimizer, meta):
     for i, values in opt["state"].items():
         for key, value in values.items():
             arrays[f"optim/{i}/{key}"] = np.asarray(value)
+    check_finite(arrays, path)
     meta = dict(meta, optim_groups=opt["param_groups"])
     arrays["meta"] = np.array(json.dumps(meta))
     folder = os.path.dirname(os.path.abspath(path))
@@ -39,19 +41,44 @@ def save(path, model, optimizer, meta):
         raise
 
 
+def check_finite(arrays, path):
+    """Never write NaN or Inf: the file on disk stays the last good state."""
+    for name, a in arrays.items():
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise ValueError(f"not saving {path}: {name} holds NaN or Inf (the last good checkpoint is kept)")
+
+
+def read_meta(path):
+    """Only the JSON metadata of a checkpoint (config, step, the run's flags): a cheap read."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return json.loads(str(f["meta"]))
+    except (ValueError, KeyError, OSError, zipfile.BadZipFile) as e:
+        raise ValueError(_unreadable(path, e)) from None
+
+
+def _unreadable(path, error):
+    return f"{path} is not a readable tinyattn checkpoint: damaged, or not written by python -m train ({type(error).__name__})"
+
+
 def load(path):
     """-> (model_state, optim_state, meta), all on the host."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path}")
-    with np.load(path, allow_pickle=False) as f:
-        meta = json.loads(str(f["meta"]))
-        model_state = {k[len("model/"):]: f[k] for k in f.files if k.startswith("model/")}
-        state = {}
-        for k in f.files:
-            if k.startswith("optim/"):
-                _, i, key = k.split("/", 2)
-                value = f[k]
-                state.setdefault(int(i), {})[key] = value.item() if value.ndim == 0 else value
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            meta = json.loads(str(f["meta"]))
+            model_state = {k[len("model/"):]: f[k] for k in f.files if k.startswith("model/")}
+            state = {}
+            for k in f.files:
+                if k.startswith("optim/"):
+                    _, i, key = k.split("/", 2)
+                    value = f[k]
+                    state.setdefault(int(i), {})[key] = value.item() if value.ndim == 0 else value
+    except (ValueError, KeyError, OSError, zipfile.BadZipFile) as e:
+        raise ValueError(_unreadable(path, e)) from None
     optim_state = {"state": state, "param_groups": [_groups_from_json(g) for g in meta.pop("optim_groups")]}
     return model_state, optim_state, meta
 

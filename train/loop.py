@@ -9,6 +9,7 @@ and reports how well the model, and its attention, resolve "it". With
 """
 import argparse
 import csv
+import difflib
 import json
 import math
 import os
@@ -46,10 +47,62 @@ COMMON = dict(dropout=0.0, weight_decay=0.1, beta1=0.9, beta2=0.99, grad_clip=1.
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line, without the usage block."""
+    """argparse that reports a bad flag in one line, without the usage block. Flags are never
+    abbreviated (``--lr`` is not ``--lr_decay_iters``): an unknown flag is refused by name,
+    with the closest real ones suggested."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        args, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(unknown_argument_message(self, extras))
+        return args
+
+
+def at_least(lo, kind=int):
+    """An argparse type: a number of ``kind`` that is at least ``lo``."""
+    def parse(text):
+        value = kind(text)
+        if not value >= lo:                      # NaN fails too
+            raise argparse.ArgumentTypeError(f"must be at least {lo}, got {text}")
+        return value
+    parse.__name__ = kind.__name__               # argparse's "invalid int value" message
+    return parse
+
+
+def yes_or_no(text):
+    """An argparse type for on/off flags: true/false, yes/no, 1/0."""
+    if text.lower() in ("1", "true", "yes"):
+        return True
+    if text.lower() in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+ALIASES = {"--lr": "--learning_rate", "--epochs": "--max_iters", "--steps": "--max_iters", "--iters": "--max_iters",
+           "--bs": "--batch_size", "--context": "--block_size", "--layers": "--n_layer", "--heads": "--n_head"}
+
+
+def unknown_argument_message(parser, extras):
+    """One line about the first argument argparse did not know, with a suggestion."""
+    flags = [f for action in parser._actions for f in action.option_strings if f.startswith("--")]
+    first = next((e for e in extras if e.startswith("-")), extras[0])
+    if not first.startswith("-"):
+        hint = f" (did you mean --data {first}?)" if os.path.isfile(first) else ""
+        return f"unexpected argument {first!r}: every value follows its flag, as in --max_iters 100{hint}"
+    name = first.split("=", 1)[0]
+    full = "--" + name.lstrip("-")                           # -lr and --lr alike
+    close = [ALIASES[full]] if full in ALIASES else [full] if full in flags else []
+    close += [f for f in flags if f.startswith(full) and len(full) > 3 and f not in close]
+    if not close:
+        close = difflib.get_close_matches(full, flags, n=3, cutoff=0.6)
+    hint = f" (did you mean {' or '.join(close[:3])}?)" if close else ""
+    return f"unknown flag {name}{hint}; flags are never abbreviated"
 
 
 def build_parser():
@@ -66,7 +119,7 @@ def build_parser():
         p.add_argument(f"--{name}", type=int)
     for name in ("learning_rate", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip", "dropout"):
         p.add_argument(f"--{name}", type=float)
-    p.add_argument("--bias", type=lambda s: s.lower() in ("1", "true", "yes"), help="biases in Linear and LayerNorm")
+    p.add_argument("--bias", type=yes_or_no, help="biases in Linear and LayerNorm (true or false)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or samples")
     return p
 
@@ -74,24 +127,84 @@ def build_parser():
 def parse_args(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    args._given = sorted(k for k, v in vars(args).items() if v is not None and k not in ("device", "seed"))
     preset = {**COMMON, **PRESETS["text" if args.data else "coref"]}
+    if args.resume:                              # --resume continues the run with its own settings
+        ran = resumed_settings(args.out_dir or preset["out_dir"])
+        preset.update(ran)
+        args._given = sorted(set(args._given) | set(ran))      # kept as they are, like flags given again
     for key, value in preset.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    problems = []
-    if args.n_embd % args.n_head:
-        problems.append(f"--n_embd {args.n_embd} must be divisible by --n_head {args.n_head}")
-    for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "eval_interval", "eval_iters",
-                 "gradient_accumulation_steps"):
-        if getattr(args, name) < 1:
-            problems.append(f"--{name} must be at least 1")
-    if args.max_iters < 0:
-        problems.append("--max_iters must not be negative")
-    if not 0.0 <= args.dropout < 1.0:
-        problems.append("--dropout must be in [0, 1)")
+    problems, args._notes = validate_args(args)
     if problems:
         parser.error("; ".join(problems))
     return args
+
+
+AT_LEAST_1 = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "eval_interval", "eval_iters",
+              "gradient_accumulation_steps", "log_interval")
+AT_LEAST_0 = ("max_iters", "warmup_iters", "lr_decay_iters", "sample_tokens", "seed")
+
+
+def refit(args, name, value, limit):
+    """Set a preset value that does not fit; -> the note that says so."""
+    note = f"--{name} set to {value} to fit {limit} (the preset's was {getattr(args, name)})"
+    setattr(args, name, value)
+    return note
+
+
+def validate_args(args):
+    """Range-check every numeric flag and fit the schedule to --max_iters.
+
+    -> (problems, notes): problems stop the run (one line, all of them); notes say what was
+    adapted. A preset value that does not fit is adapted; a flag the user gave is kept.
+    """
+    problems, notes = [], []
+    given = set(args._given)
+    for name in AT_LEAST_1:
+        if getattr(args, name) < 1:
+            problems.append(f"--{name} must be at least 1, got {getattr(args, name)}")
+    for name in AT_LEAST_0:
+        if getattr(args, name) < 0:
+            problems.append(f"--{name} must not be negative, got {getattr(args, name)}")
+    if args.n_embd >= 1 and args.n_head >= 1 and args.n_embd % args.n_head:
+        problems.append(f"--n_embd {args.n_embd} must be divisible by --n_head {args.n_head}")
+    for name, lo, lo_ok, hi, hi_ok in (("learning_rate", 0, False, math.inf, False), ("min_lr", 0, True, math.inf, False),
+                                       ("weight_decay", 0, True, math.inf, False), ("grad_clip", 0, True, math.inf, False),
+                                       ("beta1", 0, True, 1, False), ("beta2", 0, True, 1, False),
+                                       ("dropout", 0, True, 1, False)):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and (value >= lo if lo_ok else value > lo) and (value <= hi if hi_ok else value < hi)):
+            span = f"in {'[' if lo_ok else '('}{lo}, {hi}{']' if hi_ok else ')'}" if hi != math.inf else \
+                f"{'>= ' if lo_ok else '> '}{lo} and finite"
+            problems.append(f"--{name} must be {span.replace('inf', 'infinity')}, got {value}")
+    if problems:
+        return problems, notes
+    if args.min_lr > args.learning_rate:
+        if "min_lr" in given:
+            problems.append(f"--min_lr {args.min_lr} must not exceed --learning_rate {args.learning_rate}")
+        else:
+            args.min_lr = args.learning_rate / 10
+            notes.append(f"--min_lr set to {args.min_lr:g} (a tenth of --learning_rate; the preset's was higher)")
+    if args.max_iters > 0:
+        if args.lr_decay_iters > args.max_iters:
+            if "lr_decay_iters" in given:
+                notes.append(f"--lr_decay_iters {args.lr_decay_iters} is past --max_iters {args.max_iters}: "
+                             "the learning rate will not reach --min_lr in this run")
+            else:
+                notes.append(refit(args, "lr_decay_iters", args.max_iters, "--max_iters"))
+        if args.warmup_iters >= args.max_iters:
+            if "warmup_iters" in given:
+                notes.append(f"--warmup_iters {args.warmup_iters} is not below --max_iters {args.max_iters}: "
+                             "the whole run is warmup")
+            else:
+                notes.append(refit(args, "warmup_iters", args.max_iters // 10, "--max_iters"))
+    if args.warmup_iters > args.lr_decay_iters and "warmup_iters" not in given:
+        notes.append(refit(args, "warmup_iters", args.lr_decay_iters // 10, "--lr_decay_iters"))
+    if args.warmup_iters > args.lr_decay_iters:
+        problems.append(f"--warmup_iters {args.warmup_iters} must not exceed --lr_decay_iters {args.lr_decay_iters}")
+    return problems, notes
 
 
 # ---------------------------------------------------------------------------
@@ -152,28 +265,38 @@ def sample_text(model, dataset, args, n_tokens):
 
 def save_checkpoint(path, model, optimizer, state, args, dataset):
     meta = dict(config=model.config.to_dict(), step=state["step"], best_val_loss=state["best_val_loss"],
-                args=vars(args), data_rng=state["data_rng"].bit_generator.state,
+                args={k: v for k, v in vars(args).items() if not k.startswith("_")}, data_rng=state["data_rng"].bit_generator.state,
                 device_rng=ta.backend.get_backend(args.device).get_rng_state(),
-                tokenizer=tokenizer_to_json(dataset.tokenizer), dataset=dataset.name, log=state["log"])
+                tokenizer=tokenizer_to_json(dataset.tokenizer), dataset=dataset.name, log=state["log"],
+                train_losses=state["train_losses"])
     checkpoint.save(path, model, optimizer, meta)
 
 
-def write_plot(log_rows, out_dir):
+def write_plot(log_rows, out_dir, train_losses=()):
     plt = pyplot()
     if plt is None:
         return f"loss.png skipped: {NOT_INSTALLED}"
+    fig = loss_figure(plt, log_rows, train_losses)
+    fig.savefig(os.path.join(out_dir, "loss.png"), dpi=100)
+    plt.close(fig)
+    return f"wrote {os.path.join(out_dir, 'loss.png')}"
+
+
+def loss_figure(plt, log_rows, train_losses):
+    """The loss of every training step (grey; None where unknown) and the eval points."""
     fig, ax = plt.subplots(figsize=(6, 4))
+    if len(train_losses):
+        losses = [math.nan if v is None else v for v in train_losses]        # None: a step from before --resume
+        ax.plot(range(len(losses)), losses, color="0.7", lw=0.8, label="train (each step)")
     steps = [r["step"] for r in log_rows]
-    ax.plot(steps, [r["train_loss"] for r in log_rows], label="train")
-    ax.plot(steps, [r["val_loss"] for r in log_rows], label="val")
+    ax.plot(steps, [r["train_loss"] for r in log_rows], "o-", label="train (eval)")
+    ax.plot(steps, [r["val_loss"] for r in log_rows], "o-", label="val (eval)")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "loss.png"), dpi=100)
-    plt.close(fig)
-    return f"wrote {os.path.join(out_dir, 'loss.png')}"
+    return fig
 
 
 def write_log(log_rows, out_dir):
@@ -183,30 +306,114 @@ def write_log(log_rows, out_dir):
         writer.writerows(log_rows)
 
 
+class Diverged(RuntimeError):
+    """A non-finite loss: the run stops, and no checkpoint is written from here on."""
+
+
+def check_resume(args, meta, dataset):
+    """--resume continues the checkpoint's run: the same data, vocabulary and model.
+
+    Raises a ValueError naming every conflict. Model flags that were not given take the
+    checkpoint's values, so the summary describes the model that is trained."""
+    where = os.path.join(args.out_dir, "ckpt.npz")
+    trained_on = (meta.get("args") or {}).get("data")
+    if meta.get("dataset") == "coref" and args.data:
+        raise ValueError(f"--resume: {where} was trained on the lesson corpus, not on --data {args.data}: "
+                         "drop --data, or use another --out_dir")
+    if meta.get("dataset") != "coref" and not args.data:
+        raise ValueError(f"--resume: {where} was trained on a text file ({trained_on or meta.get('dataset')}): "
+                         f"pass --data {trained_on or 'FILE'} to resume it")
+    if tokenizer_to_json(dataset.tokenizer) != meta["tokenizer"]:
+        theirs = json.loads(meta["tokenizer"])
+        n_theirs = len(theirs.get("chars", theirs.get("words", [])))
+        raise ValueError(f"--resume: the vocabulary of {args.data or dataset.name} ({dataset.tokenizer.vocab_size} "
+                         f"tokens) differs from the one {where} was trained with ({n_theirs} tokens)")
+    config, given = meta["config"], set(args._given)
+    conflicts = [f"--{k} {getattr(args, k)} (the checkpoint has {config[k]})" for k in MODEL_FLAGS
+                 if k in given and getattr(args, k) != config[k]]
+    if conflicts:
+        raise ValueError(f"--resume: {', '.join(conflicts)}: the model in {where} is fixed; drop "
+                         f"{'these flags' if len(conflicts) > 1 else 'the flag'}, or use another --out_dir for a new model")
+    for k in MODEL_FLAGS:
+        setattr(args, k, config[k])
+
+
+RESUMED_FLAGS = ("max_iters", "batch_size", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay",
+                 "beta1", "beta2", "grad_clip", "gradient_accumulation_steps", "eval_interval", "eval_iters",
+                 "log_interval", "sample_tokens")
+
+
+def resumed_settings(out_dir):
+    """The training flags of the run in out_dir/ckpt.npz, the defaults of its --resume ({} when
+    there is no readable checkpoint: train() then says what is wrong)."""
+    try:
+        ran = checkpoint.read_meta(os.path.join(out_dir, "ckpt.npz")).get("args") or {}
+    except (ValueError, OSError):
+        return {}
+    return {k: ran[k] for k in RESUMED_FLAGS if ran.get(k) is not None}
+
+
+MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "block_size", "dropout", "bias")
+
+
+def read_losses(pending, state):
+    """Move the step losses still on the device into state["train_losses"] (one device read),
+    and stop at the first non-finite one. -> the newest loss, or None."""
+    if not pending:
+        return None
+    values = ta.stack(pending).numpy().astype(float).tolist()
+    pending.clear()
+    start = len(state["train_losses"])
+    state["train_losses"].extend(values)
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            del state["train_losses"][start + i + 1:]
+            raise Diverged(f"the training loss is {v} at step {start + i}; stopped: {last_saved(state)}")
+    return values[-1]
+
+
+def last_saved(state):
+    """Where the last finite state is: a checkpoint is only ever written from one."""
+    saved = state.get("saved_step")
+    keep = f"ckpt.npz (step {saved}) and best.npz keep their last finite state" if saved is not None else \
+        "no checkpoint was written"
+    return f"{keep} (try a lower --learning_rate, or --grad_clip)"
+
+
 # ---------------------------------------------------------------------------
 def train(args):
     """The training run; returns the summary dict."""
     ckpt_path = os.path.join(args.out_dir, "ckpt.npz")
+    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
+        raise ValueError(f"--out_dir {args.out_dir} is a file, not a folder")
     dataset = load_text(args.data) if args.data else load_coref(seed=0)
     device_backend = ta.backend.get_backend(args.device)      # a clear error when CUDA is missing
     ta.manual_seed(args.seed)
 
     config = GPTConfig(block_size=args.block_size, vocab_size=dataset.tokenizer.vocab_size, n_layer=args.n_layer,
                        n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, bias=args.bias)
-    state = dict(step=0, best_val_loss=math.inf, data_rng=np.random.default_rng(args.seed), log=[])
+    state = dict(step=0, best_val_loss=math.inf, data_rng=np.random.default_rng(args.seed), log=[],
+                 train_losses=[], saved_step=None)
     if args.resume:
         model_state, optim_state, meta = checkpoint.load(ckpt_path)
+        check_resume(args, meta, dataset)
         config = GPTConfig(**meta["config"])
     model = GPT(config).to(args.device)
     optimizer = model.configure_optimizer(args.weight_decay, args.learning_rate, (args.beta1, args.beta2))
     if args.resume:
         model.load_state_dict(model_state)
         optimizer.load_state_dict(optim_state)
-        state.update(step=meta["step"], best_val_loss=meta["best_val_loss"], log=meta["log"])
+        state.update(step=meta["step"], best_val_loss=meta["best_val_loss"], log=meta["log"], saved_step=meta["step"],
+                     train_losses=(meta.get("train_losses", []) + [None] * meta["step"])[:meta["step"]])
         state["data_rng"].bit_generator.state = meta["data_rng"]
         device_backend.set_rng_state(meta["device_rng"])
     os.makedirs(args.out_dir, exist_ok=True)
     say = (lambda msg: None) if args.quiet else tqdm.write
+    for note in getattr(args, "_notes", ()):
+        print(f"python -m train: note: {note}")
+    if args.resume and state["step"] >= args.max_iters:
+        print(f"python -m train: note: {ckpt_path} is at step {state['step']}, not below --max_iters "
+              f"{args.max_iters}: nothing to train (raise --max_iters to continue)")
     say(f"{dataset.name}: {len(dataset.train):,} train / {len(dataset.val):,} val tokens, vocab {config.vocab_size}; "
         f"model {model.num_parameters() / 1e6:.2f}M parameters on {args.device}")
 
@@ -220,6 +427,9 @@ def train(args):
         row = dict(step=step, train_loss=round(losses["train"], 6), val_loss=round(losses["val"], 6),
                    lr=warmup_cosine(step, args.learning_rate, args.min_lr, args.warmup_iters, args.lr_decay_iters),
                    time=round(time.time() - start_wall, 3))
+        if not all(math.isfinite(v) for v in losses.values()):
+            raise Diverged(f"the eval loss is train {losses['train']}, val {losses['val']} at step {step}; "
+                           f"stopped: {last_saved(state)}")
         if not state["log"] or state["log"][-1]["step"] != step:
             state["log"].append(row)
         say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
@@ -228,36 +438,44 @@ def train(args):
         if losses["val"] < state["best_val_loss"]:
             state["best_val_loss"] = losses["val"]
             if step > 0:                             # ckpt.npz: the latest state, for --resume
-                save_checkpoint(ckpt_path, model, optimizer, state, args, dataset)
-                save_checkpoint(os.path.join(args.out_dir, "best.npz"), model, optimizer, state, args, dataset)
+                save(ckpt_path)
+                save(os.path.join(args.out_dir, "best.npz"))
         return losses
 
+    def save(path):
+        save_checkpoint(path, model, optimizer, state, args, dataset)
+        state["saved_step"] = state["step"]
+
+    pending = []                                     # this step's losses, still on the device
     try:
         while state["step"] < args.max_iters:
             step = state["step"]
             if step % args.eval_interval == 0 and (not state["log"] or state["log"][-1]["step"] != step):
+                read_losses(pending, state)
                 evaluate(step)
             lr = warmup_cosine(step, args.learning_rate, args.min_lr, args.warmup_iters, args.lr_decay_iters)
             set_lr(optimizer, lr)
             t0 = time.time()
             batches = [to_device(dataset.get_batch("train", args.batch_size, args.block_size, state["data_rng"]),
                                  args.device) for _ in range(args.gradient_accumulation_steps)]
-            loss = train_step(model, optimizer, batches, args.grad_clip)
+            pending.append(train_step(model, optimizer, batches, args.grad_clip))
             state["step"] = step + 1
-            if step % args.log_interval == 0:          # reading the loss waits for the device: not every step
-                bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
+            if step % args.log_interval == 0:          # reading the losses waits for the device: not every step
+                bar.set_postfix(loss=f"{read_losses(pending, state):.4f}", lr=f"{lr:.2e}")
             train_time += time.time() - t0
             steps_timed += 1
             bar.update(1)
     except KeyboardInterrupt:
         interrupted = True
         say(f"interrupted at step {state['step']}: saving {ckpt_path}")
-    bar.close()
+    finally:
+        bar.close()
+    read_losses(pending, state)
     if interrupted:
-        save_checkpoint(ckpt_path, model, optimizer, state, args, dataset)
+        save(ckpt_path)
         return None
     final = evaluate(state["step"])
-    save_checkpoint(ckpt_path, model, optimizer, state, args, dataset)
+    save(ckpt_path)
 
     summary = dict(best_val_loss=round(state["best_val_loss"], 6), val_loss=round(final["val"], 6),
                    train_loss=round(final["train"], 6), iters=state["step"], dataset=dataset.name,
@@ -269,7 +487,7 @@ def train(args):
         summary.update(lesson.report(model, dataset, args.out_dir, args.device, say))
         summary["wall_s"] = round(time.time() - start_wall, 2)
     write_log(state["log"], args.out_dir)
-    say(write_plot(state["log"], args.out_dir))
+    say(write_plot(state["log"], args.out_dir, state["train_losses"]))
     with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     return summary
@@ -278,7 +496,8 @@ def train(args):
 def main(argv=None):
     args = parse_args(argv)
     try:
-        summary = train(args)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # a blow-up is reported once, below
+            summary = train(args)
     except (ValueError, OSError, KeyError, RuntimeError) as e:
         print(f"python -m train: error: {e}", file=sys.stderr)
         return 1
@@ -289,6 +508,7 @@ def main(argv=None):
         extra = (f", held-out referent accuracy {summary['heldout_accuracy']:.3f}, "
                  f"attention on the referent {summary['heldout_attention_correct']:.3f}")
     print(f"done: {summary['iters']} iters, best val loss {summary['best_val_loss']:.4f}, "
-          f"val loss {summary['val_loss']:.4f}{extra}, {summary['tokens_per_s']} tokens/s, "
+          f"val loss {summary['val_loss']:.4f}{extra}, "
+          f"{'no steps timed' if summary['tokens_per_s'] is None else str(summary['tokens_per_s']) + ' tokens/s'}, "
           f"{summary['wall_s']:.0f} s; wrote {os.path.join(args.out_dir, 'summary.json')}")
     return 0

@@ -5,7 +5,7 @@ import tinyattn as ta
 from tinyattn.models import GPT, GPTConfig
 
 from . import checkpoint
-from .loop import OneLineParser
+from .loop import OneLineParser, at_least
 from .data import tokenizer_from_json
 
 
@@ -15,12 +15,12 @@ def build_parser():
     p.add_argument("--checkpoint", default="ckpt", choices=["ckpt", "best"],
                    help="ckpt: the latest state (default); best: the state with the best val loss")
     p.add_argument("--start", default=None, help="the prompt (default: the first token of the vocabulary)")
-    p.add_argument("--num_samples", type=int, default=3)
-    p.add_argument("--max_new_tokens", type=int, default=200)
+    p.add_argument("--num_samples", type=at_least(1), default=3)
+    p.add_argument("--max_new_tokens", type=at_least(0), default=200)
     p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top_k", type=int, default=None)
+    p.add_argument("--top_k", type=at_least(1), default=None)
     p.add_argument("--top_p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--seed", type=at_least(0), default=1337)
     p.add_argument("--device", default="cpu")
     return p
 

@@ -27,7 +27,10 @@ int32, int64, bool_ = np.dtype("int32"), np.dtype("int64"), np.dtype("bool")
 
 def dtype_of_host(dtype):
     """A dtype from a name ("float32"), a numpy dtype or a numpy scalar type."""
-    return np.dtype(dtype)
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}") from None
 
 
 class Backend:

@@ -88,6 +88,7 @@ class GPT(nn.Module):
         With ``kv_caches`` (one KVCache per block) only the new tokens are run:
         their positions continue after the cached ones.
         """
+        _check_model_input(idx, targets)
         B, T = idx.shape
         start = len(kv_caches[0]) if kv_caches else 0
         if start + T > self.config.block_size:
@@ -120,6 +121,10 @@ class GPT(nn.Module):
         every position changes, so the cache is rebuilt from the cropped context.
         Randomness comes from the host generator (``ta.manual_seed``).
         """
+        _check_model_input(idx, None)
+        if temperature < 0 or (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
+            raise ValueError(f"generate: need temperature >= 0, top_k >= 1 and top_p in (0, 1]; got temperature "
+                             f"{temperature}, top_k {top_k}, top_p {top_p}")
         was_training = self.training
         self.eval()
         block = self.config.block_size
@@ -135,6 +140,18 @@ class GPT(nn.Module):
             idx = cat([idx, tensor(next_id, device=idx.device)], dim=1)
         self.train(was_training)
         return idx
+
+
+def _check_model_input(idx, targets):
+    """idx: a (B, T) Tensor of integer ids; targets, if any, the same shape."""
+    F._check_ids("GPT", "idx", idx)
+    if idx.ndim != 2:
+        raise ValueError(f"GPT expects idx (B, T) of token ids, got shape {idx.shape} "
+                         "(one sequence? add a batch dim: idx[None])")
+    if targets is not None:
+        F._check_ids("GPT", "targets", targets)
+        if targets.shape != idx.shape:
+            raise ValueError(f"GPT: targets shape {targets.shape} does not match idx shape {idx.shape}")
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None):

@@ -7,9 +7,9 @@ differentiated twice.
 """
 import math
 
-from ..autograd import Function, is_grad_enabled
+from ..autograd import Function, is_grad_enabled, is_tensor
 from ..ops import (constant, gelu as _gelu, softmax, log_softmax, logsumexp, MaskedSoftmax, causal_mask,  # noqa: F401
-                   stable_exp)
+                   stable_exp, check_float, check_same_kind)
 
 __all__ = ["softmax", "log_softmax", "logsumexp", "cross_entropy", "embedding", "layer_norm",
            "dropout", "gelu", "relu", "linear", "scaled_dot_product_attention",
@@ -65,9 +65,12 @@ def cross_entropy(logits, targets, ignore_index=-100):
     Rows whose target is ``ignore_index`` count for nothing. As in nanoGPT,
     flatten (B, T, C) logits with ``logits.view(-1, C)`` first.
     """
+    _check_ids("cross_entropy", "targets", targets)
     if logits.ndim != 2 or targets.shape != logits.shape[:1]:
         raise ValueError(f"cross_entropy: expected logits (N, C) and targets (N,), "
                          f"got logits {logits.shape} and targets {targets.shape}")
+    check_float("cross_entropy", logits)
+    _check_id_range("cross_entropy", "targets", targets, logits.shape[1], ignore_index)
     return CrossEntropy.apply(logits, targets, ignore_index=ignore_index)
 
 
@@ -95,11 +98,29 @@ class EmbeddingGrad(Function):
         return Embedding.apply(gg, idx), None
 
 
+def _check_ids(op, name, ids):
+    """Token ids and class targets: a Tensor of integers (floats would index nothing)."""
+    if not is_tensor(ids):
+        raise TypeError(f"{op}: {name} must be a Tensor of integers, got {type(ids).__name__} "
+                        "(wrap it: ta.tensor(...))")
+    if ids.dtype.kind not in "iu":
+        raise TypeError(f"{op}: {name} must be integers, got {ids.dtype} (convert with .long())")
+
+
+def _check_id_range(op, name, ids, n, ignore=None):
+    """On the CPU, ids outside [0, n) are an error that says so (CuPy would wrap them silently;
+    a device check would cost a sync, so the training program checks its data at the edge)."""
+    if not ids.backend.on_host or not ids.numel():
+        return
+    data = ids.data if ignore is None else ids.data[ids.data != ignore]
+    if data.size and (int(data.min()) < 0 or int(data.max()) >= n):
+        also = "" if ignore is None else f" (or ignore_index {ignore})"
+        raise IndexError(f"{op}: {name} must be in [0, {n}){also}, got {int(data.min())}..{int(data.max())}")
+
+
 def embedding(idx, weight):
-    if weight.backend.on_host and idx.numel():                   # reading ids back is free only on the host
-        lo, hi = int(idx.data.min()), int(idx.data.max())
-        if lo < 0 or hi >= weight.shape[0]:
-            raise IndexError(f"embedding: ids must be in [0, {weight.shape[0]}), got {lo}..{hi}")
+    _check_ids("embedding", "ids", idx)
+    _check_id_range("embedding", "ids", idx, weight.shape[0])
     return Embedding.apply(weight, idx)
 
 
@@ -148,6 +169,8 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, fused=True
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if len(shape) != 1 or x.shape[-1:] != shape:
         raise ValueError(f"layer_norm: normalized_shape {shape} does not match input shape {x.shape}")
+    check_same_kind("layer_norm", x, *[t for t in (weight, bias) if t is not None])
+    check_float("layer_norm", x)
     if weight is None:
         weight = constant(x, x.backend.full(shape, 1, x.dtype))
     if bias is None:
@@ -162,6 +185,8 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, fused=True
 
 def dropout(x, p=0.5, training=True):
     """Zero each element with probability p and scale the rest by 1/(1-p)."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout: p must be in [0, 1], got {p}")
     if not training or p == 0.0:
         return x
     if p >= 1.0:
@@ -181,6 +206,7 @@ def relu(x):
 
 def linear(x, weight, bias=None):
     """x @ weight.T + bias, with weight (out, in) as in PyTorch."""
+    check_same_kind("linear", x, weight)
     out = x @ weight.mT
     return out if bias is None else out + bias
 

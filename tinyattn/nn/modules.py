@@ -4,6 +4,7 @@ from collections import OrderedDict
 
 from ..tensor import Tensor, ones, rand, randn, tensor, zeros
 from ..ops import cat, causal_mask, constant
+from ..backend import get_backend
 from . import functional as F
 
 
@@ -122,6 +123,7 @@ class Module:
 
     def to(self, device):
         """Move every parameter and buffer to ``device``, in place."""
+        get_backend(device)                     # an unknown device name is an error that says so
         for _, t in list(self.named_parameters()) + list(self.named_buffers()):
             if t.device != device:
                 moved = t.to(device)
@@ -148,6 +150,21 @@ class Module:
 
 
 # ---------------------------------------------------------------- layers
+def expect_shape(module, x, pattern, words):
+    """Check a module's input: a Tensor whose shape fits ``pattern`` (ints must match, None is
+    any size, a leading ... any number of dims). Else an error such as
+    ``MultiHeadAttention expects (B, T, C) with C = 8, got (5, 8)``."""
+    name = type(module).__name__
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} expects a Tensor {words}, got {type(x).__name__}")
+    dims = pattern[1:] if pattern[0] is ... else pattern
+    shape = x.shape[len(x.shape) - len(dims):] if pattern[0] is ... else x.shape
+    if len(shape) != len(dims) or any(d is not None and d != n for d, n in zip(dims, shape)):
+        sizes = ", ".join(f"{w.strip('. ')} = {d}" for w, d in zip(words.strip("()").split(", ")[-len(dims):], dims)
+                          if d is not None)
+        raise ValueError(f"{name} expects {words}{' with ' + sizes if sizes else ''}, got {x.shape}")
+
+
 class Linear(Module):
     """y = x W^T + b, W (out_features, in_features); init U(-1/sqrt(in), 1/sqrt(in)) as in PyTorch."""
 
@@ -159,6 +176,7 @@ class Linear(Module):
         self.bias = Parameter(rand(out_features) * (2 * bound) - bound) if bias else None
 
     def forward(self, x):                       # (..., in) -> (..., out)
+        expect_shape(self, x, (..., self.in_features), "(..., in_features)")
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self):
@@ -198,6 +216,8 @@ class LayerNorm(Module):
 class Dropout(Module):
     def __init__(self, p=0.5):
         super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"Dropout: p must be in [0, 1], got {p}")
         self.p = p
 
     def forward(self, x):
@@ -270,6 +290,8 @@ class MultiHeadAttention(Module):
 
     def __init__(self, n_embd, n_head, bias=True, dropout=0.0):
         super().__init__()
+        if n_head < 1 or n_embd < 1:
+            raise ValueError(f"MultiHeadAttention needs n_embd >= 1 and n_head >= 1, got {n_embd} and {n_head}")
         if n_embd % n_head:
             raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
         self.n_embd, self.n_head, self.dropout = n_embd, n_head, dropout
@@ -280,6 +302,7 @@ class MultiHeadAttention(Module):
         self.last_weights = None
 
     def forward(self, x, attn_mask=None, is_causal=False, kv_cache=None):
+        expect_shape(self, x, (None, None, self.n_embd), "(B, T, C)")
         B, T, C = x.shape
         H, D = self.n_head, C // self.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)                     # 3 x (B, T, C)

@@ -3,6 +3,7 @@
 Updates work on raw arrays, in place, outside the autodiff graph.
 """
 import math
+import numbers
 
 from ..tensor import Tensor
 
@@ -11,14 +12,23 @@ class Optimizer:
     """Holds parameter groups (dicts with "params" and hyperparameters) and per-parameter state."""
 
     def __init__(self, params, defaults):
+        if isinstance(params, Tensor):
+            raise TypeError(f"{type(self).__name__}: params must be a list of Tensors (or of dicts), "
+                            "not one Tensor: pass [t]")
+        if hasattr(params, "parameters") and hasattr(params, "named_modules"):
+            raise TypeError(f"{type(self).__name__}: pass model.parameters(), not the model")
         params = list(params)
-        if params and isinstance(params[0], Tensor):
+        if not params:
+            raise ValueError(f"{type(self).__name__} got an empty list of parameters")
+        if isinstance(params[0], Tensor):
             params = [{"params": params}]
         self.param_groups = []
         seen = set()
         for group in params:
             group = {**defaults, **group, "params": list(group["params"])}
+            _check_hyperparameters(type(self).__name__, group)
             for p in group["params"]:
+                _check_param(type(self).__name__, p)
                 if id(p) in seen:
                     raise ValueError("a parameter appears in more than one group (a tied weight counts once)")
                 seen.add(id(p))
@@ -57,6 +67,29 @@ class Optimizer:
             p = params[int(i)]
             self.state[id(p)] = {k: (v if isinstance(v, (int, float)) else p.backend.asarray(v))
                                  for k, v in values.items()}
+
+
+def _check_param(opt, p):
+    """Optimizers update leaves: a computed tensor (``w * 2``) gets no ``.grad`` to step with."""
+    if not isinstance(p, Tensor):
+        raise TypeError(f"{opt}: parameters must be Tensors, got {type(p).__name__}")
+    if not p.is_leaf:
+        raise ValueError(f"{opt} can't optimize a non-leaf tensor (shape {p.shape}, made by "
+                         f"{type(p.grad_fn).__name__}): pass the leaf it was computed from, "
+                         "or p.detach().requires_grad_()")
+    if p.dtype.kind != "f":
+        raise TypeError(f"{opt}: parameters must be float tensors, got {p.dtype}")
+
+
+def _check_hyperparameters(opt, group):
+    """Finite, non-negative rates; betas in [0, 1)."""
+    for key in ("lr", "momentum", "weight_decay", "eps"):
+        if key in group and not (isinstance(group[key], numbers.Real) and math.isfinite(group[key])
+                                 and group[key] >= 0):
+            raise ValueError(f"{opt}: {key} must be a finite number >= 0, got {group[key]}")
+    for b in group.get("betas", ()):
+        if not 0.0 <= b < 1.0:
+            raise ValueError(f"{opt}: betas must be in [0, 1), got {tuple(group['betas'])}")
 
 
 class SGD(Optimizer):

@@ -9,7 +9,8 @@ import numpy as np
 import tinyattn as ta
 from tinyattn.models import GPT, GPTConfig
 
-from .. import plots
+from .. import checkpoint, plots
+from ..loop import PRESETS, OneLineParser, at_least
 from ..data import load_coref, load_text
 
 TINY_CONFIG = dict(n_layer=2, n_head=4, n_embd=32, block_size=32)
@@ -17,11 +18,11 @@ TINY_CONFIG = dict(n_layer=2, n_head=4, n_embd=32, block_size=32)
 
 def parser(prog, doc, default_out_dir, out_dir_help):
     """argparse with the two flags every experiment takes."""
-    p = argparse.ArgumentParser(prog=f"python -m train.experiments.{prog}", description=doc,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog=f"python -m train.experiments.{prog}", description=doc,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out_dir", default=default_out_dir, help=out_dir_help)
     p.add_argument("--tiny", action="store_true", help="a small, fast run (what the tests use)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=at_least(0), default=0)
     p.add_argument("--no_plot", action="store_true", help="skip the PNG")
     return p
 
@@ -68,20 +69,36 @@ def error(prog, exc):
 
 
 # ---------------------------------------------------------------- models
+HOW_TO_TRAIN = ("make the lesson model with `python -m train` (it writes out-coref/ckpt.npz, a few minutes "
+                "on a CPU), or a text model with `python -m train --data FILE --out_dir DIR` and pass --out_dir DIR; "
+                "or pass --tiny for a small model trained here in seconds")
+
+
 def read_meta(out_dir):
     """The JSON metadata of out_dir/ckpt.npz (config, dataset name, training args)."""
     path = os.path.join(out_dir, "ckpt.npz")
     if not os.path.exists(path):
-        raise FileNotFoundError(f"no checkpoint at {path}: train one with `python -m train` "
-                                "(or pass --tiny)")
-    with np.load(path, allow_pickle=False) as f:
-        return json.loads(str(f["meta"]))
+        raise FileNotFoundError(f"no checkpoint at {path}: {HOW_TO_TRAIN}")
+    return checkpoint.read_meta(path)
+
+
+def warn_if_barely_trained(meta, out_dir):
+    """A checkpoint with fewer than half the steps of its preset shows little: say so, on stderr."""
+    step = meta.get("step")
+    kind = "coref" if meta.get("dataset") == "coref" else "text"
+    full = PRESETS[kind]["max_iters"]
+    if step is not None and step < full // 2:
+        again = "python -m train" + ("" if kind == "coref" else f" --data {(meta.get('args') or {}).get('data', 'FILE')}")
+        print(f"warning: the model in {out_dir} is barely trained ({step} steps; a full run is {full}): "
+              f"its attention may show little. Train it further with `{again} --out_dir {out_dir} --resume "
+              f"--max_iters {full}`", file=sys.stderr)
 
 
 def load_checkpoint(out_dir, device="cpu"):
     """-> (model, tokenizer, dataset or None, a description) from out_dir/ckpt.npz."""
     from ..sample import load_model
     meta = read_meta(out_dir)
+    warn_if_barely_trained(meta, out_dir)
     model, tokenizer = load_model(out_dir, device)
     dataset = None
     if meta.get("dataset") == "coref":

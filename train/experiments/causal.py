@@ -9,6 +9,10 @@ after t should change, which shows the perturbation was real.
 This holds for any weights, so --tiny uses a small random GPT.
 
     python -m train.experiments.causal [--out_dir out-coref] [--t T] [--tiny]
+
+It needs a trained model in --out_dir (default out-coref): `python -m train` makes the
+lesson model there, `python -m train --data FILE --out_dir DIR` a text model for
+--out_dir DIR. --tiny trains a small model in-process instead.
 """
 
 import numpy as np
@@ -92,7 +96,7 @@ def sentence(r):
 
 def main(argv=None):
     p = _common.parser("causal", __doc__, "out-coref", "the folder that holds ckpt.npz")
-    p.add_argument("--t", type=int, default=None, help="the last position kept (default: the middle)")
+    p.add_argument("--t", type=_common.at_least(0), default=None, help="the last position kept (default: the middle)")
     args = p.parse_args(argv)
     try:
         r = run(args.out_dir, args.tiny, args.t, args.seed)

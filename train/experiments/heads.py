@@ -15,6 +15,10 @@ of its text), keeps every head's attention weights, and measures:
 Position 0 is left out (it can only see itself), and so is padding.
 
     python -m train.experiments.heads [--out_dir out-coref] [--n_sentences 200] [--tiny]
+
+It needs a trained model in --out_dir (default out-coref): `python -m train` makes the
+lesson model there, `python -m train --data FILE --out_dir DIR` a text model for
+--out_dir DIR. --tiny trains a small model in-process instead.
 """
 from collections import Counter
 
@@ -207,8 +211,8 @@ def sentence(r):
 
 def main(argv=None):
     p = _common.parser("heads", __doc__, "out-coref", "the folder that holds ckpt.npz; heads.png goes there too")
-    p.add_argument("--n_sentences", type=int, default=200)
-    p.add_argument("--steps", type=int, default=150, help="training steps of the --tiny model")
+    p.add_argument("--n_sentences", type=_common.at_least(1), default=200)
+    p.add_argument("--steps", type=_common.at_least(0), default=150, help="training steps of the --tiny model")
     args = p.parse_args(argv)
     if args.tiny:
         args.n_sentences = min(args.n_sentences, 50)

@@ -188,14 +188,14 @@ def sentence(r):
 
 def main(argv=None):
     p = _common.parser("quadratic", __doc__, "out-experiments", "where quadratic.png goes")
-    p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="sequence lengths N")
-    p.add_argument("--d", type=int, default=64, help="head size D")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=1)
+    p.add_argument("--sizes", type=_common.at_least(1), nargs="+", default=list(SIZES), help="sequence lengths N")
+    p.add_argument("--d", type=_common.at_least(1), default=64, help="head size D")
+    p.add_argument("--batch", type=_common.at_least(1), default=1)
+    p.add_argument("--heads", type=_common.at_least(1), default=1)
     p.add_argument("--causal", action="store_true")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--block_size", type=int, default=64, help="flash attention's block size")
+    p.add_argument("--repeats", type=_common.at_least(1), default=5)
+    p.add_argument("--warmup", type=_common.at_least(0), default=1)
+    p.add_argument("--block_size", type=_common.at_least(1), default=64, help="flash attention's block size")
     args = p.parse_args(argv)
     if args.tiny:
         args.sizes, args.repeats, args.warmup = [32, 64, 128], 1, 0

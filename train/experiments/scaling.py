@@ -128,10 +128,10 @@ def sentence(r):
 
 def main(argv=None):
     p = _common.parser("scaling", __doc__, "out-experiments", "where scaling.png goes")
-    p.add_argument("--d_k", type=int, default=64)
-    p.add_argument("--n_queries", type=int, default=1000)
-    p.add_argument("--n_keys", type=int, default=32)
-    p.add_argument("--sweep", type=int, nargs="+", default=list(SWEEP), help="the d_k values of the sweep")
+    p.add_argument("--d_k", type=_common.at_least(1), default=64)
+    p.add_argument("--n_queries", type=_common.at_least(1), default=1000)
+    p.add_argument("--n_keys", type=_common.at_least(1), default=32)
+    p.add_argument("--sweep", type=_common.at_least(1), nargs="+", default=list(SWEEP), help="the d_k values of the sweep")
     args = p.parse_args(argv)
     if args.tiny:
         args.n_queries, args.sweep = min(args.n_queries, 200), [4, 16, 64, 256]

@@ -13,6 +13,10 @@ the first token, (delimiters among them)/(i + 1) on the delimiters, averaged
 over the same queries. A ratio above 1 means more weight than even.
 
     python -m train.experiments.sinks [--out_dir out-coref] [--n_windows 256] [--tiny]
+
+It needs a trained model in --out_dir (default out-coref): `python -m train` makes the
+lesson model there, `python -m train --data FILE --out_dir DIR` a text model for
+--out_dir DIR. --tiny trains a small model in-process instead.
 """
 
 import numpy as np
@@ -134,8 +138,8 @@ def sentence(r):
 
 def main(argv=None):
     p = _common.parser("sinks", __doc__, "out-coref", "the folder that holds ckpt.npz; sinks.png goes there too")
-    p.add_argument("--n_windows", type=int, default=256)
-    p.add_argument("--steps", type=int, default=100, help="training steps of the --tiny model")
+    p.add_argument("--n_windows", type=_common.at_least(1), default=256)
+    p.add_argument("--steps", type=_common.at_least(0), default=100, help="training steps of the --tiny model")
     args = p.parse_args(argv)
     if args.tiny:
         args.n_windows = min(args.n_windows, 64)

@@ -324,11 +324,13 @@ def np_softmax(x, dim=-1):
 
 SOFTMAX_HINT = "The gradient is y * (g - sum(g * y)), the sum along dim with keepdim=True."
 SOFTMAX_WRONG = [
+    ("your softmax backward returns the gradient of sum(y), which is zero since every row of y sums to 1, not the "
+     "gradient of <g, y>: it leaves g out. Check the term that subtracts sum_j g_j y_j: the gradient is "
+     "y * (g - sum(g * y))", lambda u, x: [np.zeros_like(x)]),
     ("your softmax backward keeps only the Jacobian's diagonal, g * y * (1 - y): every y_i depends on every x_j. "
      "Check the term that subtracts sum_j g_j y_j: the gradient is y * (g - sum(g * y))",
      lambda u, x: [u * np_softmax(x) * (1 - np_softmax(x))]),
-    ("your softmax backward returns the gradient of sum(y), not of <g, y>: it ignores g. Check the term that "
-     "subtracts sum_j g_j y_j: the gradient is y * (g - sum(g * y))",
+    ("your softmax backward ignores g, the gradient of the output: the gradient is y * (g - sum(g * y))",
      lambda u, x: [np_softmax(x) * (1 - np_softmax(x))]),
     ("your softmax backward subtracts sum(g), not sum(g * y): check the term that subtracts sum_j g_j y_j",
      lambda u, x: [np_softmax(x) * (u - u.sum(-1, keepdims=True))]),
@@ -437,7 +439,7 @@ def layernorm_matches_composite(mod):
     layer_norm, rng = need(mod, "layer_norm"), rng_()
     x, w, b = rand(rng, 2, 3, 8, grad=True), rand(rng, 8, grad=True), rand(rng, 8, grad=True)
     fn = lambda x, w, b: layer_norm(x, w, b, 1e-5)                           # noqa: E731
-    _, _, got = attempt("your LayerNorm backward", lambda: vjp(fn, (x, w, b)))
+    _, _, got = attempt("your LayerNorm backward", lambda: vjp(fn, (x, w, b)), LAYERNORM_HINT)
     _, _, expected = vjp(lambda x, w, b: F.layer_norm(x, (8,), w, b, 1e-5, fused=False), (x, w, b))
     for name, g, e in zip(("dx", "dweight", "dbias"), got, expected):
         try:
@@ -841,7 +843,7 @@ def online_softmax_on_strict(mod):
               lambda d: [tiled(*tensors(d, *arrays, grad=False), block_size=3, is_causal=True)])
 
 
-ONLINE_SOFTMAX = [online_softmax_matches_naive, online_softmax_rescales, online_softmax_memory,
+ONLINE_SOFTMAX = [online_softmax_rescales, online_softmax_matches_naive, online_softmax_memory,
                   online_softmax_on_strict]
 
 
@@ -854,14 +856,12 @@ def _np_adam(p, grads, lrs, b1, b2, eps, wd, form="adamw"):
             g = g + wd * p
         m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
         mh, vh = (m, v) if form == "no bias correction" else (m / (1 - b1 ** t), v / (1 - b2 ** t))
-        if form == "adamw":
-            p = p * (1 - lr * wd)
+        lr = lrs[0] if form == "first lr" else lr
+        if form not in ("l2", "decay after"):
+            p = p * (1 - lr * wd)                                        # decoupled decay, first
+        p = p - lr * mh / (np.sqrt(vh) + eps)
         if form == "decay after":
-            p = (p - lr * mh / (np.sqrt(vh) + eps)) * (1 - lr * wd)
-        elif form == "first lr":
-            p = p * (1 - lrs[0] * wd) - lrs[0] * mh / (np.sqrt(vh) + eps)
-        else:
-            p = p - lr * mh / (np.sqrt(vh) + eps)
+            p = p * (1 - lr * wd)
         out.append(p)
     return out
 
@@ -961,7 +961,8 @@ def kv_cache_append(mod):
     k1, v1 = rand(rng, 1, 2, 3, 4), rand(rng, 1, 2, 3, 4)
     k2, v2 = rand(rng, 1, 2, 1, 4), rand(rng, 1, 2, 1, 4)
     attempt("cache.append(k (1, 2, 3, 4), v)", lambda: cache.append(k1, v1))
-    k, v = attempt("a second cache.append(k (1, 2, 1, 4), v)", lambda: cache.append(k2, v2))
+    k, v = attempt("a second cache.append(k (1, 2, 1, 4), v)", lambda: cache.append(k2, v2),
+                   hint="Concatenate the cached and the new keys along the time dim, dim 2 of (B, H, T, D).")
     if k.shape == (1, 2, 1, 4):
         raise ExerciseFailure("after appending 3 positions then 1, append returned only the new one: return the "
                               "cached keys and values followed by the new ones, (B, H, T_past + T_new, D)")

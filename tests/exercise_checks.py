@@ -53,12 +53,12 @@ LEARNER_CODE = ("/exercises/", "/exercise_solutions/", "/exercise_wrong_answers"
 
 
 def unwritten(error):
-    """'Softmax.backward (exercises/softmax.py:25)': where a NotImplementedError came from."""
-    frames = traceback.extract_tb(error.__traceback__)
-    for frame in reversed(frames):
-        if any(part in frame.filename.replace("\\", "/") for part in LEARNER_CODE):
-            path = "/".join(Path(frame.filename).parts[-2:])
-            return f"{frame.name} ({path}:{frame.lineno})"
+    """'Softmax.backward (exercises/softmax.py:25)': the learner's line an error came from."""
+    for frame, lineno in reversed(list(traceback.walk_tb(error.__traceback__))):
+        code = frame.f_code
+        if any(part in code.co_filename.replace("\\", "/") for part in LEARNER_CODE):
+            path = "/".join(Path(code.co_filename).parts[-2:])
+            return f"{getattr(code, 'co_qualname', code.co_name)} ({path}:{lineno})"
     return str(error) or "a piece"
 
 

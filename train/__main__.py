@@ -5,6 +5,7 @@ and reports how well the model, and its attention, resolve "it". With
 --data FILE it trains a character-level model on any UTF-8 text file.
 """
 import argparse
+import contextlib
 import csv
 import json
 import math
@@ -64,6 +65,8 @@ def build_parser():
         p.add_argument(f"--{name}", type=float)
     p.add_argument("--bias", type=lambda s: s.lower() in ("1", "true", "yes"), help="biases in Linear and LayerNorm")
     p.add_argument("--quiet", action="store_true", help="no progress bar or samples")
+    p.add_argument("--use_exercises", action="store_true",
+                   help="run with every passing piece of exercises/ (EXERCISES.md, part two) swapped into the library")
     return p
 
 
@@ -182,6 +185,17 @@ def write_log(log_rows, out_dir):
         writer.writerows(log_rows)
 
 
+def exercises_swapped_in(wanted):
+    """--use_exercises: the learner's passing pieces replace the library's for this run."""
+    if not wanted:
+        return contextlib.nullcontext()
+    try:
+        from exercises.swap import use_exercises
+    except ImportError as e:
+        raise OSError(f"--use_exercises needs the exercises/ folder: run from the repository root ({e})") from None
+    return use_exercises()
+
+
 # ---------------------------------------------------------------------------
 def train(args):
     """The training run; returns the summary dict."""
@@ -277,7 +291,8 @@ def train(args):
 def main(argv=None):
     args = parse_args(argv)
     try:
-        summary = train(args)
+        with exercises_swapped_in(args.use_exercises):
+            summary = train(args)
     except (ValueError, OSError, KeyError, RuntimeError) as e:
         print(f"python -m train: error: {e}", file=sys.stderr)
         return 1

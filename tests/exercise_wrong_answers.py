@@ -10,7 +10,6 @@ import types
 import numpy as np
 
 import tinyattn as ta
-from tinyattn.optim import Optimizer
 
 from exercise_solutions import (adamw, attention, cross_entropy, elementwise, embedding, engine, kv_cache,
                                 layernorm, matmul, online_softmax, softmax, sum_to)
@@ -289,39 +288,35 @@ def tiled_all_at_once(q, k, v, block_size=16, is_causal=False, scale=None):
 
 
 # ---------------------------------------------------------------- 15. AdamW
-class AdamL2(Optimizer):
+class AdamVariant(adamw.AdamW):
+    """The solution's walk over the parameters, with another update rule."""
+
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    state = self.state.setdefault(id(p), {"step": 0, "exp_avg": 0.0, "exp_avg_sq": 0.0})
+                    state["step"] += 1
+                    p.data = self.update(p.data, p.grad.data, state, group, p.xp)
+
+
+class AdamL2(AdamVariant):
     """Adam with weight_decay * p added to the gradient: not decoupled."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
-
-    def step(self):
-        for group in self.param_groups:
-            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = p.grad.data + wd * p.data
-                state = self.state.setdefault(id(p), {"step": 0, "exp_avg": 0.0, "exp_avg_sq": 0.0})
-                state["step"] += 1
-                t = state["step"]
-                state["exp_avg"] = m = b1 * state["exp_avg"] + (1 - b1) * g
-                state["exp_avg_sq"] = v = b2 * state["exp_avg_sq"] + (1 - b2) * g * g
-                p.data = p.data - lr * (m / (1 - b1 ** t)) / (p.xp.sqrt(v / (1 - b2 ** t)) + eps)
+    def update(self, p, g, state, group, xp):
+        lr, (b1, b2), eps, t = group["lr"], group["betas"], group["eps"], state["step"]
+        g = g + group["weight_decay"] * p
+        state["exp_avg"] = m = b1 * state["exp_avg"] + (1 - b1) * g
+        state["exp_avg_sq"] = v = b2 * state["exp_avg_sq"] + (1 - b2) * g * g
+        return p - lr * (m / (1 - b1 ** t)) / (xp.sqrt(v / (1 - b2 ** t)) + eps)
 
 
-class AdamWNoBiasCorrection(adamw.AdamW):
-    def step(self):
-        for group in self.param_groups:
-            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = p.grad.data
-                state = self.state.setdefault(id(p), {"exp_avg": 0.0, "exp_avg_sq": 0.0})
-                state["exp_avg"] = m = b1 * state["exp_avg"] + (1 - b1) * g
-                state["exp_avg_sq"] = v = b2 * state["exp_avg_sq"] + (1 - b2) * g * g
-                p.data = p.data * (1 - lr * wd) - lr * m / (p.xp.sqrt(v) + eps)
+class AdamWNoBiasCorrection(AdamVariant):
+    def update(self, p, g, state, group, xp):
+        lr, (b1, b2), eps = group["lr"], group["betas"], group["eps"]
+        state["exp_avg"] = m = b1 * state["exp_avg"] + (1 - b1) * g
+        state["exp_avg_sq"] = v = b2 * state["exp_avg_sq"] + (1 - b2) * g * g
+        return p * (1 - lr * group["weight_decay"]) - lr * m / (xp.sqrt(v) + eps)
 
 
 class AdamWFirstLr(adamw.AdamW):

@@ -250,8 +250,8 @@ class AttentionNoScale(attention.Attention):
 
 class AttentionNumpyMask(attention.Attention):
     def forward(self, q, k, v, scale, is_causal):
-        self.scale = scale
-        s = q @ np.swapaxes(k, -1, -2) * scale
+        self.scale, self.q_scaled = scale, q * scale
+        s = self.q_scaled @ np.swapaxes(k, -1, -2)
         if is_causal:
             s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
         e = np.exp(s - s.max(-1, keepdims=True))

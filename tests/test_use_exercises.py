@@ -1,7 +1,7 @@
 """python -m train --use_exercises: the learner's passing pieces run inside the library.
 
 With every reference solution swapped in, a short training run gives the same
-losses as the library's own run, and the solutions' code is what ran.
+losses as the library's own run, to the last bit, and the solutions' code is what ran.
 """
 import collections
 
@@ -55,7 +55,7 @@ def test_with_every_solution_swapped_in_the_run_matches_the_library(text_file, t
     assert "11 of 11 pieces are yours" in said[0]
 
     for key in ("val_loss", "train_loss", "best_val_loss"):
-        assert yours[key] == pytest.approx(library[key], rel=1e-5), key
+        assert yours[key] == library[key], key            # the same numbers to the last bit
     assert all(calls[name] > 0 for name in ("sum_to", "engine", "adamw", "kv_cache")), calls
     ran = {matmul.MatMul, layernorm.LayerNorm, cross_entropy.CrossEntropy, embedding.Embedding, attention.Attention}
     assert ran <= applied, f"not run: {ran - applied}"

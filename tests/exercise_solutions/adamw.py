@@ -24,6 +24,7 @@ class AdamW(Optimizer):
                 state["exp_avg"] = m = b1 * state["exp_avg"] + (1 - b1) * g            # first moment
                 state["exp_avg_sq"] = v = b2 * state["exp_avg_sq"] + (1 - b2) * (g * g)  # second moment
                 p.data = p.data * (1 - lr * wd)                                        # decoupled decay
-                m_hat = m / (1 - b1 ** t)                                              # bias corrections
-                v_hat = v / (1 - b2 ** t)
-                p.data = p.data - lr * m_hat / (xp.sqrt(v_hat) + eps)
+                # lr * m_hat / (sqrt(v_hat) + eps), with m_hat = m / (1 - b1^t), v_hat = v / (1 - b2^t):
+                step_size = lr / (1 - b1 ** t)
+                denom = xp.sqrt(v) * (1.0 / math.sqrt(1 - b2 ** t)) + eps
+                p.data = p.data - step_size * (m / denom)

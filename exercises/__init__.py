@@ -1,1 +1,7 @@
-"""Your solutions to EXERCISES.md: rmsnorm.py, rope.py, gqa.py, swiglu.py."""
+"""Your solutions to EXERCISES.md.
+
+Part one (extend the model): write rmsnorm.py, rope.py, gqa.py, swiglu.py here.
+Part two (build the core): fill in the starter files sum_to.py ... kv_cache.py.
+``python -m exercises`` shows your progress; ``python -m train --use_exercises``
+trains the GPT with every passing piece of yours swapped in.
+"""

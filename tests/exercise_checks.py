@@ -1,39 +1,110 @@
 """The checks of EXERCISES.md, each written once and given the module to check.
 
-tests/test_exercises_<name>.py run them on the learner's exercises/<name>.py
-(skipped until that file exists); tests/test_exercise_solutions.py runs them
-on the reference solutions in tests/exercise_solutions/.
+A check takes the module under test (the learner's exercises/<name>.py, or a
+reference solution from tests/exercise_solutions/) and returns quietly, raises
+NotStarted (a piece is not written yet: skipped), or raises ExerciseFailure
+with a message that says what was checked and how it failed, in the
+exercise's terms. tests/test_exercises_<name>.py run them under pytest,
+``python -m exercises`` runs them without it. Part two's checks are in
+exercise_checks_core.py.
 """
 import importlib
+import traceback
+import warnings
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 import tinyattn as ta
 import tinyattn.nn.functional as F
 
 REPO_ROOT = Path(__file__).resolve().parent.parent       # the learner's exercises/ package lives there
 
-def load_exercise(name):
-    """exercises/<name>.py as a module; the test is skipped while the file does not exist.
+class NotStarted(Exception):
+    """A piece of the exercise is not written yet: its checks are skipped, not failed."""
 
-    (Only a missing file skips: an error inside the learner's file is reported.)
+
+class ExerciseFailure(AssertionError):
+    """The code under test is wrong. The message's first line is the one-line reason."""
+
+
+def load_exercise(name, package="exercises"):
+    """<package>/<name>.py as a module. A learner's file that does not exist yet is NotStarted.
+
+    (Only a missing file counts as not started: an error inside the file is reported.)
     """
-    if not (REPO_ROOT / "exercises" / f"{name}.py").exists():
-        pytest.skip(f"exercises/{name}.py does not exist yet: see EXERCISES.md")
-    return importlib.import_module(f"exercises.{name}")
+    if package == "exercises" and not (REPO_ROOT / "exercises" / f"{name}.py").exists():
+        raise NotStarted(f"exercises/{name}.py does not exist yet: see EXERCISES.md")
+    return importlib.import_module(f"{package}.{name}")
 
 
 def need(mod, name):
-    """mod.name, or a skip that says what to write next."""
+    """mod.name, or NotStarted saying what to write next."""
     if not hasattr(mod, name):
-        pytest.skip(f"{mod.__name__} has no {name} yet")
+        raise NotStarted(f"{getattr(mod, '__name__', 'the module')} has no {name} yet")
     return getattr(mod, name)
 
 
-def rand(rng, *shape, grad=False):
-    return ta.tensor(rng.standard_normal(shape), dtype="float64", requires_grad=grad)
+LEARNER_CODE = ("/exercises/", "/exercise_solutions/", "/exercise_wrong_answers")
+
+
+def unwritten(error):
+    """'Softmax.backward (exercises/softmax.py:25)': the learner's line an error came from."""
+    for frame, lineno in reversed(list(traceback.walk_tb(error.__traceback__))):
+        code = frame.f_code
+        if any(part in code.co_filename.replace("\\", "/") for part in LEARNER_CODE):
+            path = "/".join(Path(code.co_filename).parts[-2:])
+            return f"{getattr(code, 'co_qualname', code.co_name)} ({path}:{lineno})"
+    return str(error) or "a piece"
+
+
+def run_check(check, module):
+    """("pass" | "skip" | "fail", one-line reason) of one check on one module."""
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):    # the message says what went wrong
+            warnings.simplefilter("ignore")
+            check(module)
+    except NotStarted as e:
+        return "skip", str(e)
+    except NotImplementedError as e:
+        return "skip", f"not written yet: {unwritten(e)} raises NotImplementedError"
+    except ExerciseFailure as e:
+        return "fail", str(e)
+    except AssertionError as e:
+        return "fail", f"{check.__name__}: {str(e).strip() or 'an assertion failed'}"
+    except Exception as e:  # the learner's code raised: say what and where
+        where = unwritten(e)
+        return "fail", f"{check.__name__}: your code raised {type(e).__name__}: {e} (in {where})"
+    return "pass", ""
+
+
+def pytest_check(check, module_or_loader):
+    """Run a check under pytest: NotStarted and NotImplementedError skip, ExerciseFailure fails
+    with its message only (no traceback into the checker); any other error keeps its traceback."""
+    import pytest
+    try:
+        check(module_or_loader() if callable(module_or_loader) else module_or_loader)
+    except NotStarted as e:
+        pytest.skip(str(e))
+    except NotImplementedError as e:
+        pytest.skip(f"not written yet: {unwritten(e)} raises NotImplementedError")
+    except ExerciseFailure as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+def pytest_tests(name, checks):
+    """A parametrized pytest test running ``checks`` on exercises/<name>.py."""
+    import pytest
+
+    @pytest.mark.parametrize("check", checks, ids=lambda f: f.__name__)
+    def test(check):
+        pytest_check(check, lambda: load_exercise(name))
+    test.__name__ = f"test_{name}"
+    return test
+
+
+def rand(rng, *shape, grad=False, device="cpu"):
+    return ta.tensor(rng.standard_normal(shape), dtype="float64", requires_grad=grad, device=device)
 
 
 def double(module):
@@ -43,11 +114,42 @@ def double(module):
     return module
 
 
+def host(a):
+    return a.numpy() if isinstance(a, ta.Tensor) else np.asarray(a)
+
+
+def compare(actual, expected, what, tol=1e-10, hint=""):
+    """ExerciseFailure naming ``what`` and its worst element, unless actual matches expected.
+
+    The message holds a few numbers, never whole arrays.
+    """
+    if actual is None:
+        raise ExerciseFailure(f"{what}: got None, expected an array of shape {host(expected).shape}. {hint}".strip())
+    a, e = host(actual).astype(np.float64), host(expected).astype(np.float64)
+    if a.shape != e.shape:
+        raise ExerciseFailure(f"{what}: shape {a.shape}, expected {e.shape}. {hint}".strip())
+    if not np.all(np.isfinite(a)) and np.all(np.isfinite(e)):
+        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(a))[0])
+        raise ExerciseFailure(f"{what}: {a[bad]} at index {bad}, expected {e[bad]:.6g}. {hint}".strip())
+    excess = np.abs(a - e) - (tol + tol * np.abs(e))
+    if a.size and excess.max() > 0:
+        i = np.unravel_index(np.argmax(excess), a.shape)
+        where = f" at index {tuple(int(n) for n in i)}" if a.ndim else ""
+        raise ExerciseFailure(f"{what} is wrong{where}: you give {a[i]:.6g}, expected {e[i]:.6g} "
+                              f"(largest error {np.abs(a - e).max():.3g}). {hint}".strip())
+
+
 def close(a, b, tol=1e-10):
-    a = a.numpy() if isinstance(a, ta.Tensor) else np.asarray(a)
-    b = b.numpy() if isinstance(b, ta.Tensor) else np.asarray(b)
-    assert a.shape == b.shape, f"shape {a.shape} != {b.shape}"
-    np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+    compare(a, b, "the result", tol)
+
+
+def raises(error, fn, what):
+    """ExerciseFailure unless fn() raises ``error``."""
+    try:
+        fn()
+    except error:
+        return
+    raise ExerciseFailure(f"{what}: expected a {error.__name__}, nothing was raised")
 
 
 def rng_():
@@ -68,7 +170,7 @@ def rms_norm_has_unit_rms(mod):
     rms_norm, rng = need(mod, "rms_norm"), rng_()
     x = rand(rng, 4, 16) * 3.0 + 1.0
     y = rms_norm(x, ta.ones(16, dtype="float64"), 1e-6).numpy()
-    np.testing.assert_allclose(np.sqrt((y ** 2).mean(-1)), 1.0, atol=1e-6)
+    compare(np.sqrt((y ** 2).mean(-1)), np.ones(4), "the RMS of each row, with a unit weight", tol=1e-6)
     assert not np.allclose(y.mean(-1), 0.0), "RMSNorm does not subtract the mean (LayerNorm does)"
 
 
@@ -143,7 +245,7 @@ def rope_is_relative(mod):
     def score(m, n):
         return float((apply_rotary(q, [m]).numpy() * apply_rotary(k, [n]).numpy()).sum())
     same = [score(3, 1), score(10, 8), score(52, 50), score(2, 0)]
-    np.testing.assert_allclose(same, same[0], rtol=1e-9, atol=1e-9)
+    compare(same, np.full(4, same[0]), "q_m . k_n for m - n = 2 at four positions", tol=1e-9)
     assert abs(score(5, 1) - same[0]) > 1e-6, "a different offset should give a different score"
 
 
@@ -198,8 +300,8 @@ def gqa_shapes(mod):
     gqa, rng = need(mod, "grouped_query_attention"), rng_()
     q, k, v = rand(rng, 3, 8, 7, 4), rand(rng, 3, 2, 7, 4), rand(rng, 3, 2, 7, 4)
     assert gqa(q, k, v).shape == (3, 8, 7, 4)
-    with pytest.raises(ValueError):
-        gqa(q, rand(rng, 3, 3, 7, 4), rand(rng, 3, 3, 7, 4))       # 8 heads do not split into 3 groups
+    raises(ValueError, lambda: gqa(q, rand(rng, 3, 3, 7, 4), rand(rng, 3, 3, 7, 4)),
+           "8 query heads do not split into 3 groups")
 
 
 def gqa_gradcheck(mod):
@@ -268,4 +370,3 @@ def swiglu_gradcheck(mod):
 
 SWIGLU = [silu_matches_formula, swiglu_matches_formula, swiglu_parameters, swiglu_gradcheck]
 
-ALL = {"rmsnorm": RMSNORM, "rope": ROPE, "gqa": GQA, "swiglu": SWIGLU}

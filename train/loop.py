@@ -8,6 +8,7 @@ and reports how well the model, and its attention, resolve "it". With
 ``train(args)`` and ``main(argv)``. ``train/__main__.py`` only calls ``main``.)
 """
 import argparse
+import contextlib
 import csv
 import difflib
 import json
@@ -121,6 +122,8 @@ def build_parser():
         p.add_argument(f"--{name}", type=float)
     p.add_argument("--bias", type=yes_or_no, help="biases in Linear and LayerNorm (true or false)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or samples")
+    p.add_argument("--use_exercises", action="store_true",
+                   help="run with every passing piece of exercises/ (EXERCISES.md, part two) swapped into the library")
     return p
 
 
@@ -380,6 +383,17 @@ def last_saved(state):
     return f"{keep} (try a lower --learning_rate, or --grad_clip)"
 
 
+def exercises_swapped_in(wanted):
+    """--use_exercises: the learner's passing pieces replace the library's for this run."""
+    if not wanted:
+        return contextlib.nullcontext()
+    try:
+        from exercises.swap import use_exercises
+    except ImportError as e:
+        raise OSError(f"--use_exercises needs the exercises/ folder: run from the repository root ({e})") from None
+    return use_exercises()
+
+
 # ---------------------------------------------------------------------------
 def train(args):
     """The training run; returns the summary dict."""
@@ -496,7 +510,8 @@ def train(args):
 def main(argv=None):
     args = parse_args(argv)
     try:
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # a blow-up is reported once, below
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"), \
+                exercises_swapped_in(args.use_exercises):   # a blow-up is reported once, below
             summary = train(args)
     except (ValueError, OSError, KeyError, RuntimeError) as e:
         print(f"python -m train: error: {e}", file=sys.stderr)

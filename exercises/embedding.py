@@ -1,0 +1,21 @@
+"""Exercise 11 (EXERCISES.md, "Build the core"): the embedding lookup and its backward.
+
+    python -m exercises embedding       # or: pytest tests/test_exercises_embedding.py -v
+"""
+import tinyattn as ta
+
+
+class Embedding(ta.Function):
+    """Rows of a (V, C) table for integer ids of any shape: weight[idx]."""
+
+    def forward(self, weight, idx):
+        """weight (V, C) float, idx (...) int raw arrays -> (..., C). Hint: ``self.xp.take``."""
+        raise NotImplementedError
+
+    def backward(self, g):
+        """g (..., C) Tensor -> (dweight shaped (V, C), None). The same id may appear many times."""
+        raise NotImplementedError
+
+
+def embedding(idx, weight):
+    return Embedding.apply(weight, idx)

@@ -1,0 +1,85 @@
+"""The exercises of EXERCISES.md, their checks, and the learner's progress.
+
+The checks live with the tests (tests/exercise_checks.py and
+tests/exercise_checks_core.py); this module lists the exercises in order and
+runs their checks on a package of answers: the learner's ``exercises``, or
+the reference solutions ``exercise_solutions`` (under tests/).
+"""
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TESTS = REPO_ROOT / "tests"
+for folder in (REPO_ROOT, TESTS):
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+
+import exercise_checks as extend      # noqa: E402  (part one: extend the model)
+import exercise_checks_core as core   # noqa: E402  (part two: build the core)
+
+
+@dataclass(frozen=True)
+class Exercise:
+    number: int
+    name: str            # the file: exercises/<name>.py
+    title: str
+    checks: tuple
+
+
+EXERCISES = [Exercise(i + 1, name, title, tuple(checks)) for i, (name, title, checks) in enumerate([
+    ("rmsnorm", "RMSNorm", extend.RMSNORM),
+    ("rope", "Rotary position embeddings", extend.ROPE),
+    ("gqa", "Grouped-query attention", extend.GQA),
+    ("swiglu", "SwiGLU", extend.SWIGLU),
+    ("sum_to", "Broadcasting backward: sum_to", core.SUM_TO),
+    ("matmul", "Batched matmul backward", core.MATMUL),
+    ("elementwise", "exp, log, tanh (twice differentiable)", core.ELEMENTWISE_CHECKS),
+    ("softmax", "Softmax backward (a JVP)", core.SOFTMAX),
+    ("layernorm", "LayerNorm backward by hand", core.LAYERNORM),
+    ("cross_entropy", "Fused cross-entropy", core.CROSS_ENTROPY),
+    ("embedding", "Embedding backward (scatter-add)", core.EMBEDDING),
+    ("engine", "The engine: toposort and backward", core.ENGINE),
+    ("attention", "Attention backward by hand", core.ATTENTION),
+    ("online_softmax", "Online softmax (tiled attention)", core.ONLINE_SOFTMAX),
+    ("adamw", "AdamW step", core.ADAMW),
+    ("kv_cache", "KV cache", core.KV_CACHE),
+])]
+BY_NAME = {e.name: e for e in EXERCISES}
+SOLUTIONS = "exercise_solutions"
+
+
+@dataclass
+class Result:
+    exercise: Exercise
+    status: str          # "not started", "failing" or "passing"
+    reason: str          # the first failure's (or the first unwritten piece's) one-line reason
+    checks: list         # (check name, "pass" | "skip" | "fail", message)
+
+    @property
+    def passing(self):
+        return self.status == "passing"
+
+
+def check(exercise, package="exercises"):
+    """Run every check of one exercise on ``package``.<name>; a Result."""
+    try:
+        module = extend.load_exercise(exercise.name, package)
+    except extend.NotStarted as e:
+        return Result(exercise, "not started", str(e), [])
+    except Exception as e:  # the learner's file does not even import
+        return Result(exercise, "failing", f"importing {package}/{exercise.name}.py raised "
+                                           f"{type(e).__name__}: {e}", [])
+    rows = [(c.__name__,) + extend.run_check(c, module) for c in exercise.checks]
+    outcomes = [outcome for _, outcome, _ in rows]
+    if all(o == "pass" for o in outcomes):
+        return Result(exercise, "passing", "", rows)
+    if all(o == "skip" for o in outcomes):
+        return Result(exercise, "not started", rows[0][2], rows)
+    first = next(r for r in rows if r[1] == "fail") if "fail" in outcomes else next(r for r in rows if r[1] == "skip")
+    return Result(exercise, "failing", first[2], rows)
+
+
+def check_all(package="exercises", names=None):
+    """Results of the named exercises (default: all, in order) on ``package``."""
+    return [check(e, package) for e in ([BY_NAME[n] for n in names] if names else EXERCISES)]

@@ -1,0 +1,8 @@
+"""EXERCISES.md, exercise 15: AdamW step. Skipped until you start exercises/adamw.py.
+
+    pytest tests/test_exercises_adamw.py -v
+"""
+import exercise_checks as checks
+import exercise_checks_core as core
+
+test_adamw = checks.pytest_tests("adamw", core.ADAMW)

@@ -1,0 +1,8 @@
+"""EXERCISES.md, exercise 11: Embedding backward (scatter-add). Skipped until you start exercises/embedding.py.
+
+    pytest tests/test_exercises_embedding.py -v
+"""
+import exercise_checks as checks
+import exercise_checks_core as core
+
+test_embedding = checks.pytest_tests("embedding", core.EMBEDDING)

@@ -1,0 +1,77 @@
+"""python -m train --use_exercises: the learner's passing pieces run inside the library.
+
+With every reference solution swapped in, a short training run gives the same
+losses as the library's own run, to the last bit, and the solutions' code is what ran.
+"""
+import collections
+
+import pytest
+
+import tinyattn as ta
+import tinyattn.nn.functional as F
+from tinyattn import ops
+from train.loop import main, parse_args, train
+
+from exercise_solutions import (attention, cross_entropy, embedding, engine, kv_cache, layernorm, matmul,
+                                sum_to, adamw)
+from exercises.progress import SOLUTIONS
+from exercises.swap import SWAPS, use_exercises
+from test_train import TEXT, TINY
+
+SHORT = ["--max_iters", "6", "--eval_interval", "3", "--sample_tokens", "12"]
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "tiny.txt"
+    path.write_text(TEXT)
+    return str(path)
+
+
+def short_run(text_file, out_dir):
+    return train(parse_args(["--data", text_file, "--out_dir", str(out_dir), *TINY, *SHORT]))
+
+
+def counting(calls, name, fn):
+    def wrapper(*args, **kwargs):
+        calls[name] += 1
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+def test_with_every_solution_swapped_in_the_run_matches_the_library(text_file, tmp_path, monkeypatch):
+    library = short_run(text_file, tmp_path / "library")
+
+    calls = collections.Counter()                 # the solutions' plain functions and methods, counted
+    monkeypatch.setattr(sum_to, "sum_to", counting(calls, "sum_to", sum_to.sum_to))
+    monkeypatch.setattr(engine, "backward", counting(calls, "engine", engine.backward))
+    monkeypatch.setattr(adamw.AdamW, "step", counting(calls, "adamw", adamw.AdamW.step))
+    monkeypatch.setattr(kv_cache.KVCache, "append", counting(calls, "kv_cache", kv_cache.KVCache.append))
+    applied, said = set(), []                     # every Function class applied during the run
+    with use_exercises(SOLUTIONS, say=said.append) as swapped:
+        monkeypatch.setattr(ta.Function, "trace", applied)
+        yours = short_run(text_file, tmp_path / "yours")
+    assert swapped == list(SWAPS)
+    assert "11 of 11 pieces are yours" in said[0]
+
+    for key in ("val_loss", "train_loss", "best_val_loss"):
+        assert yours[key] == library[key], key            # the same numbers to the last bit
+    assert all(calls[name] > 0 for name in ("sum_to", "engine", "adamw", "kv_cache")), calls
+    ran = {matmul.MatMul, layernorm.LayerNorm, cross_entropy.CrossEntropy, embedding.Embedding, attention.Attention}
+    assert ran <= applied, f"not run: {ran - applied}"
+    assert not {ops.MatMul, F.LayerNorm, F.CrossEntropy, F.Embedding} & applied
+
+
+def test_the_swap_is_undone_after_the_run():
+    before = (F.cross_entropy, ops.MatMul, ta.Tensor.backward, ta.optim.AdamW, ta.nn.KVCache)
+    with use_exercises(SOLUTIONS, say=lambda line: None):
+        assert F.cross_entropy is cross_entropy.cross_entropy and ta.nn.KVCache is kv_cache.KVCache
+    assert (F.cross_entropy, ops.MatMul, ta.Tensor.backward, ta.optim.AdamW, ta.nn.KVCache) == before
+
+
+def test_the_flag_says_what_it_swapped(text_file, tmp_path, capsys):
+    """On the starter files (or a learner's work in progress) the run goes ahead and says what is whose."""
+    assert main(["--data", text_file, "--out_dir", str(tmp_path / "run"), *TINY, "--max_iters", "2",
+                 "--use_exercises"]) == 0
+    out = capsys.readouterr().out
+    assert "--use_exercises:" in out and "pieces are yours (exercises/)" in out

@@ -13,6 +13,7 @@ import weakref
 from .backend import get_backend, float32, float64, int64, dtype_of_host
 
 _grad_enabled = True
+hooks = None   # while ta.detect_anomaly or ta.profile runs: their hooks (tinyattn/hooks.py); else None
 
 
 # --------------------------------------------------------------------------
@@ -88,7 +89,10 @@ class Function:
         ctx.backend, ctx.xp = backend, backend.xp
         if Function.trace is not None:
             Function.trace.add(cls)
-        data = ctx.forward(*[t.data for t in inputs], **params)
+        if hooks is None:
+            data = ctx.forward(*[t.data for t in inputs], **params)
+        else:
+            data = hooks.forward(ctx, inputs, params)
         requires_grad = _grad_enabled and any(t.requires_grad for t in inputs)
         out = Tensor._make(data, backend, requires_grad)
         if requires_grad:
@@ -160,7 +164,7 @@ def _run_backward(roots, root_grads, retain_graph, create_graph, inputs=None):
             if create_graph and not ctx.differentiable_backward:
                 raise RuntimeError(f"{type(ctx).__name__} has a fused backward that cannot be "
                                    "differentiated again (create_graph=True)")
-            grads = ctx.backward(g)
+            grads = ctx.backward(g) if hooks is None else hooks.backward(ctx, g)
             if not isinstance(grads, tuple):
                 grads = (grads,)
             for parent, pg in zip(ctx.parents, grads):

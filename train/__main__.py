@@ -5,6 +5,7 @@ and reports how well the model, and its attention, resolve "it". With
 --data FILE it trains a character-level model on any UTF-8 text file.
 """
 import argparse
+import contextlib
 import csv
 import json
 import math
@@ -37,6 +38,7 @@ PRESETS = {
                  learning_rate=1e-3, min_lr=1e-4, warmup_iters=100, lr_decay_iters=2000, eval_interval=250,
                  eval_iters=20, out_dir="out"),
 }
+PROFILE_STEPS = range(1, 6)   # --profile: step 0 warms up, these five are timed
 COMMON = dict(dropout=0.0, weight_decay=0.1, beta1=0.9, beta2=0.99, grad_clip=1.0, gradient_accumulation_steps=1,
               bias=True, log_interval=10, sample_tokens=200)
 
@@ -64,6 +66,11 @@ def build_parser():
         p.add_argument(f"--{name}", type=float)
     p.add_argument("--bias", type=lambda s: s.lower() in ("1", "true", "yes"), help="biases in Linear and LayerNorm")
     p.add_argument("--quiet", action="store_true", help="no progress bar or samples")
+    p.add_argument("--detect_anomaly", action="store_true",
+                   help="stop at the first op whose output or gradient holds NaN or Inf, and name it")
+    p.add_argument("--profile", action="store_true",
+                   help=f"time every op over steps {PROFILE_STEPS.start}-{PROFILE_STEPS.stop - 1}, print the "
+                        "table and write out_dir/trace.json (for chrome://tracing or Perfetto)")
     return p
 
 
@@ -91,6 +98,11 @@ def parse_args(argv=None):
 
 
 # ---------------------------------------------------------------------------
+def perplexity(loss):
+    """exp(mean cross-entropy): the number of tokens the model hesitates between."""
+    return math.exp(min(loss, 700.0))
+
+
 def to_device(batch, device):
     x, y = batch
     return ta.tensor(x, device=device), ta.tensor(y, device=device)
@@ -175,9 +187,16 @@ def write_plot(log_rows, out_dir):
     return f"wrote {os.path.join(out_dir, 'loss.png')}"
 
 
+def report_profile(profiler, out_dir):
+    """--profile: the op table of the profiled steps (printed even with --quiet), and their Chrome trace."""
+    trace = profiler.chrome_trace(os.path.join(out_dir, "trace.json"))
+    tqdm.write(f"profile of steps {PROFILE_STEPS.start}-{PROFILE_STEPS.stop - 1}:\n{profiler.table()}\nwrote {trace}")
+
+
 def write_log(log_rows, out_dir):
     with open(os.path.join(out_dir, "log.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["step", "train_loss", "val_loss", "lr", "time"])
+        writer = csv.DictWriter(f, fieldnames=["step", "train_loss", "val_loss", "train_perplexity",
+                                               "val_perplexity", "lr", "time"])
         writer.writeheader()
         writer.writerows(log_rows)
 
@@ -217,11 +236,14 @@ def train(args):
     def evaluate(step):
         losses = estimate_loss(model, dataset, args)
         row = dict(step=step, train_loss=round(losses["train"], 6), val_loss=round(losses["val"], 6),
+                   train_perplexity=round(perplexity(losses["train"]), 4),
+                   val_perplexity=round(perplexity(losses["val"]), 4),
                    lr=warmup_cosine(step, args.learning_rate, args.min_lr, args.warmup_iters, args.lr_decay_iters),
                    time=round(time.time() - start_wall, 3))
         if not state["log"] or state["log"][-1]["step"] != step:
             state["log"].append(row)
-        say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
+            f"(perplexity {perplexity(losses['val']):.2f})")
         if args.sample_tokens and not args.quiet:
             say("  sample: " + repr(sample_text(model, dataset, args, args.sample_tokens)[:300]))
         if losses["val"] < state["best_val_loss"]:
@@ -231,6 +253,7 @@ def train(args):
                 save_checkpoint(os.path.join(args.out_dir, "best.npz"), model, optimizer, state, args, dataset)
         return losses
 
+    profiler = ta.profile() if args.profile else None
     try:
         while state["step"] < args.max_iters:
             step = state["step"]
@@ -241,10 +264,12 @@ def train(args):
             t0 = time.time()
             batches = [to_device(dataset.get_batch("train", args.batch_size, args.block_size, state["data_rng"]),
                                  args.device) for _ in range(args.gradient_accumulation_steps)]
-            loss = train_step(model, optimizer, batches, args.grad_clip)
+            with profiler if profiler and step in PROFILE_STEPS else contextlib.nullcontext():
+                loss = train_step(model, optimizer, batches, args.grad_clip)
             state["step"] = step + 1
             if step % args.log_interval == 0:          # reading the loss waits for the device: not every step
-                bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
+                loss_value = loss.item()
+                bar.set_postfix(loss=f"{loss_value:.4f}", ppl=f"{perplexity(loss_value):.2f}", lr=f"{lr:.2e}")
             train_time += time.time() - t0
             steps_timed += 1
             bar.update(1)
@@ -252,6 +277,8 @@ def train(args):
         interrupted = True
         say(f"interrupted at step {state['step']}: saving {ckpt_path}")
     bar.close()
+    if profiler:
+        report_profile(profiler, args.out_dir)
     if interrupted:
         save_checkpoint(ckpt_path, model, optimizer, state, args, dataset)
         return None
@@ -259,6 +286,8 @@ def train(args):
     save_checkpoint(ckpt_path, model, optimizer, state, args, dataset)
 
     summary = dict(best_val_loss=round(state["best_val_loss"], 6), val_loss=round(final["val"], 6),
+                   best_val_perplexity=round(perplexity(state["best_val_loss"]), 4),
+                   val_perplexity=round(perplexity(final["val"]), 4),
                    train_loss=round(final["train"], 6), iters=state["step"], dataset=dataset.name,
                    tokens_per_s=round(tokens_per_step * steps_timed / train_time, 1) if train_time else None,
                    wall_s=round(time.time() - start_wall, 2), parameters=model.num_parameters(),
@@ -277,7 +306,8 @@ def train(args):
 def main(argv=None):
     args = parse_args(argv)
     try:
-        summary = train(args)
+        with ta.detect_anomaly() if args.detect_anomaly else contextlib.nullcontext():
+            summary = train(args)
     except (ValueError, OSError, KeyError, RuntimeError) as e:
         print(f"python -m train: error: {e}", file=sys.stderr)
         return 1
@@ -287,7 +317,8 @@ def main(argv=None):
     if "heldout_accuracy" in summary:
         extra = (f", held-out referent accuracy {summary['heldout_accuracy']:.3f}, "
                  f"attention on the referent {summary['heldout_attention_correct']:.3f}")
-    print(f"done: {summary['iters']} iters, best val loss {summary['best_val_loss']:.4f}, "
+    print(f"done: {summary['iters']} iters, best val loss {summary['best_val_loss']:.4f} "
+          f"(perplexity {summary['best_val_perplexity']:.2f}), "
           f"val loss {summary['val_loss']:.4f}{extra}, {summary['tokens_per_s']} tokens/s, "
           f"{summary['wall_s']:.0f} s; wrote {os.path.join(args.out_dir, 'summary.json')}")
     return 0

@@ -15,6 +15,7 @@ Devices:
 """
 import math
 import os
+import time
 
 import numpy as np
 
@@ -108,6 +109,14 @@ class Backend:
 
     def synchronize(self):
         pass
+
+    # timing for ta.profile: a mark now, and the seconds between two marks. The host
+    # clock here; CUDA events on the GPU, so kernels that run later are timed right.
+    def time_mark(self):
+        return time.perf_counter()
+
+    def seconds_between(self, start, end):
+        return end - start
 
     # --- fused kernels ---------------------------------------------------
     # An op asks its backend for a fused kernel first. None means "no kernel
@@ -213,6 +222,15 @@ class CupyBackend(Backend):
 
     def synchronize(self):
         self.xp.cuda.get_current_stream().synchronize()
+
+    def time_mark(self):
+        event = self.xp.cuda.Event()
+        event.record()
+        return event
+
+    def seconds_between(self, start, end):
+        end.synchronize()
+        return self.xp.cuda.get_elapsed_time(start, end) / 1e3
 
     # --- fused kernels (backend/cuda_kernels.py), on unless TINYATTN_FUSED=0 ---
     # ``self.kernels and ...`` is None when they are off; each kernel itself

@@ -20,6 +20,17 @@ class Parameter(Tensor):
         return "Parameter containing:\n" + super().__repr__()
 
 
+def _note_call(module, args, out):
+    """Note on each output's op which module made it, from which inputs, so that
+    ``ta.viz.graph(t, depth=1)`` can draw a module as one box. With no graph
+    (no_grad, eval) there is nothing to note."""
+    for t in (out if isinstance(out, tuple) else (out,)):
+        ctx = getattr(t, "_ctx", None)
+        if ctx is not None:
+            calls = ctx.__dict__.setdefault("module_calls", [])
+            calls.append((module, frozenset(id(a) for a in args if isinstance(a, Tensor))))
+
+
 class Module:
     """Base class of layers. Assign Parameters and Modules as attributes; they
     are registered in order, so ``parameters()`` always comes in the same order."""
@@ -50,7 +61,9 @@ class Module:
         raise NotImplementedError
 
     def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        out = self.forward(*args, **kwargs)
+        _note_call(self, args, out)
+        return out
 
     # --- walking the tree ---
     def named_modules(self, prefix=""):

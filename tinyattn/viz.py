@@ -237,9 +237,7 @@ def _draw_with_dot(dot_text, path, program):
 
 def _draw_with_matplotlib(g, path):
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure          # no pyplot: the caller's plotting state is left alone
         from matplotlib.patches import FancyBboxPatch
     except ImportError:
         raise RuntimeError("drawing a graph needs matplotlib: pip install -e \".[viz]\"") from None
@@ -248,7 +246,8 @@ def _draw_with_matplotlib(g, path):
     widest = max(len(r) for r in rows)
     fig_w = min(max(3.0, widest * width_in), 60.0)
     fig_h = min(max(2.0, len(rows) * height_in), 120.0)
-    fig, ax = plt.subplots(figsize=(fig_w, fig_h))
+    fig = Figure(figsize=(fig_w, fig_h))
+    ax = fig.subplots()
     y = {key: -r for r, keys in enumerate(rows) for key in keys}
     colours = {"op": "#dbe9f6", "leaf": "#d9f2d9", "module": "#f9e3c6", "freed": "#eeeeee"}
     for (src, dst), grad in g.edges.items():
@@ -265,7 +264,6 @@ def _draw_with_matplotlib(g, path):
     ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
-    plt.close(fig)
 
 
 def graph(t, path=None, depth=None, params=None):

@@ -112,7 +112,10 @@ class _Graph:
         for key, node in self.nodes.items():
             if node.kind == "leaf":
                 t = self.tensors[key]
-                name = self.names.get(id(t), "parameter" if t.requires_grad else "input")
+                default = "parameter" if t.requires_grad else "input"
+                if t.numel() == 1 and not t.requires_grad:
+                    default = f"constant {t.item():.4g}"           # e.g. the 1/sqrt(d) of attention
+                name = self.names.get(id(t), default)
                 node.lines = [name, _describe(t), "requires grad" if t.requires_grad else "no grad"]
 
     def _collapse(self, depth):

@@ -252,3 +252,32 @@ def test_train_logs_perplexity(tmp_path):
     step, train_loss, val_loss, train_ppl, val_ppl = map(float, rows[-1].split(",")[:5])
     assert val_ppl == pytest.approx(np.exp(val_loss), rel=1e-4)
     assert train_ppl == pytest.approx(np.exp(train_loss), rel=1e-4)
+
+
+# --- other devices --------------------------------------------------------
+def test_tools_on_the_stand_in_device():
+    pytest.importorskip("array_api_strict")
+    x = ta.tensor([1.0, -1.0], device="strict", requires_grad=True)
+    with ta.profile() as p:
+        (x * 2.0).sum().backward()
+    assert p.key_averages()["Mul"]["calls"] == 1 and "host clock" in p.table()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with ta.detect_anomaly(), pytest.raises(RuntimeError, match="Log forward"):
+            x.log()
+    assert "Mul" in ta.viz.graph((x * 2.0).sum())
+
+
+@pytest.mark.gpu
+def test_profile_times_gpu_ops_with_cuda_events(tmp_path):
+    model = tiny_gpt().to("cuda")
+    idx = ta.tensor(np.arange(16).reshape(2, 8) % 11, device="cuda")
+    with ta.profile() as p:
+        model(idx, idx)[1].backward()
+    rows = p.key_averages()
+    assert "CUDA events" in p.table() and rows["MatMul"]["forward_s"] > 0 and rows["MatMul"]["backward_s"] > 0
+    events = json.load(open(p.chrome_trace(str(tmp_path / "t.json"))))["traceEvents"]
+    assert all(e["pid"] == "cuda" and e["dur"] >= 0 for e in events)
+    x = ta.tensor([-1.0], device="cuda", requires_grad=True)
+    with ta.detect_anomaly(), pytest.raises(RuntimeError, match="Log forward"):
+        x.log()

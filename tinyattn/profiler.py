@@ -13,10 +13,16 @@ launch: there each op is timed with CUDA events, on the device's own clock.
 Outside the block nothing is recorded and nothing is paid.
 """
 import json
+import math
 import time
 from collections import defaultdict
 
 from .hooks import Tool
+
+
+def _nbytes(backend, array):
+    """Bytes of an array, on any backend (the array API has no ``nbytes``)."""
+    return math.prod(array.shape) * backend.dtype_of(array).itemsize
 
 
 class _Event:
@@ -62,13 +68,13 @@ class profile(Tool):
         self._begin(ctx, "forward", [t.shape for t in inputs])
 
     def after_forward(self, ctx, inputs, data):
-        self._end(data.nbytes)
+        self._end(_nbytes(ctx.backend, data))
 
     def before_backward(self, ctx, grad):
         self._begin(ctx, "backward", [grad.shape])
 
     def after_backward(self, ctx, grad, grads):
-        self._end(sum(g.data.nbytes for g in grads if g is not None))
+        self._end(sum(_nbytes(ctx.backend, g.data) for g in grads if g is not None))
 
     # --- the results ---
     @property

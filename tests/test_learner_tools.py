@@ -281,3 +281,13 @@ def test_profile_times_gpu_ops_with_cuda_events(tmp_path):
     x = ta.tensor([-1.0], device="cuda", requires_grad=True)
     with ta.detect_anomaly(), pytest.raises(RuntimeError, match="Log forward"):
         x.log()
+
+
+def test_graph_uses_the_dot_program_when_there_is_one(tmp_path, monkeypatch):
+    fake = tmp_path / "dot"                 # stands in for Graphviz: writes what it reads, with its flags
+    fake.write_text('#!/bin/sh\n{ echo "$1 $2"; cat; } > "$3"\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(viz, "_dot_program", lambda: str(fake))
+    y, params = neuron()
+    dot = ta.viz.graph(y, str(tmp_path / "n.svg"), params=params)
+    assert (tmp_path / "n.svg").read_text() == f"-Tsvg -o\n{dot}"

@@ -10,6 +10,7 @@ browser to:
     (Abnar and Zuidema 2020: each layer's head-mean plus the residual, multiplied through);
   - save the current view as a PNG.
 """
+import argparse
 import base64
 import html
 import json
@@ -30,7 +31,7 @@ TEMPLATE = Path(__file__).with_name("explore.html")
 
 def build_parser():
     p = OneLineParser(prog="python -m train.explore", description=__doc__,
-                      formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out_dir", default="out-coref", help="the folder that holds ckpt.npz")
     p.add_argument("--checkpoint", default="ckpt", choices=["ckpt", "best"])
     p.add_argument("--text", help="the text to look at (default: the lesson's sentence for a word model)")

@@ -89,10 +89,12 @@ class _Graph:
         """(module, ids of its input tensors, key of its output op), for every module call in the graph."""
         calls = []
         for key, t in self.tensors.items():
-            if t._ctx is not None:
-                for module, input_ids in t._ctx.__dict__.get("module_calls", ()):
-                    if id(t) not in input_ids:             # Dropout(p=0) hands its input back
-                        calls.append((module, input_ids, key))
+            note = t._ctx.__dict__.get("module_call") if t._ctx is not None else None
+            while note is not None:                        # the outermost module first
+                module, args, note = note
+                input_ids = frozenset(id(a) for a in args if isinstance(a, Tensor))
+                if id(t) not in input_ids:                 # Dropout(p=0) hands its input back
+                    calls.append((module, input_ids, key))
         return calls
 
     def _name_from_modules(self):

@@ -21,14 +21,16 @@ class Parameter(Tensor):
 
 
 def _note_call(module, args, out):
-    """Note on each output's op which module made it, from which inputs, so that
-    ``ta.viz.graph(t, depth=1)`` can draw a module as one box. With no graph
-    (no_grad, eval) there is nothing to note."""
-    for t in (out if isinstance(out, tuple) else (out,)):
-        ctx = getattr(t, "_ctx", None)
-        if ctx is not None:
-            calls = ctx.__dict__.setdefault("module_calls", [])
-            calls.append((module, frozenset(id(a) for a in args if isinstance(a, Tensor))))
+    """Note on the output's op which module made it, from which inputs, so that
+    ``ta.viz.graph(t, depth=1)`` can draw a module as one box. One tuple per
+    call; with no graph (no_grad, eval) there is nothing to note."""
+    if type(out) is tuple:
+        for t in out:
+            _note_call(module, args, t)
+        return
+    ctx = getattr(out, "_ctx", None)
+    if ctx is not None:     # (module, its inputs, the call noted before: an inner module returning the same op)
+        ctx.module_call = (module, args, ctx.__dict__.get("module_call"))
 
 
 class Module:

@@ -15,7 +15,11 @@ LAYERS = [
     ("tinyattn.backend", 0),
     ("tinyattn.autograd", 1),
     ("tinyattn.ops", 2),
+    ("tinyattn.hooks", 2),          # the learner tools' hook into the engine
+    ("tinyattn.anomaly", 2),
+    ("tinyattn.profiler", 2),
     ("tinyattn.tensor", 3),
+    ("tinyattn.viz", 4),
     ("tinyattn.gradcheck", 4),
     ("tinyattn.nn", 4),
     ("tinyattn.optim", 4),

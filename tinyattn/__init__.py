@@ -23,3 +23,6 @@ def chunk(x, chunks, dim=0): return x.chunk(chunks, dim)
 
 from .gradcheck import gradcheck, gradgradcheck, GradcheckError  # noqa: E402
 from . import nn, optim, models  # noqa: E402,F401
+from .anomaly import detect_anomaly  # noqa: E402
+from .profiler import profile  # noqa: E402
+from . import viz  # noqa: E402,F401

@@ -16,6 +16,7 @@ import contextlib
 import weakref
 
 _grad_enabled = True
+hooks = None   # while ta.detect_anomaly or ta.profile runs: their hooks (tinyattn/hooks.py); else None
 _Tensor = None          # the Tensor class: set once by tinyattn/tensor.py (use_tensor_class)
 
 
@@ -122,7 +123,10 @@ class Function:
         if Function.trace is not None:
             Function.trace.add(cls)
         try:
-            data = ctx.forward(*[t.data for t in inputs], **params)
+            if hooks is None:
+                data = ctx.forward(*[t.data for t in inputs], **params)
+            else:
+                data = hooks.forward(ctx, inputs, params)
         except Exception as e:
             better = _explain_forward_error(cls, inputs, e)
             if better is None:
@@ -254,7 +258,7 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs=None):
             if create_graph and not ctx.differentiable_backward:
                 raise RuntimeError(f"{type(ctx).__name__} has a fused backward that cannot be "
                                    "differentiated again (create_graph=True)")
-            grads = check_backward_grads(ctx, ctx.backward(g))
+            grads = check_backward_grads(ctx, ctx.backward(g) if hooks is None else hooks.backward(ctx, g))
             for parent, pg in zip(ctx.parents, grads):
                 if pg is None or not parent.requires_grad:
                     continue

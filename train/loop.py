@@ -43,6 +43,7 @@ PRESETS = {
                  learning_rate=1e-3, min_lr=1e-4, warmup_iters=100, lr_decay_iters=2000, eval_interval=250,
                  eval_iters=20, out_dir="out"),
 }
+PROFILE_STEPS = range(1, 6)   # --profile: step 0 warms up, these five are timed
 COMMON = dict(dropout=0.0, weight_decay=0.1, beta1=0.9, beta2=0.99, grad_clip=1.0, gradient_accumulation_steps=1,
               bias=True, log_interval=10, sample_tokens=200)
 
@@ -124,6 +125,11 @@ def build_parser():
     p.add_argument("--quiet", action="store_true", help="no progress bar or samples")
     p.add_argument("--use_exercises", action="store_true",
                    help="run with every passing piece of exercises/ (EXERCISES.md, part two) swapped into the library")
+    p.add_argument("--detect_anomaly", action="store_true",
+                   help="stop at the first op whose output or gradient holds NaN or Inf, and name it")
+    p.add_argument("--profile", action="store_true",
+                   help=f"time every op over steps {PROFILE_STEPS.start}-{PROFILE_STEPS.stop - 1}, print the "
+                        "table and write out_dir/trace.json (for chrome://tracing or Perfetto)")
     return p
 
 
@@ -211,6 +217,11 @@ def validate_args(args):
 
 
 # ---------------------------------------------------------------------------
+def perplexity(loss):
+    """exp(mean cross-entropy): the number of tokens the model hesitates between."""
+    return math.exp(min(loss, 700.0))
+
+
 def to_device(batch, device):
     x, y = batch
     return ta.tensor(x, device=device), ta.tensor(y, device=device)
@@ -302,9 +313,16 @@ def loss_figure(plt, log_rows, train_losses):
     return fig
 
 
+def report_profile(profiler, out_dir):
+    """--profile: the op table of the profiled steps (printed even with --quiet), and their Chrome trace."""
+    trace = profiler.chrome_trace(os.path.join(out_dir, "trace.json"))
+    tqdm.write(f"profile of steps {PROFILE_STEPS.start}-{PROFILE_STEPS.stop - 1}:\n{profiler.table()}\nwrote {trace}")
+
+
 def write_log(log_rows, out_dir):
     with open(os.path.join(out_dir, "log.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["step", "train_loss", "val_loss", "lr", "time"])
+        writer = csv.DictWriter(f, fieldnames=["step", "train_loss", "val_loss", "train_perplexity",
+                                               "val_perplexity", "lr", "time"])
         writer.writeheader()
         writer.writerows(log_rows)
 
@@ -439,6 +457,8 @@ def train(args):
     def evaluate(step):
         losses = estimate_loss(model, dataset, args)
         row = dict(step=step, train_loss=round(losses["train"], 6), val_loss=round(losses["val"], 6),
+                   train_perplexity=round(perplexity(losses["train"]), 4),
+                   val_perplexity=round(perplexity(losses["val"]), 4),
                    lr=warmup_cosine(step, args.learning_rate, args.min_lr, args.warmup_iters, args.lr_decay_iters),
                    time=round(time.time() - start_wall, 3))
         if not all(math.isfinite(v) for v in losses.values()):
@@ -446,7 +466,8 @@ def train(args):
                            f"stopped: {last_saved(state)}")
         if not state["log"] or state["log"][-1]["step"] != step:
             state["log"].append(row)
-        say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
+            f"(perplexity {perplexity(losses['val']):.2f})")
         if args.sample_tokens and not args.quiet:
             say("  sample: " + repr(sample_text(model, dataset, args, args.sample_tokens)[:300]))
         if losses["val"] < state["best_val_loss"]:
@@ -461,6 +482,7 @@ def train(args):
         state["saved_step"] = state["step"]
 
     pending = []                                     # this step's losses, still on the device
+    profiler = ta.profile() if args.profile else None
     try:
         while state["step"] < args.max_iters:
             step = state["step"]
@@ -472,10 +494,12 @@ def train(args):
             t0 = time.time()
             batches = [to_device(dataset.get_batch("train", args.batch_size, args.block_size, state["data_rng"]),
                                  args.device) for _ in range(args.gradient_accumulation_steps)]
-            pending.append(train_step(model, optimizer, batches, args.grad_clip))
+            with profiler if profiler and step in PROFILE_STEPS else contextlib.nullcontext():
+                pending.append(train_step(model, optimizer, batches, args.grad_clip))
             state["step"] = step + 1
             if step % args.log_interval == 0:          # reading the losses waits for the device: not every step
-                bar.set_postfix(loss=f"{read_losses(pending, state):.4f}", lr=f"{lr:.2e}")
+                loss_value = read_losses(pending, state)
+                bar.set_postfix(loss=f"{loss_value:.4f}", ppl=f"{perplexity(loss_value):.2f}", lr=f"{lr:.2e}")
             train_time += time.time() - t0
             steps_timed += 1
             bar.update(1)
@@ -485,6 +509,8 @@ def train(args):
     finally:
         bar.close()
     read_losses(pending, state)
+    if profiler:
+        report_profile(profiler, args.out_dir)
     if interrupted:
         save(ckpt_path)
         return None
@@ -492,6 +518,8 @@ def train(args):
     save(ckpt_path)
 
     summary = dict(best_val_loss=round(state["best_val_loss"], 6), val_loss=round(final["val"], 6),
+                   best_val_perplexity=round(perplexity(state["best_val_loss"]), 4),
+                   val_perplexity=round(perplexity(final["val"]), 4),
                    train_loss=round(final["train"], 6), iters=state["step"], dataset=dataset.name,
                    tokens_per_s=round(tokens_per_step * steps_timed / train_time, 1) if train_time else None,
                    wall_s=round(time.time() - start_wall, 2), parameters=model.num_parameters(),
@@ -511,7 +539,9 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"), \
-                exercises_swapped_in(args.use_exercises):   # a blow-up is reported once, below
+                exercises_swapped_in(args.use_exercises), \
+                ta.detect_anomaly() if args.detect_anomaly else contextlib.nullcontext():
+            # a blow-up is reported once, below
             summary = train(args)
     except (ValueError, OSError, KeyError, RuntimeError) as e:
         print(f"python -m train: error: {e}", file=sys.stderr)
@@ -522,7 +552,8 @@ def main(argv=None):
     if "heldout_accuracy" in summary:
         extra = (f", held-out referent accuracy {summary['heldout_accuracy']:.3f}, "
                  f"attention on the referent {summary['heldout_attention_correct']:.3f}")
-    print(f"done: {summary['iters']} iters, best val loss {summary['best_val_loss']:.4f}, "
+    print(f"done: {summary['iters']} iters, best val loss {summary['best_val_loss']:.4f} "
+          f"(perplexity {summary['best_val_perplexity']:.2f}), "
           f"val loss {summary['val_loss']:.4f}{extra}, "
           f"{'no steps timed' if summary['tokens_per_s'] is None else str(summary['tokens_per_s']) + ' tokens/s'}, "
           f"{summary['wall_s']:.0f} s; wrote {os.path.join(args.out_dir, 'summary.json')}")

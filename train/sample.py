@@ -20,6 +20,9 @@ def build_parser():
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--top_k", type=at_least(1), default=None)
     p.add_argument("--top_p", type=float, default=None)
+    p.add_argument("--stop", default=None,
+                   help='end each sample at this text, kept in the output ("\\n" is a newline; "" turns it off; '
+                        'default: <eos> for a word model that has it, else none)')
     p.add_argument("--seed", type=at_least(0), default=1337)
     p.add_argument("--device", default="cpu")
     return p
@@ -42,6 +45,8 @@ def main(argv=None):
         start = tokenizer.encode(args.start) if args.start else [0]
         if not start:
             raise ValueError("--start is empty")
+        stop = stop_text(args.stop, tokenizer)
+        stop_ids = tokenizer.encode(stop) if stop else None     # a stop text outside the vocabulary: an error
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as e:
         print(f"python -m train.sample: error: {e}", file=sys.stderr)
         return 1
@@ -49,10 +54,25 @@ def main(argv=None):
     for i in range(args.num_samples):
         idx = ta.tensor([start], device=args.device)
         out = model.generate(idx, args.max_new_tokens, temperature=args.temperature,
-                             top_k=args.top_k, top_p=args.top_p)
-        print(tokenizer.decode(out[0].tolist()))
+                             top_k=args.top_k, top_p=args.top_p, stop=stop_ids)
+        print(cut_at_stop(tokenizer.decode(out[0].tolist()), len(tokenizer.decode(start)), stop))
         print("---------------")
     return 0
+
+
+def stop_text(flag, tokenizer):
+    """The stop text: the flag with \\n and \\t read as newline and tab; by default <eos> for a word model."""
+    if flag is None:
+        return "<eos>" if getattr(tokenizer, "kind", None) == "word" and "<eos>" in tokenizer.stoi else None
+    return flag.replace("\\n", "\n").replace("\\t", "\t") or None
+
+
+def cut_at_stop(text, prompt_chars, stop):
+    """The text up to and including the first stop text after the prompt."""
+    if not stop:
+        return text
+    at = text.find(stop, prompt_chars)
+    return text if at < 0 else text[:at + len(stop)]
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ Devices:
 """
 import math
 import os
+import time
 
 import numpy as np
 
@@ -118,6 +119,14 @@ class Backend:
     def synchronize(self):
         pass
 
+    # timing for ta.profile: a mark now, and the seconds between two marks. The host
+    # clock here; CUDA events on the GPU, so kernels that run later are timed right.
+    def time_mark(self):
+        return time.perf_counter()
+
+    def seconds_between(self, start, end):
+        return end - start
+
     # --- fused kernels ---------------------------------------------------
     # An op asks its backend for a fused kernel by name, in one line:
     # ``self.backend.run_kernel("gelu_tanh", a)``. None means "no kernel here"
@@ -204,6 +213,15 @@ class CupyBackend(Backend):
 
     def synchronize(self):
         self.xp.cuda.get_current_stream().synchronize()
+
+    def time_mark(self):
+        event = self.xp.cuda.Event()
+        event.record()
+        return event
+
+    def seconds_between(self, start, end):
+        end.synchronize()
+        return self.xp.cuda.get_elapsed_time(start, end) / 1e3
 
     # --- fused kernels (backend/cuda_kernels.py), on unless TINYATTN_FUSED=0 ---
     @property

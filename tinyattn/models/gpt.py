@@ -113,8 +113,11 @@ class GPT(nn.Module):
                       {"params": no_decay, "weight_decay": 0.0}], lr=learning_rate, betas=betas)
 
     @no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True, stop=None):
         """Sample ``max_new_tokens`` tokens after ``idx`` (B, T) and return (B, T + new).
+
+        ``stop``, a list of token ids, ends the sampling early once every row has
+        produced that sequence (a row that finished first keeps going: cut it there).
 
         With the KV cache each new token costs one position, not a full
         forward. Once the text is longer than block_size the window slides:
@@ -129,6 +132,8 @@ class GPT(nn.Module):
         self.eval()
         block = self.config.block_size
         caches = None
+        recent = [[] for _ in range(idx.shape[0])] if stop else None   # each row's newest tokens, on the host
+        finished = [False] * idx.shape[0]
         for _ in range(max_new_tokens):
             if use_cache and caches is not None and idx.shape[1] <= block:
                 logits, _ = self(idx[:, -1:], kv_caches=caches)       # the newest token only
@@ -138,6 +143,12 @@ class GPT(nn.Module):
                 logits, _ = self(context, kv_caches=caches)
             next_id = sample_next(logits[:, -1, :], temperature, top_k, top_p)   # (B, 1)
             idx = cat([idx, tensor(next_id, device=idx.device)], dim=1)
+            if stop:
+                for row, token in enumerate(next_id[:, 0].tolist()):
+                    recent[row] = (recent[row] + [token])[-len(stop):]
+                    finished[row] = finished[row] or recent[row] == list(stop)
+                if all(finished):
+                    break
         self.train(was_training)
         return idx
 

@@ -20,6 +20,19 @@ class Parameter(Tensor):
         return "Parameter containing:\n" + super().__repr__()
 
 
+def _note_call(module, args, out):
+    """Note on the output's op which module made it, from which inputs, so that
+    ``ta.viz.graph(t, depth=1)`` can draw a module as one box. One tuple per
+    call; with no graph (no_grad, eval) there is nothing to note."""
+    if type(out) is tuple:
+        for t in out:
+            _note_call(module, args, t)
+        return
+    ctx = getattr(out, "grad_fn", None)
+    if ctx is not None:     # (module, its inputs, the call noted before: an inner module returning the same op)
+        ctx.module_call = (module, args, ctx.__dict__.get("module_call"))
+
+
 class Module:
     """Base class of layers. Assign Parameters and Modules as attributes; they
     are registered in order, so ``parameters()`` always comes in the same order."""
@@ -50,7 +63,9 @@ class Module:
         raise NotImplementedError
 
     def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        out = self.forward(*args, **kwargs)
+        _note_call(self, args, out)
+        return out
 
     # --- walking the tree ---
     def named_modules(self, prefix=""):

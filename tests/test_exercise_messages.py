@@ -2,7 +2,7 @@
 fails its exercise, and the first failure says what is wrong in the exercise's terms."""
 import pytest
 
-from exercise_checks import run_check
+from exercises.checks import run_check
 from exercise_wrong_answers import WRONG
 from exercises.progress import BY_NAME
 

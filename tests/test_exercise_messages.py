@@ -22,7 +22,8 @@ def first_failure(name, module):
 def test_a_typical_wrong_answer_gets_a_useful_message(name, what, module, words):
     message = first_failure(name, module)
     assert message is not None, f"{name}: the wrong answer '{what}' passes every check"
-    assert words in message, f"{name}: for '{what}' the first failure says: {message}"
+    missing = [w for w in (words if isinstance(words, tuple) else (words,)) if w not in message]
+    assert not missing, f"{name}: for '{what}' the first failure lacks {missing}: {message}"
     assert "[[" not in message and "array(" not in message, f"the message dumps an array: {message}"
     assert len(message.splitlines()) == 1, f"the message is not one line: {message}"
 

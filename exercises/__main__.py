@@ -7,7 +7,8 @@
 import argparse
 import sys
 
-from .progress import BY_NAME, SOLUTIONS, check_all
+from .checks import SOLUTIONS, load_solutions
+from .progress import BY_NAME, check_all
 
 WIDTH = 150     # a table row's reason is cut here; name the exercise to read it whole
 
@@ -54,6 +55,11 @@ def main(argv=None):
     if unknown:
         parser.error(f"no exercise named {', '.join(unknown)}; the exercises are {', '.join(BY_NAME)}")
     package = SOLUTIONS if args.solutions else "exercises"
+    if args.solutions:
+        try:
+            load_solutions()
+        except FileNotFoundError as e:
+            parser.exit(2, f"{parser.prog}: error: {e}\n")
     folder = "tests/exercise_solutions" if args.solutions else "exercises"
     results = check_all(package, args.names or None)
     if args.names:

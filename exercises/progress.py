@@ -1,22 +1,14 @@
-"""The exercises of EXERCISES.md, their checks, and the learner's progress.
+"""The exercises of EXERCISES.md, in order, and the learner's progress through them.
 
-The checks live with the tests (tests/exercise_checks.py and
-tests/exercise_checks_core.py); this module lists the exercises in order and
-runs their checks on a package of answers: the learner's ``exercises``, or
-the reference solutions ``exercise_solutions`` (under tests/).
+The checks are in checks.py (part one: extend the model) and checks_core.py
+(part two: build the core); this module runs them on a package of answers:
+the learner's ``exercises``, or the reference solutions ``exercise_solutions``
+(tests/exercise_solutions/, loaded by checks.load_solutions).
 """
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-TESTS = REPO_ROOT / "tests"
-for folder in (REPO_ROOT, TESTS):
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
-
-import exercise_checks as extend      # noqa: E402  (part one: extend the model)
-import exercise_checks_core as core   # noqa: E402  (part two: build the core)
+from . import checks as extend          # part one: extend the model
+from . import checks_core as core       # part two: build the core
 
 
 @dataclass(frozen=True)
@@ -46,7 +38,6 @@ EXERCISES = [Exercise(i + 1, name, title, tuple(checks)) for i, (name, title, ch
     ("kv_cache", "KV cache", core.KV_CACHE),
 ])]
 BY_NAME = {e.name: e for e in EXERCISES}
-SOLUTIONS = "exercise_solutions"
 
 
 @dataclass

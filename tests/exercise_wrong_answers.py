@@ -356,6 +356,7 @@ class CacheTopLeftMask(kv_cache.KVCache):
 
 
 # exercise: [(what the learner did, the wrong module, words the first failure must contain), ...]
+# (several words: a tuple, each of them in the message)
 WRONG = {
     "sum_to": [
         ("sum_to sums only the dims added in front", answer(sum_to, sum_to=sum_leading_only),
@@ -367,7 +368,7 @@ WRONG = {
     "matmul": [
         ("dA = g @ B, without the transpose", answer(matmul, MatMul=MatMulNoTranspose), "dA = g @ B^T"),
         ("no sum_to over broadcast batch dims", answer(matmul, MatMul=MatMulNoSumTo),
-         "for an input of shape (4, 5)"),
+         ("a gradient of shape (2, 4, 5)", "ta.sum_to(..., shape) for batch dims that were broadcast")),
     ],
     "elementwise": [
         ("tanh backward with 1 - x^2", answer(elementwise, Tanh=TanhFromInput), "1 - tanh(x)^2 = 1 - y^2"),

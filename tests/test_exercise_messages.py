@@ -2,7 +2,7 @@
 fails its exercise, and the first failure says what is wrong in the exercise's terms."""
 import pytest
 
-from exercise_checks import run_check
+from exercises.checks import run_check
 from exercise_wrong_answers import WRONG
 from exercises.progress import BY_NAME
 
@@ -22,7 +22,8 @@ def first_failure(name, module):
 def test_a_typical_wrong_answer_gets_a_useful_message(name, what, module, words):
     message = first_failure(name, module)
     assert message is not None, f"{name}: the wrong answer '{what}' passes every check"
-    assert words in message, f"{name}: for '{what}' the first failure says: {message}"
+    missing = [w for w in (words if isinstance(words, tuple) else (words,)) if w not in message]
+    assert not missing, f"{name}: for '{what}' the first failure lacks {missing}: {message}"
     assert "[[" not in message and "array(" not in message, f"the message dumps an array: {message}"
     assert len(message.splitlines()) == 1, f"the message is not one line: {message}"
 

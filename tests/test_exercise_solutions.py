@@ -3,11 +3,16 @@ so a learner's failing test points at the learner's code, not at the test; and
 ``python -m exercises`` reports them as the learner will see them."""
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from exercise_checks import load_exercise, run_check
-from exercises.progress import EXERCISES, REPO_ROOT, SOLUTIONS
+from exercises import checks
+from exercises.__main__ import main as exercises_main
+from exercises.checks import SOLUTIONS, load_exercise, run_check
+from exercises.progress import EXERCISES
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 CASES = [(e, c) for e in EXERCISES for c in e.checks]
 
@@ -42,3 +47,27 @@ def test_python_m_exercises_on_the_starters():
     bad = subprocess.run([sys.executable, "-m", "exercises", "softmaks"], cwd=REPO_ROOT, capture_output=True,
                          text=True, timeout=600)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "softmaks" in bad.stderr
+
+
+def test_the_solutions_are_found_from_any_folder(tmp_path):
+    """Installed with pip install -e ., the exercises and their solutions need no particular working folder."""
+    run = subprocess.run([sys.executable, "-m", "exercises", "--solutions", "sum_to"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.strip().endswith("1 of 1 passing"), run.stdout + run.stderr
+
+
+def test_missing_solutions_are_one_line(tmp_path, monkeypatch, capsys):
+    """An install without the repository's tests/ folder says where it looked, in one line."""
+    monkeypatch.setattr(checks, "SOLUTIONS_DIR", tmp_path / "tests" / SOLUTIONS)
+    monkeypatch.delitem(sys.modules, SOLUTIONS, raising=False)
+    with pytest.raises(SystemExit) as stopped:
+        exercises_main(["--solutions"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and len(err.strip().splitlines()) == 1 and "no reference solutions" in err, err
+
+
+def test_an_error_is_placed_in_the_answer_not_in_the_checks():
+    """unwritten() names the learner's (or a solution's) line, never the checking machinery's."""
+    assert checks.is_learner_code(checks.HERE / "softmax.py")
+    assert checks.is_learner_code(checks.SOLUTIONS_DIR / "softmax.py")
+    assert not any(checks.is_learner_code(checks.HERE / f"{m}.py") for m in checks.MACHINERY)

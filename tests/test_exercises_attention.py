@@ -2,7 +2,7 @@
 
     pytest tests/test_exercises_attention.py -v
 """
-import exercise_checks as checks
-import exercise_checks_core as core
+from exercises import checks
+from exercises import checks_core as core
 
 test_attention = checks.pytest_tests("attention", core.ATTENTION)

@@ -2,7 +2,7 @@
 
     pytest tests/test_exercises_cross_entropy.py -v
 """
-import exercise_checks as checks
-import exercise_checks_core as core
+from exercises import checks
+from exercises import checks_core as core
 
 test_cross_entropy = checks.pytest_tests("cross_entropy", core.CROSS_ENTROPY)

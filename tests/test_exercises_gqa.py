@@ -2,6 +2,6 @@
 
     pytest tests/test_exercises_gqa.py -v
 """
-import exercise_checks as checks
+from exercises import checks
 
 test_gqa = checks.pytest_tests("gqa", checks.GQA)

@@ -2,7 +2,7 @@
 
     pytest tests/test_exercises_layernorm.py -v
 """
-import exercise_checks as checks
-import exercise_checks_core as core
+from exercises import checks
+from exercises import checks_core as core
 
 test_layernorm = checks.pytest_tests("layernorm", core.LAYERNORM)

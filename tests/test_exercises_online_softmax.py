@@ -2,7 +2,7 @@
 
     pytest tests/test_exercises_online_softmax.py -v
 """
-import exercise_checks as checks
-import exercise_checks_core as core
+from exercises import checks
+from exercises import checks_core as core
 
 test_online_softmax = checks.pytest_tests("online_softmax", core.ONLINE_SOFTMAX)

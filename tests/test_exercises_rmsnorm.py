@@ -2,6 +2,6 @@
 
     pytest tests/test_exercises_rmsnorm.py -v
 """
-import exercise_checks as checks
+from exercises import checks
 
 test_rmsnorm = checks.pytest_tests("rmsnorm", checks.RMSNORM)

@@ -2,6 +2,6 @@
 
     pytest tests/test_exercises_rope.py -v
 """
-import exercise_checks as checks
+from exercises import checks
 
 test_rope = checks.pytest_tests("rope", checks.ROPE)

@@ -2,6 +2,6 @@
 
     pytest tests/test_exercises_swiglu.py -v
 """
-import exercise_checks as checks
+from exercises import checks
 
 test_swiglu = checks.pytest_tests("swiglu", checks.SWIGLU)

@@ -14,7 +14,7 @@ from train.loop import main, parse_args, train
 
 from exercise_solutions import (attention, cross_entropy, embedding, engine, kv_cache, layernorm, matmul,
                                 sum_to, adamw)
-from exercises.progress import SOLUTIONS
+from exercises.checks import SOLUTIONS
 from exercises.swap import SWAPS, use_exercises
 from test_train import TEXT, TINY
 

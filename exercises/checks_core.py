@@ -16,7 +16,7 @@ import tinyattn.nn as nn
 import tinyattn.nn.functional as F
 from tinyattn.gradcheck import GradcheckError
 
-from exercise_checks import ExerciseFailure, NotStarted, compare, need, rand, unwritten
+from .checks import ExerciseFailure, NotStarted, compare, need, rand, unwritten
 
 STRICT = "the stand-in device 'strict' (array_api_strict, standing in for a GPU)"
 NOT_NUMPY = ("Code that works only on numpy fails there: use self.xp or t.xp (the array namespace of the "

@@ -6,9 +6,11 @@ NotStarted (a piece is not written yet: skipped), or raises ExerciseFailure
 with a message that says what was checked and how it failed, in the
 exercise's terms. tests/test_exercises_<name>.py run them under pytest,
 ``python -m exercises`` runs them without it. Part two's checks are in
-exercise_checks_core.py.
+checks_core.py.
 """
 import importlib
+import importlib.util
+import sys
 import traceback
 import warnings
 from pathlib import Path
@@ -18,7 +20,11 @@ import numpy as np
 import tinyattn as ta
 import tinyattn.nn.functional as F
 
-REPO_ROOT = Path(__file__).resolve().parent.parent       # the learner's exercises/ package lives there
+HERE = Path(__file__).resolve().parent                  # this package: the learner's files and the checks
+MACHINERY = {"__init__", "__main__", "checks", "checks_core", "progress", "swap"}   # not the learner's files
+SOLUTIONS = "exercise_solutions"                        # the reference solutions, imported under this name
+SOLUTIONS_DIR = HERE.parent / "tests" / SOLUTIONS       # kept with the tests, out of the learner's folder
+
 
 class NotStarted(Exception):
     """A piece of the exercise is not written yet: its checks are skipped, not failed."""
@@ -33,9 +39,34 @@ def load_exercise(name, package="exercises"):
 
     (Only a missing file counts as not started: an error inside the file is reported.)
     """
-    if package == "exercises" and not (REPO_ROOT / "exercises" / f"{name}.py").exists():
+    if package == "exercises" and not (HERE / f"{name}.py").exists():
         raise NotStarted(f"exercises/{name}.py does not exist yet: see EXERCISES.md")
+    if package == SOLUTIONS:
+        load_solutions()
     return importlib.import_module(f"{package}.{name}")
+
+
+def load_solutions():
+    """tests/exercise_solutions/ as the package ``exercise_solutions``, found by its path.
+
+    The solutions live with the tests, not on the import path; once their package is
+    imported, ``exercise_solutions.<name>`` (and imports between solutions) resolve in that folder.
+    """
+    if SOLUTIONS in sys.modules:                        # imported already (by the tests, or an earlier call)
+        return sys.modules[SOLUTIONS]
+    init = SOLUTIONS_DIR / "__init__.py"
+    if not init.exists():
+        raise FileNotFoundError(f"no reference solutions at {SOLUTIONS_DIR}: they come with the repository "
+                                "(a clone installed with pip install -e .)")
+    spec = importlib.util.spec_from_file_location(SOLUTIONS, init, submodule_search_locations=[str(SOLUTIONS_DIR)])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[SOLUTIONS] = package
+    try:
+        spec.loader.exec_module(package)
+    except BaseException:
+        del sys.modules[SOLUTIONS]
+        raise
+    return package
 
 
 def need(mod, name):
@@ -45,14 +76,19 @@ def need(mod, name):
     return getattr(mod, name)
 
 
-LEARNER_CODE = ("/exercises/", "/exercise_solutions/", "/exercise_wrong_answers")
+def is_learner_code(filename):
+    """Is this file an answer: the learner's exercises/<name>.py, a reference solution, a wrong answer?"""
+    path = Path(filename)
+    if path.parent.name == "exercises":
+        return path.stem not in MACHINERY
+    return path.parent.name == SOLUTIONS or path.stem == "exercise_wrong_answers"
 
 
 def unwritten(error):
     """'Softmax.backward (exercises/softmax.py:25)': the learner's line an error came from."""
     for frame, lineno in reversed(list(traceback.walk_tb(error.__traceback__))):
         code = frame.f_code
-        if any(part in code.co_filename.replace("\\", "/") for part in LEARNER_CODE):
+        if is_learner_code(code.co_filename):
             path = "/".join(Path(code.co_filename).parts[-2:])
             return f"{getattr(code, 'co_qualname', code.co_name)} ({path}:{lineno})"
     return str(error) or "a piece"

@@ -21,23 +21,27 @@ each tile's weights as P = exp(s - L) and uses
     dQ += dS K * scale  dK += dS^T Q * scale
 
 The loops are in Python, one tile at a time. What makes them fast on a CPU
-(each measured with numpy on a 2-core machine):
+(each measured with numpy 2.4 and OpenBLAS on a 2-core machine):
 
-- 256 x 256 tiles and one head per piece of work: the tiles stay in the L2
-  cache, and each matmul is big enough for BLAS.
+- 256 x 256 tiles and one head per piece of work: a tile stays in the L2
+  cache, and each matmul is big enough for BLAS to run at full speed.
 - The heads are shared out over threads (numpy's matmul and ufuncs release
-  the GIL), with BLAS held at one thread each (threadpoolctl, if installed;
-  without it the heads run one after another and BLAS uses its own threads).
-- Scores in base 2: scale * log2(e) is folded into q once, and ``exp2`` is
-  about 1.8x faster than ``exp`` in numpy.
+  the GIL), with BLAS held at one thread (threadpoolctl, if installed: a
+  tile is too small to split, and a second BLAS thread that waits for a busy
+  core costs more than it gives). Without threadpoolctl the heads run one
+  after another and BLAS does as it likes.
+- 1/sqrt(D) is folded into q, block by block. (``exp2`` with log2(e) folded
+  in too is faster on some builds; with numpy 2.4's AVX2 ``exp`` it measured
+  2x slower than ``exp`` for float32, so it is ``exp`` here.)
 - Tiles are computed transposed, keys x queries, so the reductions over keys
   (the row max, the row sum) run down the columns, which numpy does fast.
 - In backward, L and D are subtracted inside the matmuls: q gets an extra
   column -L and k a column of ones, so k q^T comes out as s - L; likewise
-  dO gets a column -D and v a column of ones.
+  dO gets a column -D and v a column of ones. exp and the products with P
+  work in place on the tile.
 
 On other devices (CuPy, the array-API stand-in) every head is done at once,
-batched, in the same loops, with ``exp`` where there is no ``exp2``.
+batched, in the same loops.
 """
 import math
 import os
@@ -47,11 +51,12 @@ from ..tensor import Function
 from ..ops import _const
 
 BLOCK_SIZE = 256                     # tile side: (256, 256) float32 scores are 256 KiB, in L2
-LOG2E = 1.4426950408889634           # exp(x) = exp2(x * log2(e))
 
 
 def _mT(xp, a):
     """Swap the last two axes: (..., n, d) -> (..., d, n), a view."""
+    if hasattr(a, "mT"):                                          # numpy 2, the array API
+        return a.mT
     axes = list(range(a.ndim))
     axes[-2], axes[-1] = axes[-1], axes[-2]
     return xp.permute_dims(a, tuple(axes))
@@ -117,6 +122,9 @@ def _for_each(fn, items, threads):
 
 
 # ---------------------------------------------------------------- the op
+ALL_HEADS = (slice(None), slice(None), ...)
+
+
 class FlashAttention(Function):
     """softmax(q k^T * scale + mask [causal]) v without the (Tq, Tk) matrix.
 
@@ -130,42 +138,34 @@ class FlashAttention(Function):
     differentiable_backward = False      # backward works on raw arrays: use the naive path for that
 
     def forward(self, q, k, v, mask, scale, is_causal, block_size, threads):
-        xp, backend = self.xp, self.backend
+        backend = self.backend
         B, H, t_q, _ = q.shape
-        t_k, d_v = k.shape[-2], v.shape[-1]
-        dtype = backend.dtype_of(q)
         self.scale, self.is_causal, self.block_size = scale, is_causal, block_size
-        self.base2 = hasattr(xp, "exp2")                            # numpy and CuPy; the array API has no exp2
-        self.log_unit = LOG2E if self.base2 else 1.0               # scores are kept in these units
-        self.pos = backend.arange(max(t_q, t_k))                   # positions, for the causal mask
+        self.pos = backend.arange(max(t_q, k.shape[-2]))            # positions, for the causal mask
+        self.in_place = backend.name != "strict"                   # numpy and CuPy take out=
         if mask is not None and backend.dtype_of(mask).kind != "b":
-            mask = xp.astype(mask, q.dtype) * self.log_unit        # additive: into the scores' units
-        # numpy: one head per piece of work, shared over threads; elsewhere: all heads at once
-        self.items = ([(b, h, ...) for b in range(B) for h in range(H)] if backend.name == "cpu"
-                      else [(slice(None), slice(None), ...)])
-        self.threads = threads if backend.name == "cpu" else 0    # 0: in order, BLAS left alone
-        out = backend.zeros((B, H, t_q, d_v), dtype)               # (B, H, Tq, Dv)
-        lse = backend.zeros((B, H, t_q), dtype)                    # (B, H, Tq) logsumexp per row
-
-        def heads(item):
-            out[item], lse[item] = self._forward_heads(q[item], k[item], v[item], mask, item)
-        _for_each(heads, self.items, threads)
+            mask = self.xp.astype(mask, q.dtype)                   # additive, in q's dtype
+        # numpy: one head per piece of work, shared over threads; elsewhere all heads at once, in order
+        on_cpu = backend.name == "cpu"
+        self.items = [(b, h, ...) for b in range(B) for h in range(H)] if on_cpu else [ALL_HEADS]
+        self.threads = threads if on_cpu else 0                    # 0: BLAS left alone
+        out = backend.zeros((B, H, t_q, v.shape[-1]), backend.dtype_of(q))   # (B, H, Tq, Dv)
+        lse = backend.zeros((B, H, t_q), backend.dtype_of(q))      # (B, H, Tq) logsumexp per row
+        _for_each(lambda item: self._forward_heads(*_parts(item, q, k, v, out, lse), mask, item),
+                  self.items, self.threads)
         self.saved = (q, k, v, out, lse, mask)
         return out
 
-    def _forward_heads(self, q, k, v, mask, item):
-        """Output (.., Tq, Dv) and logsumexp (.., Tq) of the heads in ``item``: '..' is () or (B, H)."""
+    def _forward_heads(self, q, k, v, out, lse, mask, item):
+        """Fill out (.., Tq, Dv) and lse (.., Tq) for the heads in ``item``; '..' is () or (B, H)."""
         xp, backend = self.xp, self.backend
-        q = q * (self.scale * self.log_unit)                       # (.., Tq, D) scores come out in log_unit
-        lead, t_q, t_k, dtype = q.shape[:-2], q.shape[-2], k.shape[-2], backend.dtype_of(q)
-        out = backend.zeros(lead + (t_q, v.shape[-1]), dtype)
-        lse = backend.zeros(lead + (t_q,), dtype)
-        for i0, i1 in _blocks(t_q, self.block_size):
-            q_i = q[..., i0:i1, :]                                 # (.., bq, D)
-            m = backend.full(lead + (1, i1 - i0), -math.inf, dtype)   # running max    (.., 1, bq)
-            l = backend.zeros(lead + (1, i1 - i0), dtype)          # running sum      (.., 1, bq)
+        lead, dtype = q.shape[:-2], backend.dtype_of(q)
+        for i0, i1 in _blocks(q.shape[-2], self.block_size):
+            q_i = q[..., i0:i1, :] * self.scale                    # (.., bq, D)
+            m = backend.full(lead + (1, i1 - i0), -math.inf, dtype)   # running max      (.., 1, bq)
+            l = backend.zeros(lead + (1, i1 - i0), dtype)          # running sum        (.., 1, bq)
             acc = backend.zeros(lead + (i1 - i0, v.shape[-1]), dtype)  # running output (.., bq, Dv)
-            for j0, j1 in self._key_blocks(i1, t_k):
+            for j0, j1 in self._key_blocks(i1, k.shape[-2]):
                 s = self._tile(k[..., j0:j1, :], q_i, i0, j0, mask, item)   # (.., bk, bq) keys x queries
                 m_new = xp.maximum(m, xp.max(s, axis=-2, keepdims=True))
                 shift = xp.where(xp.isfinite(m_new), m_new, 0.0)   # a row that has seen nothing yet: 0
@@ -178,49 +178,41 @@ class FlashAttention(Function):
             seen = l > 0                                           # False only for a fully masked row
             l = xp.where(seen, l, 1.0)
             out[..., i0:i1, :] = acc / _mT(xp, l)                  # a fully masked row stays 0
-            lse[..., i0:i1] = xp.where(seen, m + self._log(l), math.inf)[..., 0, :]  # +inf: P = 0
-        return out, lse
+            lse[..., i0:i1] = xp.where(seen, m + xp.log(l), math.inf)[..., 0, :]   # +inf: P = 0
 
     def backward(self, g):
         q, k, v, out, lse, mask = self.saved
         do = g.data                                                # (B, H, Tq, Dv)
         dq, dk, dv = (self.xp.zeros_like(a) for a in (q, k, v))
-
-        def heads(item):
-            dq[item], dk[item], dv[item] = self._backward_heads(q[item], k[item], v[item], out[item],
-                                                                lse[item], do[item], mask, item)
-        _for_each(heads, self.items, self.threads)
+        _for_each(lambda item: self._backward_heads(*_parts(item, q, k, v, out, lse, do, dq, dk, dv),
+                                                    mask, item),
+                  self.items, self.threads)
         need_q, need_k, need_v = self.needs_input_grad
         return (_const(g, dq) if need_q else None,
                 _const(g, dk) if need_k else None,
                 _const(g, dv) if need_v else None)
 
-    def _backward_heads(self, q, k, v, out, lse, do, mask, item):
-        """dq, dk, dv of the heads in ``item``, with the weights recomputed tile by tile."""
+    def _backward_heads(self, q, k, v, out, lse, do, dq, dk, dv, mask, item):
+        """Add the gradients of the heads in ``item`` into dq, dk, dv, recomputing the weights tile by tile."""
         xp, backend = self.xp, self.backend
-        lse = lse[..., None]                                       # (.., Tq, 1)
-        lead, t_q, t_k, dtype = q.shape[:-2], q.shape[-2], k.shape[-2], backend.dtype_of(q)
-        ones = backend.full(lead + (t_k, 1), 1.0, dtype)           # (.., Tk, 1)
-        d = xp.sum(do * out, axis=-1, keepdims=True)               # (.., Tq, 1) rowsum(dO * O)
-        qx = xp.concat([q * (self.scale * self.log_unit), -lse], axis=-1)   # (.., Tq, D+1)
-        kx = xp.concat([k, ones], axis=-1)                         # (.., Tk, D+1): kx qx^T = s - L
-        dox = xp.concat([do, -d], axis=-1)                         # (.., Tq, Dv+1)
-        vx = xp.concat([v, ones], axis=-1)                         # (.., Tk, Dv+1): vx dox^T = dP^T - D
-        dq, dk, dv = (xp.zeros_like(a) for a in (q, k, v))
-        for i0, i1 in _blocks(t_q, self.block_size):
-            qx_i, dox_i = qx[..., i0:i1, :], dox[..., i0:i1, :]    # (.., bq, D+1), (.., bq, Dv+1)
+        ones = backend.full(k.shape[:-1] + (1,), 1.0, backend.dtype_of(q))   # (.., Tk, 1)
+        kx = xp.concat([k, ones], axis=-1)                         # (.., Tk, D+1)
+        vx = xp.concat([v, ones], axis=-1)                         # (.., Tk, Dv+1)
+        d_head = q.shape[-1]
+        for i0, i1 in _blocks(q.shape[-2], self.block_size):
+            do_i = do[..., i0:i1, :]                               # (.., bq, Dv)
+            d = xp.sum(do_i * out[..., i0:i1, :], axis=-1, keepdims=True)   # (.., bq, 1) rowsum(dO * O)
+            qx = xp.concat([q[..., i0:i1, :] * self.scale, -lse[..., i0:i1, None]], axis=-1)  # (.., bq, D+1)
+            dox = xp.concat([do_i, -d], axis=-1)                   # (.., bq, Dv+1)
             dq_i = xp.zeros_like(q[..., i0:i1, :])                 # (.., bq, D)
-            for j0, j1 in self._key_blocks(i1, t_k):
-                p = self._exp_(self._tile(kx[..., j0:j1, :], qx_i, i0, j0, mask, item))   # (.., bk, bq) P^T
-                dv[..., j0:j1, :] += p @ do[..., i0:i1, :]         # (.., bk, Dv)
-                ds = vx[..., j0:j1, :] @ _mT(xp, dox_i)            # (.., bk, bq) dP^T - D
+            for j0, j1 in self._key_blocks(i1, k.shape[-2]):
+                p = self._exp_(self._tile(kx[..., j0:j1, :], qx, i0, j0, mask, item))   # (.., bk, bq) P^T
+                dv[..., j0:j1, :] += p @ do_i                      # (.., bk, Dv)
+                ds = vx[..., j0:j1, :] @ _mT(xp, dox)              # (.., bk, bq) dP^T - D
                 ds *= p                                            # dS^T = P^T * (dP^T - D)
-                dk[..., j0:j1, :] += ds @ q[..., i0:i1, :]         # (.., bk, D)
+                dk[..., j0:j1, :] += ds @ qx[..., :d_head]         # (.., bk, D), q already scaled
                 dq_i += _mT(xp, ds) @ k[..., j0:j1, :]             # (.., bq, D)
-            dq[..., i0:i1, :] = dq_i
-        dq *= self.scale
-        dk *= self.scale
-        return dq, dk, dv
+            dq[..., i0:i1, :] = dq_i * self.scale
 
     # --- one tile -----------------------------------------------------------
     def _key_blocks(self, i1, t_k):
@@ -228,7 +220,9 @@ class FlashAttention(Function):
         return _blocks(min(t_k, i1) if self.is_causal else t_k, self.block_size)
 
     def _tile(self, kx_j, qx_i, i0, j0, mask, item):
-        """One tile of scores, transposed: (.., bk, bq) keys x queries, -inf where masked."""
+        """One tile of scaled scores, transposed: (.., bk, bq) keys x queries, -inf where masked.
+
+        In backward kx has a column of ones and qx a column -L, so this is s - L there."""
         xp = self.xp
         s = kx_j @ _mT(xp, qx_i)                                   # (.., bk, bq)
         bk, bq = s.shape[-2], s.shape[-1]
@@ -241,13 +235,13 @@ class FlashAttention(Function):
         return s
 
     def _exp_(self, s):
-        """exp2(s) (or exp(s)), in place where the library allows it: s is a temporary."""
-        if self.base2:
-            return self.xp.exp2(s, out=s)
-        return self.xp.exp(s)
+        """exp(s), in place where the library allows it: s is a temporary."""
+        return self.xp.exp(s, out=s) if self.in_place else self.xp.exp(s)
 
-    def _log(self, x):
-        return self.xp.log2(x) if self.base2 else self.xp.log(x)
+
+def _parts(item, *arrays):
+    """The heads ``item`` of each (B, H, ...) array: views on numpy, the arrays themselves for ALL_HEADS."""
+    return arrays if item is ALL_HEADS else tuple(a[item] for a in arrays)
 
 
 def flash_attention(q, k, v, is_causal=False, scale=None, block_size=None, attn_mask=None, threads=None):

@@ -272,7 +272,8 @@ def causal_mask(t_q, t_k, like):
 
 
 # When scaled_dot_product_attention(impl="auto") takes the tiled path (flash.py):
-TILED_MIN_SCORES = 512 * 512         # Tq * Tk from which the tiled path is faster, measured on a CPU
+TILED_MIN_SCORES = 256 * 256         # Tq * Tk from which it is faster on a CPU (measured: causal, D=64)
+TILED_MIN_SCORES_DEVICE = 2048 ** 2  # elsewhere (GPU): batched naive matmuls are fast there; not measured
 TILED_MAX_SCORE_BYTES = 2 ** 28      # and always when B * H * Tq * Tk scores would take more (256 MiB)
 
 
@@ -281,8 +282,9 @@ def attention_impl(q, k, attn_mask=None, dropout_p=0.0, return_weights=False, im
 
     "auto" is naive for the attention weights (return_weights=True), for
     dropout on the weights, for a mask that needs a gradient, and for short
-    sequences; tiled when Tq * Tk reaches TILED_MIN_SCORES or when the scores
-    would take more than TILED_MAX_SCORE_BYTES.
+    sequences; tiled when Tq * Tk reaches TILED_MIN_SCORES (TILED_MIN_SCORES_DEVICE
+    off the CPU) or when the scores would take more than TILED_MAX_SCORE_BYTES.
+    Double backward is not knowable here: it needs impl="naive".
     """
     if impl not in ("auto", "naive", "tiled"):
         raise ValueError(f"scaled_dot_product_attention: impl must be 'auto', 'naive' or 'tiled', got {impl!r}")
@@ -293,7 +295,8 @@ def attention_impl(q, k, attn_mask=None, dropout_p=0.0, return_weights=False, im
     t_q, t_k = q.shape[-2], k.shape[-2]
     heads = math.prod(q.shape[:-2])
     score_bytes = heads * t_q * t_k * q.dtype.itemsize
-    return "tiled" if t_q * t_k >= TILED_MIN_SCORES or score_bytes > TILED_MAX_SCORE_BYTES else "naive"
+    long = TILED_MIN_SCORES if q.device == "cpu" else TILED_MIN_SCORES_DEVICE
+    return "tiled" if t_q * t_k >= long or score_bytes > TILED_MAX_SCORE_BYTES else "naive"
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0,

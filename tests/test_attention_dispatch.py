@@ -74,11 +74,11 @@ def test_off_the_cpu_auto_waits_for_longer_sequences():
     assert F.attention_impl(long, long) == "tiled"
 
 
-def test_auto_keeps_naive_for_weights_dropout_and_learned_masks():
+def test_auto_keeps_naive_for_weights_and_learned_masks():
     q = ta.zeros(1, 1, 2048, 1)
     assert F.attention_impl(q, q) == "tiled"
     assert F.attention_impl(q, q, return_weights=True) == "naive"
-    assert F.attention_impl(q, q, dropout_p=0.1) == "naive"
+    assert F.attention_impl(q, q, dropout_p=0.1) == "tiled"
     assert F.attention_impl(q, q, attn_mask=ta.zeros(2048, 2048)) == "tiled"
     assert F.attention_impl(q, q, attn_mask=ta.zeros(2048, 2048, requires_grad=True)) == "naive"
     assert F.attention_impl(q, q, impl="naive") == "naive"
@@ -101,8 +101,8 @@ def test_tiled_refuses_what_it_cannot_do():
     q = ta.randn(1, 1, 4, 2)
     with pytest.raises(ValueError, match="impl='naive'"):
         F.scaled_dot_product_attention(q, q, q, return_weights=True, impl="tiled")
-    with pytest.raises(ValueError, match="impl='naive'"):
-        F.scaled_dot_product_attention(q, q, q, dropout_p=0.5, impl="tiled")
+    with pytest.raises(ValueError, match="dropout_p"):
+        F.scaled_dot_product_attention(q, q, q, dropout_p=1.0, impl="tiled")
     with pytest.raises(ValueError, match="gradient"):
         F.scaled_dot_product_attention(q, q, q, attn_mask=ta.zeros(4, 4, requires_grad=True), impl="tiled")
     with pytest.raises(ValueError, match=r"attn_mask \(3, 4\) does not broadcast to \(B, H, Tq, Tk\) = \(1, 1, 4, 4\)"):
@@ -248,6 +248,69 @@ def test_stand_in_device_runs_the_tiled_path(count_tiled):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
+# ------------------------------------------------------------------ dropout on the tiled path
+def _dropout_reference(q, k, v, keep, p, causal, mask):
+    """(softmax(q k^T scale + mask) * keep / (1 - p)) v with Tensor ops: the naive formula, a given mask."""
+    scores = (q * (1.0 / np.sqrt(q.shape[-1]))) @ k.mT               # (B, H, Tq, Tk)
+    allowed = np.ones(scores.shape, bool)
+    if causal:
+        allowed &= np.tril(np.ones(scores.shape[-2:], bool))
+    if mask is not None:
+        allowed &= mask
+    weights = F.softmax(ta.where(ta.tensor(allowed), scores, ta.tensor(-np.inf, dtype="float64")), -1)
+    return (weights * ta.tensor(keep / (1.0 - p), dtype="float64")) @ v
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tiled_dropout_matches_the_formula_with_the_same_mask(causal, rng, monkeypatch):
+    """The tiles' dropout masks, gathered into one (B, H, Tq, Tk) array, give naive's numbers and gradients."""
+    B, H, Tq, Tk, p = 2, 2, 13, 17, 0.3
+    q, k, v, u = _tensors(rng, B, H, Tq, Tk)
+    mask = rng.random((B, 1, Tq, Tk)) > 0.2
+    mask[..., 0] = True
+    keep = np.zeros((B, H, Tq, Tk))
+    original = FlashAttention._keep
+
+    def recording(self, item, i0, j0, shape):                     # record each tile's mask where it lands
+        z = original(self, item, i0, j0, shape)
+        keep[item][..., i0:i0 + shape[-1], j0:j0 + shape[-2]] = np.swapaxes(z, -1, -2) * (1.0 - p)
+        return z
+
+    monkeypatch.setattr(FlashAttention, "_keep", recording)
+    ta.manual_seed(3)
+    tiled = _run(q, k, v, u, attn_mask=ta.tensor(mask), is_causal=causal, dropout_p=p, impl="tiled")
+    monkeypatch.setattr(FlashAttention, "_keep", original)
+    seen = np.broadcast_to(np.tril(np.ones((Tq, Tk), bool)) if causal else True, keep.shape)  # tiles drawn
+    dropped = 1.0 - keep[seen].mean()
+    assert 0.2 < dropped < 0.4, dropped                           # about p of the weights
+    for t in (q, k, v):
+        t.grad = None
+    out = _dropout_reference(q, k, v, keep, p, causal, mask)
+    out.backward(u)
+    naive = [out.numpy()] + [t.grad.numpy() for t in (q, k, v)]
+    for name, a, b in zip(("out", "dq", "dk", "dv"), tiled, naive):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+def test_tiled_dropout_gradcheck_and_seeding():
+    """With the generator seeded, forward and backward see the same masks (gradcheck), and a new
+    seed gives new masks."""
+    rng = np.random.default_rng(8)
+    q, k, v, _ = _tensors(rng, 1, 2, 7, 9, D=3, Dv=2)
+
+    def fn(a, b, c):
+        ta.manual_seed(5)
+        return F.flash_attention(a, b, c, is_causal=True, dropout_p=0.4, block_size=3)
+    assert ta.gradcheck(fn, (q, k, v))
+    ta.manual_seed(5)
+    first = F.flash_attention(q, k, v, dropout_p=0.4, block_size=3).numpy()
+    ta.manual_seed(5)
+    again = F.flash_attention(q, k, v, dropout_p=0.4, block_size=3).numpy()
+    other = F.flash_attention(q, k, v, dropout_p=0.4, block_size=3).numpy()
+    np.testing.assert_array_equal(first, again)
+    assert not np.allclose(first, other)
+
+
 # ------------------------------------------------------------------ memory
 def test_tiled_memory_stays_far_below_t_squared():
     """Causal forward + backward at T=4096 through the default call: naive would hold (T, T) scores and
@@ -303,3 +366,30 @@ def test_generate_with_the_kv_cache_uses_the_tiled_path(count_tiled, monkeypatch
     naive = model.generate(prompt, 12, temperature=0).numpy()
     np.testing.assert_array_equal(tiled, naive)
     np.testing.assert_array_equal(tiled, no_cache)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_forked_child_runs_the_threaded_path():
+    """After fork the parent's pool threads are gone; the child must not wait on them forever."""
+    import multiprocessing
+    q = ta.randn(1, 4, 300, 8)
+    F.flash_attention(q, q, q, threads=2)                         # the parent's pool exists now
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        result = pool.apply_async(_tiled_sum, (q.numpy(),))
+        assert np.isfinite(result.get(timeout=60))
+
+
+def _tiled_sum(array):
+    x = ta.tensor(array)
+    return float(F.flash_attention(x, x, x, threads=2).sum().item())
+
+
+def test_gpt_with_dropout_trains_through_the_tiled_path(count_tiled):
+    ta.manual_seed(0)
+    model = GPT(GPTConfig(block_size=256, vocab_size=23, n_layer=2, n_head=2, n_embd=16, dropout=0.1))
+    idx = ta.tensor(np.random.default_rng(1).integers(0, 23, (1, 257)))
+    _, loss = model(idx[:, :-1], idx[:, 1:])
+    loss.backward()
+    assert len(count_tiled) == 2
+    assert all(np.all(np.isfinite(p.grad.numpy())) for p in model.parameters())

@@ -99,6 +99,9 @@ def torch_step(args):
 def worker(args):
     """Measure one implementation at one size, in this process; print one JSON line."""
     impl, n = args.worker, args.n
+    if args.no_threadpoolctl and impl != "torch":
+        from tinyattn.nn import flash
+        flash._blas = False                                   # as if threadpoolctl were not installed
     make, step = torch_step(args) if impl == "torch" else tinyattn_step(args, impl)
     arrays = inputs(args, n)
     tensors = make(arrays)
@@ -161,7 +164,7 @@ def shared_flags(args):
     return ["--batch", str(args.batch), "--heads", str(args.heads), "--head_dim", str(args.head_dim),
             "--dtype", args.dtype, "--repeats", str(args.repeats), "--warmup", str(args.warmup),
             "--settle", str(args.settle), "--seed", str(args.seed), "--check_max_n", str(args.check_max_n)] + \
-        ([] if args.causal else ["--no_causal"])
+        ([] if args.causal else ["--no_causal"]) + (["--no_threadpoolctl"] if args.no_threadpoolctl else [])
 
 
 def plot(points, path, args):
@@ -214,12 +217,14 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--torch_python", default=None,
                    help="a Python that has torch (default: this one, if it has torch)")
-    p.add_argument("--naive_max_n", type=int, default=8192,
+    p.add_argument("--naive_max_n", type=int, default=4096,
                    help="skip the naive path above this N (its (N, N) arrays would not fit)")
     p.add_argument("--check_max_n", type=int, default=4096,
                    help="the PyTorch worker compares tinyattn's numbers with its own up to this N")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per worker process")
     p.add_argument("--plot", default=None, help="write the time and memory chart to this PNG")
+    p.add_argument("--no_threadpoolctl", action="store_true",
+                   help="run tinyattn as if threadpoolctl were not installed (heads in order, BLAS untouched)")
     p.add_argument("--worker", choices=IMPLS, help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -47,6 +47,7 @@ import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+from ..backend import get_backend
 from ..tensor import Function
 from ..ops import _const
 
@@ -79,6 +80,16 @@ def _mask_tile(m, item, i0, i1, j0, j1):
 # ---------------------------------------------------------------- threads
 _pool = None                         # (ThreadPoolExecutor, its size), made on first use
 _blas = None                         # threadpoolctl's controller; False when it is not installed
+
+
+def _forget_pool():
+    """In a forked child the pool's threads do not exist: start a new pool there."""
+    global _pool
+    _pool = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _cpu_count():
@@ -137,10 +148,11 @@ class FlashAttention(Function):
 
     differentiable_backward = False      # backward works on raw arrays: use the naive path for that
 
-    def forward(self, q, k, v, mask, scale, is_causal, block_size, threads):
+    def forward(self, q, k, v, mask, scale, is_causal, block_size, threads, dropout_p=0.0, seed=0):
         backend = self.backend
         B, H, t_q, _ = q.shape
         self.scale, self.is_causal, self.block_size = scale, is_causal, block_size
+        self.dropout_p, self.seed, self.dtype = dropout_p, seed, backend.dtype_of(q)
         self.pos = backend.arange(max(t_q, k.shape[-2]))            # positions, for the causal mask
         self.in_place = backend.name != "strict"                   # numpy and CuPy take out=
         if mask is not None and backend.dtype_of(mask).kind != "b":
@@ -173,6 +185,9 @@ class FlashAttention(Function):
                 p = self._exp_(s)                                  # (.., bk, bq), 0 where masked
                 alpha = self._exp_(m - shift)                      # rescales the old sums; 0 at the start
                 l = alpha * l + xp.sum(p, axis=-2, keepdims=True)
+                keep = self._keep(item, i0, j0, p.shape)           # dropout: l counts every weight, acc the kept
+                if keep is not None:
+                    p *= keep
                 acc = _mT(xp, alpha) * acc + _mT(xp, p) @ v[..., j0:j1, :]
                 m = m_new
             seen = l > 0                                           # False only for a fully masked row
@@ -207,8 +222,15 @@ class FlashAttention(Function):
             dq_i = xp.zeros_like(q[..., i0:i1, :])                 # (.., bq, D)
             for j0, j1 in self._key_blocks(i1, k.shape[-2]):
                 p = self._exp_(self._tile(kx[..., j0:j1, :], qx, i0, j0, mask, item))   # (.., bk, bq) P^T
-                dv[..., j0:j1, :] += p @ do_i                      # (.., bk, Dv)
-                ds = vx[..., j0:j1, :] @ _mT(xp, dox)              # (.., bk, bq) dP^T - D
+                keep = self._keep(item, i0, j0, p.shape)
+                if keep is None:
+                    dv[..., j0:j1, :] += p @ do_i                  # (.., bk, Dv)
+                    ds = vx[..., j0:j1, :] @ _mT(xp, dox)          # (.., bk, bq) dP^T - D
+                else:                                              # dropout: out = (P * Z) V
+                    dv[..., j0:j1, :] += (p * keep) @ do_i
+                    ds = v[..., j0:j1, :] @ _mT(xp, do_i)          # (.., bk, bq) (dO V^T)^T
+                    ds *= keep
+                    ds -= _mT(xp, d)                               # Z * dP^T - D
                 ds *= p                                            # dS^T = P^T * (dP^T - D)
                 dk[..., j0:j1, :] += ds @ qx[..., :d_head]         # (.., bk, D), q already scaled
                 dq_i += _mT(xp, ds) @ k[..., j0:j1, :]             # (.., bq, D)
@@ -234,6 +256,16 @@ class FlashAttention(Function):
             s = xp.where(part, s, -math.inf) if self.backend.dtype_of(part).kind == "b" else s + part
         return s
 
+    def _keep(self, item, i0, j0, shape):
+        """Dropout's mask for one tile, scaled by 1/(1-p): the same numbers in forward and backward,
+        drawn from a generator seeded by (seed, the heads, the tile). None without dropout."""
+        if not self.dropout_p:
+            return None
+        heads = tuple(i for i in item[:2] if isinstance(i, int))     # (b, h), or () for all heads at once
+        rng = get_backend("cpu").xp.random.default_rng((self.seed,) + heads + (i0, j0))
+        keep = rng.random(shape, dtype="float32") >= self.dropout_p
+        return self.backend.asarray(keep.astype(self.dtype) / (1.0 - self.dropout_p), self.dtype)
+
     def _exp_(self, s):
         """exp(s), in place where the library allows it: s is a temporary."""
         return self.xp.exp(s, out=s) if self.in_place else self.xp.exp(s)
@@ -244,7 +276,8 @@ def _parts(item, *arrays):
     return arrays if item is ALL_HEADS else tuple(a[item] for a in arrays)
 
 
-def flash_attention(q, k, v, is_causal=False, scale=None, block_size=None, attn_mask=None, threads=None):
+def flash_attention(q, k, v, is_causal=False, scale=None, block_size=None, attn_mask=None, dropout_p=0.0,
+                    threads=None):
     """softmax(q k^T * scale + mask) v, computed in (block_size, block_size) tiles (default 256).
 
     q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) -> (B, H, Tq, Dv).
@@ -252,8 +285,9 @@ def flash_attention(q, k, v, is_causal=False, scale=None, block_size=None, attn_
     but the (Tq, Tk) scores are never built, so memory grows as T, not T^2.
     scale defaults to 1/sqrt(D). is_causal: query i sees keys j <= i (top left).
     attn_mask: boolean (True = may attend) or float (added to the scores),
-    broadcastable to (B, H, Tq, Tk), with no gradient. threads: how many
-    threads share the heads on the CPU (default: one per core).
+    broadcastable to (B, H, Tq, Tk), with no gradient. dropout_p: dropout
+    on the weights, each tile's mask drawn again in backward from a seed.
+    threads: how many threads share the heads on the CPU (default: one per core).
     Its backward is fused: it cannot be differentiated twice.
     """
     if (q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or q.shape[:2] != k.shape[:2]
@@ -276,5 +310,10 @@ def flash_attention(q, k, v, is_causal=False, scale=None, block_size=None, attn_
         mask = attn_mask.xp.reshape(attn_mask.data, shape)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     threads = _cpu_count() if threads is None else max(1, int(threads))
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"flash_attention: dropout_p must be in [0, 1), got {dropout_p}")
+    seed = 0
+    if dropout_p > 0.0:                                            # from the device's generator (ta.manual_seed)
+        seed = int(q._backend.to_numpy(q._backend.uniform((1,), "float64"))[0] * 2 ** 53)
     return FlashAttention.apply(q, k, v, mask=mask, scale=scale, is_causal=bool(is_causal),
-                                block_size=int(block_size), threads=threads)
+                                block_size=int(block_size), threads=threads, dropout_p=float(dropout_p), seed=seed)

@@ -280,8 +280,8 @@ TILED_MAX_SCORE_BYTES = 2 ** 28      # and always when B * H * Tq * Tk scores wo
 def attention_impl(q, k, attn_mask=None, dropout_p=0.0, return_weights=False, impl="auto"):
     """Which path scaled_dot_product_attention takes with these arguments: "naive" or "tiled".
 
-    "auto" is naive for the attention weights (return_weights=True), for
-    dropout on the weights, for a mask that needs a gradient, and for short
+    "auto" is naive for the attention weights (return_weights=True), for a
+    mask that needs a gradient, and for short
     sequences; tiled when Tq * Tk reaches TILED_MIN_SCORES (TILED_MIN_SCORES_DEVICE
     off the CPU) or when the scores would take more than TILED_MAX_SCORE_BYTES.
     Double backward is not knowable here: it needs impl="naive".
@@ -290,7 +290,7 @@ def attention_impl(q, k, attn_mask=None, dropout_p=0.0, return_weights=False, im
         raise ValueError(f"scaled_dot_product_attention: impl must be 'auto', 'naive' or 'tiled', got {impl!r}")
     if impl != "auto":
         return impl
-    if return_weights or dropout_p > 0.0 or (attn_mask is not None and attn_mask.requires_grad):
+    if return_weights or (attn_mask is not None and attn_mask.requires_grad):
         return "naive"
     t_q, t_k = q.shape[-2], k.shape[-2]
     heads = math.prod(q.shape[:-2])
@@ -317,10 +317,10 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropo
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise ValueError(f"scaled_dot_product_attention: q {q.shape}, k {k.shape} and v {v.shape} do not fit")
     if attention_impl(q, k, attn_mask, dropout_p, return_weights, impl) == "tiled":
-        if return_weights or dropout_p > 0.0:
+        if return_weights:
             raise ValueError("scaled_dot_product_attention: impl='tiled' never builds the weights, so it "
-                             "cannot return them or apply dropout to them; use impl='naive'")
-        return flash_attention(q, k, v, is_causal=is_causal, scale=scale, attn_mask=attn_mask)
+                             "cannot return them; use impl='naive'")
+        return flash_attention(q, k, v, is_causal=is_causal, scale=scale, attn_mask=attn_mask, dropout_p=dropout_p)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q * scale) @ k.mT                                    # (B, H, Tq, Tk); scaling q is cheaper
     allowed = None

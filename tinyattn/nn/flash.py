@@ -210,9 +210,7 @@ class FlashAttention(Function):
     def _backward_heads(self, q, k, v, out, lse, do, dq, dk, dv, mask, item):
         """Add the gradients of the heads in ``item`` into dq, dk, dv, recomputing the weights tile by tile."""
         xp, backend = self.xp, self.backend
-        ones = backend.full(k.shape[:-1] + (1,), 1.0, backend.dtype_of(q))   # (.., Tk, 1)
-        kx = xp.concat([k, ones], axis=-1)                         # (.., Tk, D+1)
-        vx = xp.concat([v, ones], axis=-1)                         # (.., Tk, Dv+1)
+        ones = backend.full(k.shape[:-2] + (self.block_size, 1), 1.0, backend.dtype_of(q))   # (.., block, 1)
         d_head = q.shape[-1]
         for i0, i1 in _blocks(q.shape[-2], self.block_size):
             do_i = do[..., i0:i1, :]                               # (.., bq, Dv)
@@ -221,11 +219,14 @@ class FlashAttention(Function):
             dox = xp.concat([do_i, -d], axis=-1)                   # (.., bq, Dv+1)
             dq_i = xp.zeros_like(q[..., i0:i1, :])                 # (.., bq, D)
             for j0, j1 in self._key_blocks(i1, k.shape[-2]):
-                p = self._exp_(self._tile(kx[..., j0:j1, :], qx, i0, j0, mask, item))   # (.., bk, bq) P^T
+                ones_j = ones[..., :j1 - j0, :]                    # (.., bk, 1)
+                kx = xp.concat([k[..., j0:j1, :], ones_j], axis=-1)   # (.., bk, D+1)
+                p = self._exp_(self._tile(kx, qx, i0, j0, mask, item))   # (.., bk, bq) P^T
                 keep = self._keep(item, i0, j0, p.shape)
                 if keep is None:
                     dv[..., j0:j1, :] += p @ do_i                  # (.., bk, Dv)
-                    ds = vx[..., j0:j1, :] @ _mT(xp, dox)          # (.., bk, bq) dP^T - D
+                    vx = xp.concat([v[..., j0:j1, :], ones_j], axis=-1)   # (.., bk, Dv+1)
+                    ds = vx @ _mT(xp, dox)                         # (.., bk, bq) dP^T - D
                 else:                                              # dropout: out = (P * Z) V
                     dv[..., j0:j1, :] += (p * keep) @ do_i
                     ds = v[..., j0:j1, :] @ _mT(xp, do_i)          # (.., bk, bq) (dO V^T)^T

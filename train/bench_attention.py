@@ -168,27 +168,30 @@ def shared_flags(args):
 
 
 def plot(points, path, args):
-    """Time and memory against T, log-log, one line per implementation, with an N^2 guide."""
+    """Time and memory against N, log-log, one line per implementation, with an N^2 guide."""
+    time_key = "cpu_ms_median" if args.plot_cpu_time else "ms_median"
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
     for impl in IMPLS:
-        mine = sorted((p["n"], p["ms_median"], p["peak_growth_mib"]) for p in points if p["impl"] == impl)
+        mine = sorted((p["n"], p[time_key], p["peak_growth_mib"]) for p in points if p["impl"] == impl)
         if not mine:
             continue
         ns, ms, mib = zip(*mine)
         label = {"torch": "PyTorch SDPA", "auto": "tinyattn default (auto)"}.get(impl, f"tinyattn {impl}")
-        ax_t.plot(ns, ms, "o-", label=label)
-        ax_m.plot(ns, [max(m, 0.1) for m in mib], "o-", label=label)
+        style = "s--" if impl == "auto" else "o-"                    # auto lies on naive or tiled
+        ax_t.plot(ns, ms, style, label=label)
+        ax_m.plot(ns, [max(m, 0.1) for m in mib], style, label=label)
     ns = sorted({p["n"] for p in points})
     if len(ns) >= 2:
-        for ax, key in ((ax_t, "ms_median"), (ax_m, "peak_growth_mib")):
+        for ax, key in ((ax_t, time_key), (ax_m, "peak_growth_mib")):
             naive = {p["n"]: p[key] for p in points if p["impl"] == "naive"}
             if naive:
                 n0 = min(naive)
                 ax.plot(ns, [naive[n0] * (n / n0) ** 2 for n in ns], ":", color="grey", label="grows as N²")
-    for ax, what in ((ax_t, "time of forward + backward (ms)"), (ax_m, "peak memory growth (MiB)")):
+    timed = "CPU time" if args.plot_cpu_time else "time"
+    for ax, what in ((ax_t, f"{timed} of forward + backward (ms)"), (ax_m, "peak memory growth (MiB)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("sequence length N")
@@ -223,6 +226,10 @@ def main(argv=None):
                    help="the PyTorch worker compares tinyattn's numbers with its own up to this N")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per worker process")
     p.add_argument("--plot", default=None, help="write the time and memory chart to this PNG")
+    p.add_argument("--plot_cpu_time", action="store_true",
+                   help="plot the process's CPU time, not wall time (steadier on a shared machine)")
+    p.add_argument("--replot", metavar="JSONL", default=None,
+                   help="only draw --plot from the JSON lines of an earlier run")
     p.add_argument("--no_threadpoolctl", action="store_true",
                    help="run tinyattn as if threadpoolctl were not installed (heads in order, BLAS untouched)")
     p.add_argument("--worker", choices=IMPLS, help=argparse.SUPPRESS)
@@ -230,6 +237,12 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
+    if args.replot:
+        if not args.plot:
+            p.error("--replot needs --plot PATH")
+        with open(args.replot) as f:
+            records = [json.loads(line) for line in f if line.startswith("{")]
+        return plot([r for r in records if r.get("kind") == "point"], args.plot, args)
 
     torch_python = args.torch_python or sys.executable
     if args.torch_python and not shutil.which(args.torch_python) and not os.path.exists(args.torch_python):

@@ -148,7 +148,7 @@ def has_torch(python):
 
 def run_point(args, python, impl, n):
     """One worker process: its JSON record, or a skip record saying why it gave none."""
-    cmd = [python, "-m", "train.bench_attention", "--worker", impl, "--n", str(n)] + shared_flags(args)
+    cmd = this_script(python) + ["--worker", impl, "--n", str(n)] + shared_flags(args)
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -158,6 +158,13 @@ def run_point(args, python, impl, n):
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return {"kind": "skip", "impl": impl, "n": n, "reason": f"exit {done.returncode}: {last}"}
     return json.loads(lines[-1])
+
+
+def this_script(python):
+    """The command that runs this file again: as a module (python -m ...) or as a script."""
+    if __spec__ is not None and __spec__.name:
+        return [python, "-m", __spec__.name]
+    return [python, os.path.abspath(__file__)]
 
 
 def shared_flags(args):

@@ -1,135 +1,286 @@
-"""Benchmark: plain attention against flash attention, time and memory as N grows.
+"""Benchmark: attention's time and memory as the sequence grows, naive against tiled against PyTorch.
 
-    python bench/bench_attention.py --sizes 128 256 512 1024 2048
+    python bench/bench_attention.py --sizes 1024 4096 16384 --plot attention_cost.png
+    python bench/bench_attention.py --torch_python PATH/TO/venv/bin/python ...   # PyTorch from another venv
+
+Causal forward + backward on (B, H, T, D) inputs (default B=1, H=8, D=64,
+float32). Each implementation at each T runs in its own fresh process, so
+that one's memory and spinning BLAS threads cannot touch another's:
+
+    naive   F.scaled_dot_product_attention(..., impl="naive"): builds the (T, T) scores and weights
+    tiled   F.scaled_dot_product_attention(..., impl="tiled"): 256 x 256 tiles, never (T, T)
+    auto    F.scaled_dot_product_attention(...) with default arguments: it picks one of the two
+    torch   torch.nn.functional.scaled_dot_product_attention, when PyTorch is installed
+            (in this Python, or in the one given by --torch_python)
 
 Prints one JSON object per line:
-    {"kind": "config", ...}                        the settings
-    {"kind": "point", "impl": "naive", "n": 512, "ms_median": ..., "ms_runs": [...], "peak_mib": ...}
-    {"kind": "fit", "impl": "naive", "time_exponent": ...}   slope of log(time) against log(N)
+    {"kind": "config", ...}
+    {"kind": "point", "impl": "tiled", "n": 4096, "ms_median": ..., "ms_runs": [...],
+     "cpu_ms_median": ..., "peak_growth_mib": ..., ...}
+    {"kind": "skip", "impl": "naive", "n": 16384, "reason": ...}
+    {"kind": "check", "n": 1024, "rel_err": {"out": ..., "dq": ...}}   tinyattn against PyTorch
 
-"naive" is F.scaled_dot_product_attention: it builds the (N, N) scores and
-weights. "flash" is F.flash_attention: (block, block) tiles, never (N, N).
-Time is the median of forward + backward over --repeats runs after --warmup
-runs. Memory is the peak of Python's tracemalloc (host allocations made by
-numpy) in a separate, untimed run; on a GPU it is not measured (null).
-
-On a shared 2-core machine timings are noisy: compare shapes of curves, not
-single numbers. Each size times both sides in a block, after a short settle,
-and swaps which side goes first from one size to the next, since a BLAS call
-leaves spinning threads that slow whatever runs right after it.
+ms: wall time of one forward + backward, the median of --repeats runs after
+--warmup runs (cpu_ms: the process's CPU time, which moves less when other
+programs share the machine). peak_growth_mib: the process's peak resident
+memory during the first forward + backward, minus what it held just before
+(inputs made, libraries imported), the same measure for both frameworks.
 """
 import argparse
 import json
 import math
+import os
+import resource
+import shutil
 import statistics
+import subprocess
+import sys
 import time
-import tracemalloc
 
-import numpy as np
-
-import tinyattn as ta
-import tinyattn.nn.functional as F
-from tinyattn.backend import get_backend
+IMPLS = ("naive", "tiled", "auto", "torch")
 
 
-def make_inputs(args, n, rng):
-    """q, k, v (B, H, N, D) that require grad, and a cotangent for the output."""
-    shape = (args.batch, args.heads, n, args.head_dim)
-    q, k, v = (ta.tensor(rng.standard_normal(shape), dtype=args.dtype, device=args.device, requires_grad=True)
-               for _ in range(3))
-    u = ta.tensor(rng.standard_normal(shape), dtype=args.dtype, device=args.device)
-    return q, k, v, u
-
-
-def attention_fns(args):
-    return {
-        "naive": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=args.causal),
-        "flash": lambda q, k, v: F.flash_attention(q, k, v, is_causal=args.causal, block_size=args.block_size),
-    }
-
-
-def step(fn, q, k, v, u):
-    """One forward + backward; gradients are dropped so runs do not accumulate."""
-    for t in (q, k, v):
-        t.grad = None
-    fn(q, k, v).backward(u)
-
-
-def time_ms(fn, inputs, args):
-    """Forward + backward times in ms: --warmup untimed runs, then --repeats timed ones."""
-    backend = get_backend(args.device)
-    for _ in range(args.warmup):
-        step(fn, *inputs)
-    backend.synchronize()
-    time.sleep(args.settle)
-    runs = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        step(fn, *inputs)
-        backend.synchronize()
-        runs.append((time.perf_counter() - start) * 1e3)
-    return runs
-
-
-def peak_mib(fn, inputs, args):
-    """Peak host memory (MiB) traced during one forward + backward; None off the host."""
-    if not get_backend(args.device).on_host:
-        return None
-    tracemalloc.start()
+def rss_mib():
+    """Resident memory of this process now (MiB), from /proc; None where there is none."""
     try:
-        step(fn, *inputs)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    return peak / 2 ** 20
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+    except OSError:
+        return None
 
 
-def loglog_slope(ns, ms):
-    """Least-squares slope of log(ms) against log(n): 2 means time grows as n^2."""
-    return statistics.linear_regression([math.log(n) for n in ns], [math.log(t) for t in ms]).slope
+def peak_rss_mib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024      # KiB on Linux
 
 
-def emit(record):
+def inputs(args, n):
+    """Host q, k, v and the output cotangent u, (B, H, n, D) float arrays from a fixed seed."""
+    import numpy as np
+    rng = np.random.default_rng(args.seed)
+    shape = (args.batch, args.heads, n, args.head_dim)
+    return [rng.standard_normal(shape).astype(args.dtype) for _ in range(4)]
+
+
+def tinyattn_step(args, impl):
+    """A function (q, k, v, u) -> [out, dq, dk, dv] as arrays, and the tensors it uses."""
+    import tinyattn as ta
+    import tinyattn.nn.functional as F
+    kwargs = {} if impl == "auto" else {"impl": impl}
+
+    def make(arrays):
+        q, k, v = (ta.tensor(a, dtype=args.dtype, requires_grad=True) for a in arrays[:3])
+        return q, k, v, ta.tensor(arrays[3], dtype=args.dtype)
+
+    def step(q, k, v, u):
+        for t in (q, k, v):
+            t.grad = None
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=args.causal, **kwargs)
+        out.backward(u)
+        return [out.data] + [t.grad.data for t in (q, k, v)]
+    return make, step
+
+
+def torch_step(args):
+    import torch
+
+    def make(arrays):
+        q, k, v = (torch.from_numpy(a).requires_grad_() for a in arrays[:3])
+        return q, k, v, torch.from_numpy(arrays[3])
+
+    def step(q, k, v, u):
+        for t in (q, k, v):
+            t.grad = None
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
+        out.backward(u)
+        return [out.detach().numpy()] + [t.grad.numpy() for t in (q, k, v)]
+    return make, step
+
+
+def worker(args):
+    """Measure one implementation at one size, in this process; print one JSON line."""
+    impl, n = args.worker, args.n
+    if args.no_threadpoolctl and impl != "torch":
+        from tinyattn.nn import flash
+        flash._blas = False                                   # as if threadpoolctl were not installed
+    make, step = torch_step(args) if impl == "torch" else tinyattn_step(args, impl)
+    arrays = inputs(args, n)
+    tensors = make(arrays)
+    before = rss_mib()
+    step(*tensors)                                            # the first run: memory
+    growth = peak_rss_mib() - before
+    for _ in range(args.warmup - 1):
+        step(*tensors)
+    time.sleep(args.settle)
+    wall, cpu = [], []
+    for _ in range(args.repeats):
+        w, c = time.perf_counter(), time.process_time()
+        step(*tensors)
+        wall.append((time.perf_counter() - w) * 1e3)
+        cpu.append((time.process_time() - c) * 1e3)
+    record = {"kind": "point", "impl": impl, "n": n, "ms_median": round(statistics.median(wall), 2),
+              "ms_runs": [round(t, 2) for t in wall], "cpu_ms_median": round(statistics.median(cpu), 2),
+              "peak_growth_mib": round(growth, 1)}
+    if impl == "torch":
+        import torch
+        record["torch"] = torch.__version__
+        record["threads"] = torch.get_num_threads()
+        if n <= args.check_max_n:                               # tinyattn's default call on the same inputs
+            theirs = step(*tensors)
+            mine = tinyattn_step(args, "auto")[1](*tinyattn_step(args, "auto")[0](arrays))
+            record["rel_err_vs_tinyattn"] = {name: rel_err(a, b) for name, a, b
+                                             in zip(("out", "dq", "dk", "dv"), mine, theirs)}
+    else:
+        from tinyattn.nn import flash
+        record["threadpoolctl"] = bool(flash._one_blas_thread())
     print(json.dumps(record), flush=True)
+
+
+def rel_err(a, b):
+    """max |a - b| / max |b|."""
+    import numpy as np
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def has_torch(python):
+    return subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0
+
+
+def run_point(args, python, impl, n):
+    """One worker process: its JSON record, or a skip record saying why it gave none."""
+    cmd = this_script(python) + ["--worker", impl, "--n", str(n)] + shared_flags(args)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"kind": "skip", "impl": impl, "n": n, "reason": f"over {args.timeout} s"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"kind": "skip", "impl": impl, "n": n, "reason": f"exit {done.returncode}: {last}"}
+    return json.loads(lines[-1])
+
+
+def this_script(python):
+    """The command that runs this file again: as a module (python -m ...) or as a script."""
+    if __spec__ is not None and __spec__.name:
+        return [python, "-m", __spec__.name]
+    return [python, os.path.abspath(__file__)]
+
+
+def shared_flags(args):
+    return ["--batch", str(args.batch), "--heads", str(args.heads), "--head_dim", str(args.head_dim),
+            "--dtype", args.dtype, "--repeats", str(args.repeats), "--warmup", str(args.warmup),
+            "--settle", str(args.settle), "--seed", str(args.seed), "--check_max_n", str(args.check_max_n)] + \
+        ([] if args.causal else ["--no_causal"]) + (["--no_threadpoolctl"] if args.no_threadpoolctl else [])
+
+
+def plot(points, path, args):
+    """Time and memory against N, log-log, one line per implementation, with an N^2 guide."""
+    time_key = "cpu_ms_median" if args.plot_cpu_time else "ms_median"
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for impl in IMPLS:
+        mine = sorted((p["n"], p[time_key], p["peak_growth_mib"]) for p in points if p["impl"] == impl)
+        if not mine:
+            continue
+        ns, ms, mib = zip(*mine)
+        label = {"torch": "PyTorch SDPA", "auto": "tinyattn default (auto)"}.get(impl, f"tinyattn {impl}")
+        style = "s--" if impl == "auto" else "o-"                    # auto lies on naive or tiled
+        ax_t.plot(ns, ms, style, label=label)
+        ax_m.plot(ns, [max(m, 0.1) for m in mib], style, label=label)
+    ns = sorted({p["n"] for p in points})
+    if len(ns) >= 2:
+        for ax, key in ((ax_t, time_key), (ax_m, "peak_growth_mib")):
+            naive = {p["n"]: p[key] for p in points if p["impl"] == "naive"}
+            if naive:
+                n0 = min(naive)
+                ax.plot(ns, [naive[n0] * (n / n0) ** 2 for n in ns], ":", color="grey", label="grows as N²")
+    timed = "CPU time" if args.plot_cpu_time else "time"
+    for ax, what in ((ax_t, f"{timed} of forward + backward (ms)"), (ax_m, "peak memory growth (MiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel(what)
+        ax.grid(True, which="both", alpha=0.3)
+    ax_t.legend(fontsize=8)
+    fig.suptitle(f"{'causal ' if args.causal else ''}attention, B={args.batch}, H={args.heads}, "
+                 f"D={args.head_dim}, {args.dtype}, CPU", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--sizes", type=int, nargs="+", default=[128, 256, 512, 1024, 2048], help="sequence lengths N")
+    p.add_argument("--sizes", type=int, nargs="+", default=[256, 1024, 4096, 16384], help="sequence lengths N")
+    p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head_dim", type=int, default=64)
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--causal", action="store_true")
-    p.add_argument("--block_size", type=int, default=64, help="flash attention's tile size")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--no_causal", dest="causal", action="store_false", help="full attention instead of causal")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--settle", type=float, default=0.2, help="seconds of rest before each timed block")
-    p.add_argument("--impls", nargs="+", default=["naive", "flash"], choices=["naive", "flash"])
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs first (the first one measures memory)")
+    p.add_argument("--settle", type=float, default=0.2, help="seconds of rest before the timed runs")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--torch_python", default=None,
+                   help="a Python that has torch (default: this one, if it has torch)")
+    p.add_argument("--naive_max_n", type=int, default=4096,
+                   help="skip the naive path above this N (its (N, N) arrays would not fit)")
+    p.add_argument("--check_max_n", type=int, default=4096,
+                   help="the PyTorch worker compares tinyattn's numbers with its own up to this N")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per worker process")
+    p.add_argument("--plot", default=None, help="write the time and memory chart to this PNG")
+    p.add_argument("--plot_cpu_time", action="store_true",
+                   help="plot the process's CPU time, not wall time (steadier on a shared machine)")
+    p.add_argument("--replot", metavar="JSONL", default=None,
+                   help="only draw --plot from the JSON lines of an earlier run")
+    p.add_argument("--no_threadpoolctl", action="store_true",
+                   help="run tinyattn as if threadpoolctl were not installed (heads in order, BLAS untouched)")
+    p.add_argument("--worker", choices=IMPLS, help=argparse.SUPPRESS)
+    p.add_argument("--n", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.worker:
+        return worker(args)
+    if args.replot:
+        if not args.plot:
+            p.error("--replot needs --plot PATH")
+        with open(args.replot) as f:
+            records = [json.loads(line) for line in f if line.startswith("{")]
+        return plot([r for r in records if r.get("kind") == "point"], args.plot, args)
 
-    emit({"kind": "config", **vars(args)})
-    fns = attention_fns(args)
-    rng = np.random.default_rng(args.seed)
-    medians = {name: [] for name in args.impls}
-    for index, n in enumerate(args.sizes):
-        inputs = make_inputs(args, n, rng)
-        order = args.impls if index % 2 == 0 else args.impls[::-1]    # swap who goes first
-        for name in order:
-            runs = time_ms(fns[name], inputs, args)
-            medians[name].append(statistics.median(runs))
-            emit({"kind": "point", "impl": name, "n": n, "ms_median": round(medians[name][-1], 3),
-                  "ms_runs": [round(t, 3) for t in runs], "peak_mib": _round(peak_mib(fns[name], inputs, args))})
-    if len(args.sizes) >= 2:
-        for name in args.impls:
-            emit({"kind": "fit", "impl": name, "sizes": args.sizes,
-                  "time_exponent": round(loglog_slope(args.sizes, medians[name]), 3)})
+    torch_python = args.torch_python or sys.executable
+    if args.torch_python and not shutil.which(args.torch_python) and not os.path.exists(args.torch_python):
+        p.error(f"--torch_python {args.torch_python}: no such program")
+    impls = [i for i in args.impls if i != "torch" or has_torch(torch_python)]
+    emit({"kind": "config", **{k: v for k, v in vars(args).items() if k not in ("worker", "n")},
+          "impls": impls, "python": sys.version.split()[0], "cpus": os.cpu_count()})
+    points = []
+    for n in args.sizes:
+        for impl in impls:
+            if impl == "naive" and n > args.naive_max_n:
+                emit({"kind": "skip", "impl": impl, "n": n, "reason": f"N > --naive_max_n {args.naive_max_n}"})
+                continue
+            record = run_point(args, torch_python if impl == "torch" else sys.executable, impl, n)
+            emit(record)
+            if record["kind"] == "point":
+                points.append(record)
+                if "rel_err_vs_tinyattn" in record:
+                    emit({"kind": "check", "n": n, "rel_err": record["rel_err_vs_tinyattn"]})
+    for impl in impls:
+        mine = sorted((r["n"], r["ms_median"]) for r in points if r["impl"] == impl)
+        if len(mine) >= 2:
+            (n0, t0), (n1, t1) = mine[0], mine[-1]
+            emit({"kind": "fit", "impl": impl, "time_exponent": round(math.log(t1 / t0) / math.log(n1 / n0), 3)})
+    if args.plot and points:
+        plot(points, args.plot, args)
+        emit({"kind": "plot", "path": args.plot})
 
 
-def _round(x, digits=3):
-    return None if x is None else round(x, digits)
+def emit(record):
+    print(json.dumps(record), flush=True)
 
 
 if __name__ == "__main__":

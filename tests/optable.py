@@ -229,6 +229,15 @@ OPS = [
            lambda q, k, v: F.flash_attention(q, k, v, is_causal=True, scale=0.7, block_size=3),
            lambda r: [normal(r, 1, 2, 7, 4), normal(r, 1, 2, 4, 4), normal(r, 1, 2, 4, 2)],
            lambda q, k, v: _attention(q, k, v, causal=True, scale=0.7), gradgrad=False),
+    OpSpec("F.flash_attention(causal, bool mask, Tq < Tk)",
+           lambda q, k, v, m: F.flash_attention(q, k, v, is_causal=True, attn_mask=m, block_size=2),
+           lambda r: [normal(r, 1, 2, 5, 3), normal(r, 1, 2, 7, 3), normal(r, 1, 2, 7, 2),
+                      np.array([[True, False, True, True, False, True, True]] * 3 + [[True, True, False] * 2 + [False]] * 2)],
+           lambda q, k, v, m: _sdpa(q, k, v, m, causal=True), gradgrad=False),
+    OpSpec("F.scaled_dot_product_attention(impl='tiled')",
+           lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, impl="tiled"),
+           lambda r: [normal(r, 2, 1, 4, 3), normal(r, 2, 1, 4, 3), normal(r, 2, 1, 4, 3)],
+           lambda q, k, v: _sdpa(q, k, v, causal=True), gradgrad=False),
 ]
 
 

@@ -45,7 +45,7 @@ def test_matches_scaled_dot_product_attention(shape, block_size, causal):
     q, k, v, u = _qkvu(np.random.default_rng(sum(shape) + block_size), *shape)
     flash = _forward_backward(lambda a, b, c: F.flash_attention(a, b, c, is_causal=causal, block_size=block_size),
                               q, k, v, u)
-    plain = _forward_backward(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=causal),
+    plain = _forward_backward(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=causal, impl="naive"),
                               q, k, v, u)
     for name, a, b in zip(("out", "dq", "dk", "dv"), flash, plain):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=name)
@@ -54,7 +54,7 @@ def test_matches_scaled_dot_product_attention(shape, block_size, causal):
 def test_custom_scale(rng):
     q, k, v, u = _qkvu(rng, 1, 2, 20, 30, 8, 8)
     flash = _forward_backward(lambda a, b, c: F.flash_attention(a, b, c, scale=0.3, block_size=7), q, k, v, u)
-    plain = _forward_backward(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, scale=0.3), q, k, v, u)
+    plain = _forward_backward(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, scale=0.3, impl="naive"), q, k, v, u)
     for a, b in zip(flash, plain):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
@@ -72,13 +72,13 @@ def test_float32_close_to_float64(rng):
 def test_causal_skips_tiles_above_the_diagonal(monkeypatch, rng):
     """T=256 in blocks of 64 is 4 x 4 tiles: causal computes only the 10 on or below the diagonal."""
     calls = []
-    original = FlashAttention._tile_scores
+    original = FlashAttention._tile
 
-    def counting(self, q_i, k_j, i0, j0):
+    def counting(self, kx_j, qx_i, i0, j0, mask, item):
         calls.append((i0, j0))
-        return original(self, q_i, k_j, i0, j0)
+        return original(self, kx_j, qx_i, i0, j0, mask, item)
 
-    monkeypatch.setattr(FlashAttention, "_tile_scores", counting)
+    monkeypatch.setattr(FlashAttention, "_tile", counting)
     q, k, v, u = _qkvu(rng, 1, 1, 256, 256, 8, 8)
     F.flash_attention(q, k, v, is_causal=True, block_size=64).backward(u)
     assert len(calls) == 2 * 10                                   # forward and backward
@@ -144,8 +144,8 @@ def test_flash_uses_far_less_memory_than_naive():
     """At T=1024 plain attention holds (T, T) scores and weights (4 MiB each in float32);
     flash holds (64, 64) tiles. The ratio measured here was about 35; 8 leaves a wide margin."""
     T = 1024
-    naive = _peak_mib(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), T)
-    flash = _peak_mib(lambda q, k, v: F.flash_attention(q, k, v, is_causal=True), T)
+    naive = _peak_mib(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, impl="naive"), T)
+    flash = _peak_mib(lambda q, k, v: F.flash_attention(q, k, v, is_causal=True, block_size=64), T)
     assert naive >= 2 * T * T * 4 / 2 ** 20, f"naive peak {naive:.2f} MiB: it should hold two T x T arrays"
     assert naive > 8 * flash, f"naive peak {naive:.2f} MiB, flash peak {flash:.2f} MiB"
 
@@ -153,6 +153,6 @@ def test_flash_uses_far_less_memory_than_naive():
 def test_flash_memory_grows_linearly():
     """Doubling T about doubles flash's peak (O(T)); naive's about quadruples (O(T^2))."""
     flash = [_peak_mib(lambda q, k, v: F.flash_attention(q, k, v), T) for T in (512, 1024)]
-    naive = [_peak_mib(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), T) for T in (512, 1024)]
+    naive = [_peak_mib(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, impl="naive"), T) for T in (512, 1024)]
     assert flash[1] / flash[0] < 2.5, flash
     assert naive[1] / naive[0] > 3.5, naive

@@ -39,6 +39,7 @@ class Backend:
 
     name = "cpu"
     on_host = True          # arrays live in host memory: reading a value back costs nothing
+    ufunc_out = True        # elementwise functions take out= (write into an existing array)
     setitem_basic = True    # a[index] = v works for basic indices (ints, slices, None, Ellipsis)
     kernels = {}            # name -> fused kernel; the CPU has none yet
     use_kernels = True      # False: every op runs its own formula (to compare against the kernels)
@@ -243,6 +244,7 @@ class StrictBackend(Backend):
 
     name = "strict"
     on_host = False
+    ufunc_out = False
     setitem_basic = False
     kernels = {}            # its own table (none yet), not the CPU's
 
@@ -349,9 +351,10 @@ def seed_all(seed):
         backend.seed(seed)
 
 
-def host_rng():
-    """The host's numpy Generator (seeded by ``ta.manual_seed``): for sampling and init on the host."""
-    return get_backend("cpu").rng
+def host_rng(seed=None):
+    """The host's numpy Generator (seeded by ``ta.manual_seed``): for sampling and init on the host.
+    With ``seed`` (an int or a tuple of ints), a new Generator of its own, seeded by it."""
+    return get_backend("cpu").rng if seed is None else np.random.default_rng(seed)
 
 
 def cuda_is_available():

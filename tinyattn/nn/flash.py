@@ -1,9 +1,9 @@
-"""Memory-efficient ("flash-style") attention: softmax(q k^T * scale) v, tile by tile.
+"""Memory-efficient ("flash-style") attention: softmax(q k^T * scale + mask) v, tile by tile.
 
 Plain attention builds the whole (Tq, Tk) score matrix, and the weights, and
 keeps them for backward: memory grows as T^2. Here the queries and keys are
 cut into blocks of ``block_size`` and only one (block, block) tile of scores
-exists at a time, so the extra memory is O(block_size^2 * B * H).
+exists at a time, so the extra memory is O(block_size^2) per head at work.
 
 The trick is the online softmax (FlashAttention, Dao et al. 2022). For each
 query row we keep, over the key blocks seen so far,
@@ -20,18 +20,47 @@ each tile's weights as P = exp(s - L) and uses
     dV += P^T dO        dP = dO V^T        dS = P * (dP - D),  D = rowsum(dO * O)
     dQ += dS K * scale  dK += dS^T Q * scale
 
-The loops are in Python, one tile at a time: on a CPU this trades speed for
-memory. On a GPU the same loops would be one fused kernel.
+The loops are in Python, one tile at a time. What makes them fast on a CPU
+(each measured with numpy 2.4 and OpenBLAS on a 2-core machine):
+
+- 256 x 256 tiles and one head per piece of work: a tile stays in the L2
+  cache, and each matmul is big enough for BLAS to run at full speed.
+- The heads are shared out over threads (numpy's matmul and ufuncs release
+  the GIL), with BLAS held at one thread (threadpoolctl, if installed: a
+  tile is too small to split, and a second BLAS thread that waits for a busy
+  core costs more than it gives). Without threadpoolctl the heads run one
+  after another and BLAS does as it likes.
+- 1/sqrt(D) is folded into q, block by block. (``exp2`` with log2(e) folded
+  in too is faster on some builds; with numpy 2.4's AVX2 ``exp`` it measured
+  2x slower than ``exp`` for float32, so it is ``exp`` here.)
+- Tiles are computed transposed, keys x queries, so the reductions over keys
+  (the row max, the row sum) run down the columns, which numpy does fast.
+- In backward, L and D are subtracted inside the matmuls: q gets an extra
+  column -L and k a column of ones, so k q^T comes out as s - L; likewise
+  dO gets a column -D and v a column of ones. exp and the products with P
+  work in place on the tile.
+
+On other devices (CuPy, the array-API stand-in) every head is done at once,
+batched, in the same loops.
 """
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 from ..autograd import Function
+from ..backend import host_rng
 from ..ops import causal_mask
+
+BLOCK_SIZE = 256                     # tile side: (256, 256) float32 scores are 256 KiB, in L2
 
 
 def _mT(xp, a):
-    """Swap the last two axes of a 4-d array: (B, H, n, d) -> (B, H, d, n)."""
-    return xp.permute_dims(a, (0, 1, 3, 2))
+    """Swap the last two axes: (..., n, d) -> (..., d, n), a view."""
+    if hasattr(a, "mT"):                                          # numpy 2, the array API
+        return a.mT
+    axes = list(range(a.ndim))
+    axes[-2], axes[-1] = axes[-1], axes[-2]
+    return xp.permute_dims(a, tuple(axes))
 
 
 def _blocks(n, size):
@@ -39,99 +68,252 @@ def _blocks(n, size):
     return [(s, min(s + size, n)) for s in range(0, n, size)]
 
 
+def _mask_tile(m, item, i0, i1, j0, j1):
+    """The (.., bq, bk) part of the 4-d mask m for these heads and positions; size-1 axes stay size 1."""
+    index = tuple(i if n > 1 else (0 if isinstance(i, int) else slice(None))
+                  for i, n in zip(item[:2], m.shape[:2]))
+    rows = slice(i0, i1) if m.shape[2] > 1 else slice(None)
+    cols = slice(j0, j1) if m.shape[3] > 1 else slice(None)
+    return m[index + (rows, cols)]
+
+
+# ---------------------------------------------------------------- threads
+_pool = None                         # (ThreadPoolExecutor, its size), made on first use
+_blas = None                         # threadpoolctl's controller; False when it is not installed
+
+
+def _forget_pool():
+    """In a forked child the pool's threads do not exist: start a new pool there."""
+    global _pool
+    _pool = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _cpu_count():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:                                         # not on Linux
+        return os.cpu_count() or 1
+
+
+def _one_blas_thread():
+    """A context that holds BLAS at one thread, or None without threadpoolctl."""
+    global _blas
+    if _blas is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+            _blas = ThreadpoolController()
+        except ImportError:
+            _blas = False
+    return _blas.limit(limits=1, user_api="blas") if _blas else None
+
+
+def _for_each(fn, items, threads):
+    """fn(item) for every item, with BLAS held at one thread (a tile is too small to share out),
+    over ``threads`` threads. Without threadpoolctl, in order, leaving BLAS as it is."""
+    global _pool
+    limit = _one_blas_thread() if threads else None
+    threads = min(threads, len(items))
+    if limit is None:
+        for item in items:
+            fn(item)
+        return
+    with limit:
+        if threads == 1:
+            for item in items:
+                fn(item)
+            return
+        if _pool is None or _pool[1] < threads:
+            _pool = (ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tinyattn-attention"), threads)
+        for _ in _pool[0].map(fn, items):                         # re-raises a worker's error here
+            pass
+
+
+# ---------------------------------------------------------------- the op
+ALL_HEADS = (slice(None), slice(None), ...)
+
+
 class FlashAttention(Function):
-    """softmax(q k^T * scale [causal]) v without the (Tq, Tk) matrix.
+    """softmax(q k^T * scale + mask [causal]) v without the (Tq, Tk) matrix.
 
     q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) -> (B, H, Tq, Dv).
+    mask: None, or a boolean (True = may attend) or additive array
+    broadcastable to (B, H, Tq, Tk); it gets no gradient.
     Causal is aligned at the top left, as in PyTorch: query i sees keys j <= i.
+    A query that may see no key at all gets a zero output and zero gradients.
     """
 
-    differentiable_backward = False      # backward works on raw arrays
+    differentiable_backward = False      # backward works on raw arrays: use the naive path for that
 
-    def _tile_scores(self, q_i, k_j, i0, j0):
-        """Scaled scores of one tile, (B, H, bq, bk), with -inf above the diagonal when causal."""
-        xp = self.xp
-        s = (q_i @ _mT(xp, k_j)) * self.scale                          # (B, H, bq, bk)
-        bq, bk = s.shape[-2], s.shape[-1]
-        if self.is_causal and j0 + bk - 1 > i0:                        # the tile crosses the diagonal
-            allowed = causal_mask(bq, bk, self.backend, offset=i0 - j0)   # key j0 + c <= query i0 + r
-            s = xp.where(allowed, s, -math.inf)
-        return s
-
-    def _key_blocks(self, i1, t_k):
-        """Key blocks that queries < i1 can see: with causal, blocks starting at j0 >= i1 are skipped."""
-        return _blocks(min(t_k, i1) if self.is_causal else t_k, self.block_size)
-
-    def forward(self, q, k, v, scale, is_causal, block_size):
-        xp, backend = self.xp, self.backend
-        self.scale, self.is_causal, self.block_size = scale, is_causal, block_size
+    def forward(self, q, k, v, mask, scale, is_causal, block_size, threads, dropout_p=0.0, seed=0):
+        backend = self.backend
         B, H, t_q, _ = q.shape
-        t_k, d_v = k.shape[-2], v.shape[-1]
-        dtype = backend.dtype_of(q)
-        out = backend.zeros((B, H, t_q, d_v), dtype)                   # (B, H, Tq, Dv)
-        lse = backend.zeros((B, H, t_q, 1), dtype)                     # (B, H, Tq, 1) logsumexp per row
-        for i0, i1 in _blocks(t_q, block_size):
-            q_i = q[..., i0:i1, :]                                     # (B, H, bq, D)
-            m = backend.full((B, H, i1 - i0, 1), -math.inf, dtype)     # running max      (B, H, bq, 1)
-            l = backend.zeros((B, H, i1 - i0, 1), dtype)               # running sum      (B, H, bq, 1)
-            acc = backend.zeros((B, H, i1 - i0, d_v), dtype)           # running output   (B, H, bq, Dv)
-            for j0, j1 in self._key_blocks(i1, t_k):
-                s = self._tile_scores(q_i, k[..., j0:j1, :], i0, j0)   # (B, H, bq, bk)
-                m_new = xp.maximum(m, xp.max(s, axis=-1, keepdims=True))
-                m_new = xp.where(xp.isfinite(m_new), m_new, 0.0)       # a row with nothing seen yet
-                p = xp.exp(s - m_new)                                  # (B, H, bq, bk), 0 where masked
-                alpha = xp.exp(m - m_new)                              # rescales the old sums; 0 at the start
-                l = alpha * l + xp.sum(p, axis=-1, keepdims=True)
-                acc = alpha * acc + p @ v[..., j0:j1, :]
-                m = m_new
-            seen = l > 0                                               # False only for a fully masked row
-            l = xp.where(seen, l, 1.0)
-            out[..., i0:i1, :] = acc / l                               # a fully masked row stays 0
-            lse[..., i0:i1, :] = xp.where(seen, m + xp.log(l), math.inf)   # +inf: P = exp(s - L) = 0
-        self.save(q, k, v, out, lse)
+        self.scale, self.is_causal, self.block_size = scale, is_causal, block_size
+        self.dropout_p, self.seed, self.dtype = dropout_p, seed, backend.dtype_of(q)
+        self.in_place = backend.ufunc_out                          # numpy and CuPy take out=
+        if mask is not None and backend.dtype_of(mask).kind != "b":
+            mask = self.xp.astype(mask, q.dtype)                   # additive, in q's dtype
+        # numpy: one head per piece of work, shared over threads; elsewhere all heads at once, in order
+        on_cpu = backend.on_host
+        self.items = [(b, h, ...) for b in range(B) for h in range(H)] if on_cpu else [ALL_HEADS]
+        self.threads = threads if on_cpu else 0                    # 0: BLAS left alone
+        out = backend.zeros((B, H, t_q, v.shape[-1]), backend.dtype_of(q))   # (B, H, Tq, Dv)
+        lse = backend.zeros((B, H, t_q), backend.dtype_of(q))      # (B, H, Tq) logsumexp per row
+        _for_each(lambda item: self._forward_heads(*_parts(item, q, k, v, out, lse), mask, item),
+                  self.items, self.threads)
+        self.save(q, k, v, out, lse, mask)
         return out
 
+    def _forward_heads(self, q, k, v, out, lse, mask, item):
+        """Fill out (.., Tq, Dv) and lse (.., Tq) for the heads in ``item``; '..' is () or (B, H)."""
+        xp, backend = self.xp, self.backend
+        lead, dtype = q.shape[:-2], backend.dtype_of(q)
+        for i0, i1 in _blocks(q.shape[-2], self.block_size):
+            q_i = q[..., i0:i1, :] * self.scale                    # (.., bq, D)
+            m = backend.full(lead + (1, i1 - i0), -math.inf, dtype)   # running max      (.., 1, bq)
+            l = backend.zeros(lead + (1, i1 - i0), dtype)          # running sum        (.., 1, bq)
+            acc = backend.zeros(lead + (i1 - i0, v.shape[-1]), dtype)  # running output (.., bq, Dv)
+            for j0, j1 in self._key_blocks(i1, k.shape[-2]):
+                s = self._tile(k[..., j0:j1, :], q_i, i0, j0, mask, item)   # (.., bk, bq) keys x queries
+                m_new = xp.maximum(m, xp.max(s, axis=-2, keepdims=True))
+                shift = xp.where(xp.isfinite(m_new), m_new, 0.0)   # a row that has seen nothing yet: 0
+                s -= shift
+                p = self._exp_(s)                                  # (.., bk, bq), 0 where masked
+                alpha = self._exp_(m - shift)                      # rescales the old sums; 0 at the start
+                l = alpha * l + xp.sum(p, axis=-2, keepdims=True)
+                keep = self._keep(item, i0, j0, p.shape)           # dropout: l counts every weight, acc the kept
+                if keep is not None:
+                    p *= keep
+                acc = _mT(xp, alpha) * acc + _mT(xp, p) @ v[..., j0:j1, :]
+                m = m_new
+            seen = l > 0                                           # False only for a fully masked row
+            l = xp.where(seen, l, 1.0)
+            out[..., i0:i1, :] = acc / _mT(xp, l)                  # a fully masked row stays 0
+            lse[..., i0:i1] = xp.where(seen, m + xp.log(l), math.inf)[..., 0, :]   # +inf: P = 0
+
     def backward(self, g):
-        xp = self.xp
-        q, k, v, out, lse = self.saved
-        do = g.data                                                    # (B, H, Tq, Dv)
-        t_q, t_k = q.shape[-2], k.shape[-2]
-        d = xp.sum(do * out, axis=-1, keepdims=True)                   # (B, H, Tq, 1) rowsum(dO * O)
-        dq, dk, dv = xp.zeros_like(q), xp.zeros_like(k), xp.zeros_like(v)
-        for i0, i1 in _blocks(t_q, self.block_size):
-            q_i, do_i = q[..., i0:i1, :], do[..., i0:i1, :]            # (B, H, bq, D), (B, H, bq, Dv)
-            lse_i, d_i = lse[..., i0:i1, :], d[..., i0:i1, :]          # (B, H, bq, 1) each
-            dq_i = xp.zeros_like(q_i)                                  # (B, H, bq, D)
-            for j0, j1 in self._key_blocks(i1, t_k):
-                k_j, v_j = k[..., j0:j1, :], v[..., j0:j1, :]          # (B, H, bk, D), (B, H, bk, Dv)
-                p = xp.exp(self._tile_scores(q_i, k_j, i0, j0) - lse_i)   # (B, H, bq, bk) the weights
-                dv[..., j0:j1, :] += _mT(xp, p) @ do_i                 # (B, H, bk, Dv)
-                dp = do_i @ _mT(xp, v_j)                               # (B, H, bq, bk)
-                ds = p * (dp - d_i)                                    # (B, H, bq, bk) d loss / d scores
-                dq_i += ds @ k_j                                       # (B, H, bq, D)
-                dk[..., j0:j1, :] += _mT(xp, ds) @ q_i                 # (B, H, bk, D)
-            dq[..., i0:i1, :] = dq_i * self.scale
-        dk = dk * self.scale
+        q, k, v, out, lse, mask = self.saved
+        do = g.data                                                # (B, H, Tq, Dv)
+        dq, dk, dv = (self.xp.zeros_like(a) for a in (q, k, v))
+        _for_each(lambda item: self._backward_heads(*_parts(item, q, k, v, out, lse, do, dq, dk, dv),
+                                                    mask, item),
+                  self.items, self.threads)
         need_q, need_k, need_v = self.needs_input_grad
         return (self.constant(dq) if need_q else None,
                 self.constant(dk) if need_k else None,
                 self.constant(dv) if need_v else None)
 
+    def _backward_heads(self, q, k, v, out, lse, do, dq, dk, dv, mask, item):
+        """Add the gradients of the heads in ``item`` into dq, dk, dv, recomputing the weights tile by tile."""
+        xp, backend = self.xp, self.backend
+        ones = backend.full(k.shape[:-2] + (self.block_size, 1), 1.0, backend.dtype_of(q))   # (.., block, 1)
+        d_head = q.shape[-1]
+        for i0, i1 in _blocks(q.shape[-2], self.block_size):
+            do_i = do[..., i0:i1, :]                               # (.., bq, Dv)
+            d = xp.sum(do_i * out[..., i0:i1, :], axis=-1, keepdims=True)   # (.., bq, 1) rowsum(dO * O)
+            qx = xp.concat([q[..., i0:i1, :] * self.scale, -lse[..., i0:i1, None]], axis=-1)  # (.., bq, D+1)
+            dox = xp.concat([do_i, -d], axis=-1)                   # (.., bq, Dv+1)
+            dq_i = xp.zeros_like(q[..., i0:i1, :])                 # (.., bq, D)
+            for j0, j1 in self._key_blocks(i1, k.shape[-2]):
+                ones_j = ones[..., :j1 - j0, :]                    # (.., bk, 1)
+                kx = xp.concat([k[..., j0:j1, :], ones_j], axis=-1)   # (.., bk, D+1)
+                p = self._exp_(self._tile(kx, qx, i0, j0, mask, item))   # (.., bk, bq) P^T
+                keep = self._keep(item, i0, j0, p.shape)
+                if keep is None:
+                    dv[..., j0:j1, :] += p @ do_i                  # (.., bk, Dv)
+                    vx = xp.concat([v[..., j0:j1, :], ones_j], axis=-1)   # (.., bk, Dv+1)
+                    ds = vx @ _mT(xp, dox)                         # (.., bk, bq) dP^T - D
+                else:                                              # dropout: out = (P * Z) V
+                    dv[..., j0:j1, :] += (p * keep) @ do_i
+                    ds = v[..., j0:j1, :] @ _mT(xp, do_i)          # (.., bk, bq) (dO V^T)^T
+                    ds *= keep
+                    ds -= _mT(xp, d)                               # Z * dP^T - D
+                ds *= p                                            # dS^T = P^T * (dP^T - D)
+                dk[..., j0:j1, :] += ds @ qx[..., :d_head]         # (.., bk, D), q already scaled
+                dq_i += _mT(xp, ds) @ k[..., j0:j1, :]             # (.., bq, D)
+            dq[..., i0:i1, :] = dq_i * self.scale
 
-def flash_attention(q, k, v, is_causal=False, scale=None, block_size=64):
-    """softmax(q k^T * scale) v, computed in (block_size, block_size) tiles.
+    # --- one tile -----------------------------------------------------------
+    def _key_blocks(self, i1, t_k):
+        """Key blocks that queries < i1 can see: with causal, blocks starting at j0 >= i1 are skipped."""
+        return _blocks(min(t_k, i1) if self.is_causal else t_k, self.block_size)
+
+    def _tile(self, kx_j, qx_i, i0, j0, mask, item):
+        """One tile of scaled scores, transposed: (.., bk, bq) keys x queries, -inf where masked.
+
+        In backward kx has a column of ones and qx a column -L, so this is s - L there."""
+        xp = self.xp
+        s = kx_j @ _mT(xp, qx_i)                                   # (.., bk, bq)
+        bk, bq = s.shape[-2], s.shape[-1]
+        if self.is_causal and j0 + bk - 1 > i0:                    # the tile crosses the diagonal
+            allowed = causal_mask(bq, bk, self.backend, offset=i0 - j0)   # (bq, bk): key j0 + c <= query i0 + r
+            s = xp.where(xp.permute_dims(allowed, (1, 0)), s, -math.inf)
+        if mask is not None:
+            part = _mT(xp, _mask_tile(mask, item, i0, i0 + bq, j0, j0 + bk))  # (.., bk, bq)
+            s = xp.where(part, s, -math.inf) if self.backend.dtype_of(part).kind == "b" else s + part
+        return s
+
+    def _keep(self, item, i0, j0, shape):
+        """Dropout's mask for one tile, scaled by 1/(1-p): the same numbers in forward and backward,
+        drawn from a generator seeded by (seed, the heads, the tile). None without dropout."""
+        if not self.dropout_p:
+            return None
+        heads = tuple(i for i in item[:2] if isinstance(i, int))     # (b, h), or () for all heads at once
+        rng = host_rng((self.seed,) + heads + (i0, j0))
+        keep = rng.random(shape, dtype="float32") >= self.dropout_p
+        return self.backend.asarray(keep.astype(self.dtype) / (1.0 - self.dropout_p), self.dtype)
+
+    def _exp_(self, s):
+        """exp(s), in place where the library allows it: s is a temporary."""
+        return self.xp.exp(s, out=s) if self.in_place else self.xp.exp(s)
+
+
+def _parts(item, *arrays):
+    """The heads ``item`` of each (B, H, ...) array: views on numpy, the arrays themselves for ALL_HEADS."""
+    return arrays if item is ALL_HEADS else tuple(a[item] for a in arrays)
+
+
+def flash_attention(q, k, v, is_causal=False, scale=None, block_size=None, attn_mask=None, dropout_p=0.0,
+                    threads=None):
+    """softmax(q k^T * scale + mask) v, computed in (block_size, block_size) tiles (default 256).
 
     q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) -> (B, H, Tq, Dv).
-    The same numbers as ``scaled_dot_product_attention(q, k, v, is_causal=...)``
+    The same numbers as ``scaled_dot_product_attention(q, k, v, attn_mask, is_causal)``
     but the (Tq, Tk) scores are never built, so memory grows as T, not T^2.
     scale defaults to 1/sqrt(D). is_causal: query i sees keys j <= i (top left).
+    attn_mask: boolean (True = may attend) or float (added to the scores),
+    broadcastable to (B, H, Tq, Tk), with no gradient. dropout_p: dropout
+    on the weights, each tile's mask drawn again in backward from a seed.
+    threads: how many threads share the heads on the CPU (default: one per core).
     Its backward is fused: it cannot be differentiated twice.
     """
     if (q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or q.shape[:2] != k.shape[:2]
             or k.shape[:2] != v.shape[:2] or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]):
         raise ValueError(f"flash_attention: expected q (B, H, Tq, D), k (B, H, Tk, D) and v (B, H, Tk, Dv), "
                          f"got q {q.shape}, k {k.shape} and v {v.shape}")
+    block_size = BLOCK_SIZE if block_size is None else block_size
     if int(block_size) < 1:
         raise ValueError(f"flash_attention: block_size must be at least 1, got {block_size}")
+    mask = None
+    if attn_mask is not None:
+        if attn_mask.requires_grad:
+            raise ValueError("flash_attention: the mask gets no gradient here; for a learned additive "
+                             "mask use scaled_dot_product_attention(..., impl='naive')")
+        full = q.shape[:2] + (q.shape[2], k.shape[2])
+        shape = (1,) * (4 - attn_mask.ndim) + attn_mask.shape
+        if attn_mask.ndim > 4 or any(m not in (1, n) for m, n in zip(shape, full)):
+            raise ValueError(f"flash_attention: attn_mask {attn_mask.shape} does not broadcast to "
+                             f"(B, H, Tq, Tk) = {full}")
+        mask = attn_mask.xp.reshape(attn_mask.data, shape)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return FlashAttention.apply(q, k, v, scale=scale, is_causal=bool(is_causal), block_size=int(block_size))
+    threads = _cpu_count() if threads is None else max(1, int(threads))
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"flash_attention: dropout_p must be in [0, 1), got {dropout_p}")
+    seed = 0
+    if dropout_p > 0.0:                                            # from the device's generator (ta.manual_seed)
+        seed = int(q.backend.to_numpy(q.backend.uniform((1,), "float64"))[0] * 2 ** 53)
+    return FlashAttention.apply(q, k, v, mask=mask, scale=scale, is_causal=bool(is_causal),
+                                block_size=int(block_size), threads=threads, dropout_p=float(dropout_p), seed=seed)

@@ -212,8 +212,36 @@ def linear(x, weight, bias=None):
 
 
 # ---------------------------------------------------------------- attention
+# When scaled_dot_product_attention(impl="auto") takes the tiled path (flash.py):
+TILED_MIN_SCORES = 256 * 256         # Tq * Tk from which it is faster on a CPU (measured: causal, D=64)
+TILED_MIN_SCORES_DEVICE = 2048 ** 2  # elsewhere (GPU): batched naive matmuls are fast there; not measured
+TILED_MAX_SCORE_BYTES = 2 ** 28      # and always when B * H * Tq * Tk scores would take more (256 MiB)
+
+
+def attention_impl(q, k, attn_mask=None, dropout_p=0.0, return_weights=False, impl="auto"):
+    """Which path scaled_dot_product_attention takes with these arguments: "naive" or "tiled".
+
+    "auto" is naive for the attention weights (return_weights=True), for a
+    mask that needs a gradient, and for short
+    sequences; tiled when Tq * Tk reaches TILED_MIN_SCORES (TILED_MIN_SCORES_DEVICE
+    off the CPU) or when the scores would take more than TILED_MAX_SCORE_BYTES.
+    Double backward is not knowable here: it needs impl="naive".
+    """
+    if impl not in ("auto", "naive", "tiled"):
+        raise ValueError(f"scaled_dot_product_attention: impl must be 'auto', 'naive' or 'tiled', got {impl!r}")
+    if impl != "auto":
+        return impl
+    if return_weights or (attn_mask is not None and attn_mask.requires_grad):
+        return "naive"
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    heads = math.prod(q.shape[:-2])
+    score_bytes = heads * t_q * t_k * q.dtype.itemsize
+    long = TILED_MIN_SCORES if q.backend.on_host else TILED_MIN_SCORES_DEVICE
+    return "tiled" if t_q * t_k >= long or score_bytes > TILED_MAX_SCORE_BYTES else "naive"
+
+
 def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0,
-                                 scale=None, return_weights=False):
+                                 scale=None, return_weights=False, impl="auto"):
     """softmax(q k^T / sqrt(d_k) + mask) v.
 
     q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) -> (B, H, Tq, Dv).
@@ -221,9 +249,19 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropo
     broadcastable to (B, H, Tq, Tk). is_causal: query i sees keys j <= i
     (aligned at the top left, as in PyTorch). With return_weights=True the
     (B, H, Tq, Tk) attention weights come back too, for visualisation.
+
+    impl: "naive" builds the (Tq, Tk) scores and weights; "tiled" is
+    flash_attention (tiles, memory O(T)); "auto" (the default) picks, see
+    attention_impl. The tiled backward cannot be differentiated again: for
+    gradients of gradients (create_graph=True) pass impl="naive".
     """
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise ValueError(f"scaled_dot_product_attention: q {q.shape}, k {k.shape} and v {v.shape} do not fit")
+    if attention_impl(q, k, attn_mask, dropout_p, return_weights, impl) == "tiled":
+        if return_weights:
+            raise ValueError("scaled_dot_product_attention: impl='tiled' never builds the weights, so it "
+                             "cannot return them; use impl='naive'")
+        return flash_attention(q, k, v, is_causal=is_causal, scale=scale, attn_mask=attn_mask, dropout_p=dropout_p)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q * scale) @ k.mT                                    # (B, H, Tq, Tk); scaling q is cheaper
     allowed = None

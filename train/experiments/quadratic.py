@@ -2,7 +2,7 @@
 
 Naive attention builds the whole (N, N) score matrix, and keeps the (N, N)
 weights for the backward pass, so both its time and its memory grow like
-N^2. This script times forward + backward of F.scaled_dot_product_attention
+N^2. This script times forward + backward of F.scaled_dot_product_attention(impl="naive")
 on (B, H, N, D) float32 inputs for each N (the median over repeats, after
 warm-up runs), measures the peak memory allocated during one forward +
 backward with tracemalloc (numpy reports its arrays to it), and fits the
@@ -42,7 +42,7 @@ SIZES = (64, 128, 256, 512, 1024, 2048, 4096)
 def methods(block_size=64):
     """name -> (attention function (q, k, v, is_causal), with backward?) for every method measured."""
     return {
-        "naive": (lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c), True),
+        "naive": (lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c, impl="naive"), True),
         "flash": (lambda q, k, v, c: F.flash_attention(q, k, v, is_causal=c, block_size=block_size), True),
         "scores": (lambda q, k, v, c: q @ k.mT, False),          # (B, H, N, N), forward only
     }

@@ -6,20 +6,22 @@
 #   2. bench/bench_step.py   one training step of nanoGPT's GPU Shakespeare config: tinyattn (CuPy)
 #                           against PyTorch eager CUDA, median ms/step, tokens/s, memory pools
 #   3. python -m train      that config trained on tiny Shakespeare for the time left (<= 300 s)
-# Each stage runs even if an earlier one failed. Results go to $OUT (default gpu_out), 8 files at
-# most, no subfolders. The exit code is the number of failed stages.
-# The data is read from the git-ignored .gpu_data/: cp <tinyshakespeare.txt> .gpu_data/
+# Each stage runs even if an earlier one failed. The exit code is the number of failed stages.
 #
+#   bash bench/gpu_check.sh [OUT_DIR]     results go to OUT_DIR (or $OUT; default gpu_out): 8 files
+#
+# The data: tiny Shakespeare where `python data/shakespeare_char.py` puts it
+# (data/shakespeare_char/input.txt), or the file that $DATA names.
 # SMOKE=1 DEVICE=cpu runs the same flow with toy sizes on a CPU, to test this script itself.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"   # a bare GPU machine may run the checkout uninstalled
 export PYTHONUNBUFFERED=1
-OUT=${OUT:-gpu_out}
+OUT=${1:-${OUT:-gpu_out}}
 DEVICE=${DEVICE:-cuda}
 SMOKE=${SMOKE:-0}
 TOTAL_S=${TOTAL_S:-480}                   # the whole script: about 8 minutes
-DATA=.gpu_data/tinyshakespeare.txt
+DATA=${DATA:-data/shakespeare_char/input.txt}
 START=$(date +%s)
 elapsed() { echo $(( $(date +%s) - START )); }
 mkdir -p "$OUT"
@@ -76,7 +78,7 @@ note "  at $(elapsed) s"
 # kept in [100, 5000]. Without a benchmark result a step is assumed to take 150 ms.
 left=$(( TOTAL_S - $(elapsed) - 20 ))
 [ "$left" -gt 300 ] && left=300
-read -r N E < <(python3 - "$OUT/bench.json" "$left" "$SMOKE" <<'EOF'
+read -r N E W < <(python3 - "$OUT/bench.json" "$left" "$SMOKE" <<'EOF'
 import json, sys
 path, left, smoke = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "1"
 try:
@@ -88,7 +90,7 @@ n = int((left - 15.0) / step_s) - 80
 n = max(100, min(5000, n // 50 * 50))
 if smoke:
     n = 20
-print(n, max(10, n // 5))
+print(n, max(10, n // 5), min(100, n))
 EOF
 )
 note "3 training: N=$N iterations, eval every $E, limit ${left} s"
@@ -96,13 +98,13 @@ RUN=$(mktemp -d "${TMPDIR:-/tmp}/tinyattn_gpu_run.XXXXXX")   # ckpt.npz is large
 if [ "$SMOKE" = 1 ]; then MODEL="--n_layer 1 --n_head 2 --n_embd 16 --block_size 16 --batch_size 4 --eval_iters 2"
 else MODEL="--n_layer 6 --n_head 6 --n_embd 384 --block_size 256 --batch_size 64 --eval_iters 20"; fi
 if [ ! -s "$DATA" ]; then
-    note "3 training: FAIL: $DATA is missing (copy tinyshakespeare.txt there and carry .gpu_data)"; FAILED=$((FAILED + 1))
+    note "3 training: FAIL: $DATA is missing (run: python data/shakespeare_char.py, or set DATA=FILE)"; FAILED=$((FAILED + 1))
 elif [ "$left" -lt 60 ]; then
     note "3 training: FAIL: only $left s left of TOTAL_S=$TOTAL_S"; FAILED=$((FAILED + 1))
 else
     # no --quiet: the eval lines (train and val loss) reach train.log as they happen; --sample_tokens 0
     timeout -s INT -k 30 "$left" python3 -m train --data "$DATA" --device "$DEVICE" $MODEL \
-        --dropout 0.2 --learning_rate 1e-3 --min_lr 1e-4 --beta2 0.99 --warmup_iters 100 \
+        --dropout 0.2 --learning_rate 1e-3 --min_lr 1e-4 --beta2 0.99 --warmup_iters "$W" \
         --max_iters "$N" --lr_decay_iters "$N" --eval_interval "$E" --sample_tokens 0 \
         --out_dir "$RUN" > "$OUT/train.log" 2>&1
     rc=$?

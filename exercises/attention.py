@@ -16,13 +16,13 @@ class Attention(ta.Function):
         """Raw arrays in, (B, H, Tq, Dv) out. Causal: query i sees keys j <= i only.
 
         ``self.xp.matrix_transpose(k)`` swaps the last two dims; ``self.backend.arange(n)``
-        makes positions on the right device. Keep the weights P for backward.
+        makes positions on the right device. Keep the weights P for backward: ``self.save(...)``.
         """
         raise NotImplementedError
 
     def backward(self, g):
         """g = dO (B, H, Tq, Dv) Tensor -> (dq, dk, dv) Tensors, from raw arrays
-        (wrap with ``ta.tensor(array, dtype=g.dtype, device=g.device)``)."""
+        (``self.saved`` gives back what forward saved; wrap each result with ``self.constant(array)``)."""
         raise NotImplementedError
 
 

@@ -11,12 +11,13 @@ class LayerNorm(ta.Function):
     differentiable_backward = False      # backward works on raw arrays: no second derivatives
 
     def forward(self, x, weight, bias, eps):
-        """Raw arrays in and out (``self.xp``). Keep what backward needs on self (xhat, 1/std)."""
+        """Raw arrays in and out (``self.xp``). Keep the arrays backward needs with
+        ``self.save(xhat, rstd)``: they come back as ``self.saved`` (freed after backward)."""
         raise NotImplementedError
 
     def backward(self, g):
-        """Return (dx, dweight, dbias) as Tensors: compute on raw arrays (g.data, self.xp), then wrap
-        each with ``ta.tensor(array, dtype=g.dtype, device=g.device)``."""
+        """Return (dx, dweight, dbias) as Tensors: compute on raw arrays (g.data, self.xp,
+        self.saved), then wrap each with ``self.constant(array)``."""
         raise NotImplementedError
 
 

@@ -10,7 +10,7 @@ def tiled_attention(q, k, v, block_size=16, is_causal=False, scale=None):
 
     q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) Tensors -> a (B, H, Tq, Dv)
     Tensor of q's dtype and device. scale defaults to 1 / sqrt(D). Work on the
-    raw arrays (``q.data``, ``q.xp``; ``q._backend.full(shape, value, q.dtype)``,
+    raw arrays (``q.data``, ``q.xp``; ``q.backend.full(shape, value, q.dtype)``,
     ``.zeros(shape, q.dtype)`` and ``.arange(n)`` make arrays on q's device), one
     (block, block) tile of scores at a time. The last block may be shorter: keep
     slices inside the array (``min(i0 + block_size, T)``), as a GPU library wants.

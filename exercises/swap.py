@@ -18,11 +18,11 @@ def _attention(module):
     library = F.scaled_dot_product_attention
 
     def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0, scale=None,
-                                     return_weights=False):
-        if attn_mask is None and dropout_p == 0.0 and not return_weights:
+                                     return_weights=False, impl="auto"):
+        if attn_mask is None and dropout_p == 0.0 and not return_weights and impl != "tiled":
             return module.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
         return library(q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
-                       return_weights=return_weights)
+                       return_weights=return_weights, impl=impl)
     return scaled_dot_product_attention
 
 

@@ -121,10 +121,10 @@ def layer_norm_from(cls):
 
 class LayerNormConstantVariance(layernorm.LayerNorm):
     def backward(self, g):
-        xp = self.xp
+        xp, (xhat, rstd) = self.xp, self.saved
         gx = g.data * self.parents[1].data
-        dx = self.rstd * (gx - xp.mean(gx, axis=-1, keepdims=True))
-        dw = xp.sum(g.data * self.xhat, axis=tuple(range(g.ndim - 1)))
+        dx = rstd * (gx - xp.mean(gx, axis=-1, keepdims=True))
+        dw = xp.sum(g.data * xhat, axis=tuple(range(g.ndim - 1)))
         db = xp.sum(g.data, axis=tuple(range(g.ndim - 1)))
         return tuple(ta.tensor(a, dtype=g.dtype, device=g.device) for a in (dx, dw, db))
 
@@ -132,7 +132,7 @@ class LayerNormConstantVariance(layernorm.LayerNorm):
 class LayerNormSumsDimZero(layernorm.LayerNorm):
     def backward(self, g):
         dx, _, _ = super().backward(g)
-        dw = ta.tensor(self.xp.sum(g.data * self.xhat, axis=0), dtype=g.dtype, device=g.device)
+        dw = ta.tensor(self.xp.sum(g.data * self.saved[0], axis=0), dtype=g.dtype, device=g.device)
         db = ta.tensor(self.xp.sum(g.data, axis=0), dtype=g.dtype, device=g.device)
         return dx, dw, db
 
@@ -140,9 +140,10 @@ class LayerNormSumsDimZero(layernorm.LayerNorm):
 class LayerNormNumpy(layernorm.LayerNorm):
     def forward(self, x, weight, bias, eps):
         mu = np.mean(x, axis=-1, keepdims=True)
-        self.rstd = 1.0 / np.sqrt(np.var(x, axis=-1, keepdims=True) + eps)
-        self.xhat = (x - mu) * self.rstd
-        return self.xhat * weight + bias
+        rstd = 1.0 / np.sqrt(np.var(x, axis=-1, keepdims=True) + eps)
+        xhat = (x - mu) * rstd
+        self.save(xhat, rstd)
+        return xhat * weight + bias
 
 
 # ---------------------------------------------------------------- 10. cross-entropy
@@ -155,7 +156,8 @@ class CrossEntropySum(cross_entropy.CrossEntropy):
 
     def backward(self, g):
         dlogits, _ = super().backward(g)
-        count = float(self.xp.sum(self.xp.astype(self.weight > 0, self.weight.dtype)))
+        weight = self.saved[0]
+        count = float(self.xp.sum(self.xp.astype(weight > 0, weight.dtype)))
         return dlogits * count, None
 
 
@@ -166,9 +168,9 @@ class CrossEntropyIgnoresG(cross_entropy.CrossEntropy):
 
 class CrossEntropyKeepsIgnoredRows(cross_entropy.CrossEntropy):
     def backward(self, g):
-        xp, logits = self.xp, self.parents[0]
-        count = xp.sum(xp.astype(self.weight > 0, logits.data.dtype))
-        onehot = xp.astype(xp.reshape(self.targets, (-1, 1)) == self.backend.arange(logits.shape[1])[None, :],
+        xp, logits, (weight, targets) = self.xp, self.parents[0], self.saved
+        count = xp.sum(xp.astype(weight > 0, logits.data.dtype))
+        onehot = xp.astype(xp.reshape(targets, (-1, 1)) == self.backend.arange(logits.shape[1])[None, :],
                            logits.data.dtype)
         return g * (logits.softmax(1) - ta.tensor(onehot, dtype=g.dtype)) * (1.0 / float(count)), None
 
@@ -180,7 +182,7 @@ class EmbeddingAssigns(embedding.Embedding):
     def backward(self, g):
         weight = self.parents[0]
         dw = np.zeros(weight.shape)
-        dw[self.flat] += g.data.reshape(-1, weight.shape[1])
+        dw[self.saved[0]] += g.data.reshape(-1, weight.shape[1])
         return ta.tensor(dw, dtype=g.dtype), None
 
 
@@ -234,7 +236,7 @@ def attention_from(cls):
 
 class AttentionNoSubtraction(attention.Attention):
     def backward(self, g):
-        xp, p = self.xp, self.p
+        xp, (_, p) = self.xp, self.saved
         q, k, v = (t.data for t in self.parents)
         dv = xp.matmul(xp.matrix_transpose(p), g.data)
         ds = p * xp.matmul(g.data, xp.matrix_transpose(v))                  # forgot - rowsum(dP * P)
@@ -250,18 +252,19 @@ class AttentionNoScale(attention.Attention):
 
 class AttentionNumpyMask(attention.Attention):
     def forward(self, q, k, v, scale, is_causal):
-        self.scale, self.q_scaled = scale, q * scale
-        s = self.q_scaled @ np.swapaxes(k, -1, -2)
+        self.scale, q_scaled = scale, q * scale
+        s = q_scaled @ np.swapaxes(k, -1, -2)
         if is_causal:
             s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
         e = np.exp(s - s.max(-1, keepdims=True))
-        self.p = e / e.sum(-1, keepdims=True)
-        return self.p @ v
+        p = e / e.sum(-1, keepdims=True)
+        self.save(q_scaled, p)
+        return p @ v
 
 
 # ---------------------------------------------------------------- 14. online softmax
 def tiled_without_rescale(q, k, v, block_size=16, is_causal=False, scale=None):
-    xp, backend = q.xp, q._backend
+    xp, backend = q.xp, q.backend
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     qd, kd, vd = q.data, k.data, v.data
     t_k = kd.shape[-2]

@@ -291,3 +291,40 @@ def test_graph_uses_the_dot_program_when_there_is_one(tmp_path, monkeypatch):
     y, params = neuron()
     dot = ta.viz.graph(y, str(tmp_path / "n.svg"), params=params)
     assert (tmp_path / "n.svg").read_text() == f"-Tsvg -o\n{dot}"
+
+
+class _ForwardReturnsNone(ta.Function):
+    def forward(self, x):
+        return None
+
+    def backward(self, g):
+        return g
+
+
+class _BackwardReturnsArray(ta.Function):
+    def forward(self, x):
+        return x * 2
+
+    def backward(self, g):
+        return g.data * 2                          # a raw array: the contract wants a Tensor
+
+
+@pytest.mark.parametrize("tool", [ta.detect_anomaly, ta.profile], ids=["detect_anomaly", "profile"])
+def test_a_broken_op_gets_the_engine_s_error_inside_a_tool(tool):
+    x = ta.randn(3, requires_grad=True)
+    with tool(), pytest.raises(TypeError, match="_ForwardReturnsNone.forward returned None"):
+        _ForwardReturnsNone.apply(x)
+    with tool(), pytest.raises(TypeError, match="_BackwardReturnsArray.backward returned a numpy.ndarray"):
+        _BackwardReturnsArray.apply(x).sum().backward()
+    assert ENGINE.hooks is None
+
+
+def test_profile_keeps_counting_after_an_op_raised():
+    x = ta.randn(3, requires_grad=True)
+    with ta.profile() as p:
+        with pytest.raises(TypeError):
+            _ForwardReturnsNone.apply(x)
+        (x * 2).sum().backward()
+    rows = p.key_averages()
+    assert rows["Mul"]["calls"] == 1 and rows["Sum"]["calls"] == 1
+    assert "_ForwardReturnsNone" not in rows and p._open == []

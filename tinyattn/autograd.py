@@ -132,8 +132,7 @@ class Function:
             if better is None:
                 raise
             raise better from None
-        if not ctx.backend.is_array(data):      # numpy turns 0-d results into scalars
-            data = _forward_result(ctx, data)
+        data = forward_result(ctx, data)
         requires_grad = _grad_enabled and any(t.requires_grad for t in inputs)
         out = wrap(data, ctx.backend, requires_grad)     # forward may move ctx to another device
         if requires_grad:
@@ -144,9 +143,11 @@ class Function:
         return out
 
 
-def _forward_result(ctx, data):
+def forward_result(ctx, data):
     """What forward returned, as an array: numpy's 0-d scalars become 0-d arrays; anything
     that is not numbers (None, a Tensor, a string) is an error naming the Function."""
+    if ctx.backend.is_array(data):
+        return data
     name = f"{type(ctx).__name__}.forward"
     if is_tensor(data):
         raise TypeError(f"{name} returned a Tensor: forward works on raw arrays (return t.data, "
@@ -292,7 +293,7 @@ def check_backward_grads(ctx, grads):
         if parent.requires_grad and pg.shape != parent.shape:
             raise RuntimeError(f"{name} returned a gradient of shape {pg.shape} for input {i} "
                                f"of shape {parent.shape}")
-    return grads
+    return tuple(grads)
 
 
 def initial_grad(output, gradient):

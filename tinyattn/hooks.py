@@ -7,7 +7,10 @@ pays one ``is None`` test per op: nothing else.
 
 A tool is an object with four methods, each called around the op's own code:
 ``before_forward(ctx, inputs)``, ``after_forward(ctx, inputs, data)``,
-``before_backward(ctx, grad)``, ``after_backward(ctx, grad, grads)``.
+``before_backward(ctx, grad)``, ``after_backward(ctx, grad, grads)``; and
+``failed(ctx)`` when the op raised instead (its "after" hook never comes).
+The engine's own checks of what forward and backward return run before the
+tools see it, so a broken op gets the same error with or without a tool.
 Ops run inside another op's backward (backward formulas use Tensor ops) are
 part of that backward: tools see them as ``nested``.
 """
@@ -25,7 +28,11 @@ class Hooks:
             return ctx.forward(*arrays, **params)
         for tool in self.tools:
             tool.before_forward(ctx, inputs)
-        data = ctx.forward(*arrays, **params)
+        try:                                       # the engine's checks first: tools see only arrays
+            data = _engine.forward_result(ctx, ctx.forward(*arrays, **params))
+        except BaseException:
+            self._failed(ctx)
+            raise
         for tool in reversed(self.tools):
             tool.after_forward(ctx, inputs, data)
         return data
@@ -34,13 +41,20 @@ class Hooks:
         for tool in self.tools:
             tool.before_backward(ctx, grad)
         self.backward_depth += 1
-        try:
-            grads = ctx.backward(grad)
+        try:                                       # the Function contract first: tools see Tensors
+            grads = _engine.check_backward_grads(ctx, ctx.backward(grad))
+        except BaseException:
+            self._failed(ctx)
+            raise
         finally:
             self.backward_depth -= 1
         for tool in reversed(self.tools):
-            tool.after_backward(ctx, grad, grads if isinstance(grads, tuple) else (grads,))
+            tool.after_backward(ctx, grad, grads)
         return grads
+
+    def _failed(self, ctx):
+        for tool in reversed(self.tools):
+            tool.failed(ctx)
 
 
 def install(tool):
@@ -76,6 +90,9 @@ class Tool:
 
     def after_backward(self, ctx, grad, grads):
         pass
+
+    def failed(self, ctx):
+        """The op's forward or backward raised: its "after" hook will not come."""
 
     def __enter__(self):
         install(self)

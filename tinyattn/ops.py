@@ -69,7 +69,6 @@ def check_operand(value, op):
                         "use a number or a Tensor")
 
 
-
 # ---------------------------------------------------------------- arithmetic
 class Add(Function):
     broadcasts = True

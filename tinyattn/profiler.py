@@ -76,6 +76,9 @@ class profile(Tool):
     def after_backward(self, ctx, grad, grads):
         self._end(sum(_nbytes(ctx.backend, g.data) for g in grads if g is not None))
 
+    def failed(self, ctx):
+        self._open.pop()                    # the op raised: its event never ends
+
     # --- the results ---
     @property
     def timer(self):

@@ -113,7 +113,7 @@ def build_parser():
     p.add_argument("--data", help="a UTF-8 text file for character-level training (default: the lesson corpus)")
     p.add_argument("--out_dir", help="where ckpt.npz, log.csv, loss.png and summary.json go")
     p.add_argument("--resume", action="store_true", help="continue from out_dir/ckpt.npz")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, or strict (the test stand-in for a GPU)")
     p.add_argument("--seed", type=int, default=1337)
     for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "max_iters", "lr_decay_iters",
                  "warmup_iters", "eval_interval", "eval_iters", "gradient_accumulation_steps", "log_interval",

@@ -12,18 +12,19 @@ class Attention(ta.Function):
     def forward(self, q, k, v, scale, is_causal):
         xp = self.xp
         self.scale = scale
-        self.q_scaled = q * scale                                           # scaling q is cheaper than S
-        s = xp.matmul(self.q_scaled, xp.matrix_transpose(k))                # (B, H, Tq, Tk) scores
+        q_scaled = q * scale                                                # scaling q is cheaper than S
+        s = xp.matmul(q_scaled, xp.matrix_transpose(k))                # (B, H, Tq, Tk) scores
         if is_causal:                                                       # query i sees keys j <= i
             rows = self.backend.arange(q.shape[-2])[:, None]
             cols = self.backend.arange(k.shape[-2])[None, :]
             s = xp.where(cols <= rows, s, -math.inf)
         e = xp.exp(s - xp.max(s, axis=-1, keepdims=True))
-        self.p = e / xp.sum(e, axis=-1, keepdims=True)                      # (B, H, Tq, Tk) weights
-        return xp.matmul(self.p, v)                                         # (B, H, Tq, Dv)
+        p = e / xp.sum(e, axis=-1, keepdims=True)                           # (B, H, Tq, Tk) weights
+        self.save(q_scaled, p)
+        return xp.matmul(p, v)                                         # (B, H, Tq, Dv)
 
     def backward(self, g):                                                  # g = dO (B, H, Tq, Dv)
-        xp, p = self.xp, self.p
+        xp, (q_scaled, p) = self.xp, self.saved
         k, v = self.parents[1].data, self.parents[2].data
         do = g.data
         dv = xp.matmul(xp.matrix_transpose(p), do)                          # P^T dO      (B, H, Tk, Dv)
@@ -32,8 +33,8 @@ class Attention(ta.Function):
         dq = xp.matmul(ds, k) * self.scale                                  # (B, H, Tq, D)
         # dK = dS^T Q * scale, taken as (Q * scale)^T dS, transposed: the product the library's
         # autodiff takes, so a run on this solution matches the library's to the last bit
-        dk = xp.matrix_transpose(xp.matmul(xp.matrix_transpose(self.q_scaled), ds))   # (B, H, Tk, D)
-        return tuple(ta.tensor(a, dtype=g.dtype, device=g.device) for a in (dq, dk, dv))
+        dk = xp.matrix_transpose(xp.matmul(xp.matrix_transpose(q_scaled), ds))   # (B, H, Tk, D)
+        return tuple(self.constant(a) for a in (dq, dk, dv))
 
 
 def scaled_dot_product_attention(q, k, v, is_causal=False, scale=None):

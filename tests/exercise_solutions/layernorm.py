@@ -12,12 +12,13 @@ class LayerNorm(ta.Function):
         mu = xp.mean(x, axis=-1, keepdims=True)                 # (..., 1)
         xc = x - mu
         var = xp.mean(xc * xc, axis=-1, keepdims=True)          # (..., 1)
-        self.rstd = 1.0 / xp.sqrt(var + eps)                    # (..., 1)
-        self.xhat = xc * self.rstd                              # (..., C)
-        return self.xhat * weight + bias
+        rstd = 1.0 / xp.sqrt(var + eps)                         # (..., 1)
+        xhat = xc * rstd                                        # (..., C)
+        self.save(xhat, rstd)
+        return xhat * weight + bias
 
     def backward(self, g):
-        xp, xhat, rstd = self.xp, self.xhat, self.rstd
+        xp, (xhat, rstd) = self.xp, self.saved
         weight = self.parents[1].data
         gd = g.data                                             # (..., C)
         lead = tuple(range(gd.ndim - 1))
@@ -25,7 +26,7 @@ class LayerNorm(ta.Function):
         dx = rstd * (gx - xp.mean(gx, axis=-1, keepdims=True) - xhat * xp.mean(gx * xhat, axis=-1, keepdims=True))
         dw = xp.sum(gd * xhat, axis=lead)                       # (C,)
         db = xp.sum(gd, axis=lead)                              # (C,)
-        return tuple(ta.tensor(a, dtype=g.dtype, device=g.device) for a in (dx, dw, db))
+        return tuple(self.constant(a) for a in (dx, dw, db))
 
 
 def layer_norm(x, weight, bias, eps=1e-5):

@@ -9,7 +9,7 @@ def tiled_attention(q, k, v, block_size=16, is_causal=False, scale=None):
 
     q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) Tensors -> (B, H, Tq, Dv) Tensor.
     """
-    xp, backend = q.xp, q._backend
+    xp, backend = q.xp, q.backend
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     dtype, device = q.dtype, q.device
     q, k, v = q.data, k.data, v.data                                        # raw arrays: no graph needed

@@ -155,12 +155,12 @@ class GPT(nn.Module):
 
 def _check_model_input(idx, targets):
     """idx: a (B, T) Tensor of integer ids; targets, if any, the same shape."""
-    F._check_ids("GPT", "idx", idx)
+    F.check_ids("GPT", "idx", idx)
     if idx.ndim != 2:
         raise ValueError(f"GPT expects idx (B, T) of token ids, got shape {idx.shape} "
                          "(one sequence? add a batch dim: idx[None])")
     if targets is not None:
-        F._check_ids("GPT", "targets", targets)
+        F.check_ids("GPT", "targets", targets)
         if targets.shape != idx.shape:
             raise ValueError(f"GPT: targets shape {targets.shape} does not match idx shape {idx.shape}")
 

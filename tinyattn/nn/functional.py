@@ -65,7 +65,7 @@ def cross_entropy(logits, targets, ignore_index=-100):
     Rows whose target is ``ignore_index`` count for nothing. As in nanoGPT,
     flatten (B, T, C) logits with ``logits.view(-1, C)`` first.
     """
-    _check_ids("cross_entropy", "targets", targets)
+    check_ids("cross_entropy", "targets", targets)
     if logits.ndim != 2 or targets.shape != logits.shape[:1]:
         raise ValueError(f"cross_entropy: expected logits (N, C) and targets (N,), "
                          f"got logits {logits.shape} and targets {targets.shape}")
@@ -98,7 +98,7 @@ class EmbeddingGrad(Function):
         return Embedding.apply(gg, idx), None
 
 
-def _check_ids(op, name, ids):
+def check_ids(op, name, ids):
     """Token ids and class targets: a Tensor of integers (floats would index nothing)."""
     if not is_tensor(ids):
         raise TypeError(f"{op}: {name} must be a Tensor of integers, got {type(ids).__name__} "
@@ -119,7 +119,7 @@ def _check_id_range(op, name, ids, n, ignore=None):
 
 
 def embedding(idx, weight):
-    _check_ids("embedding", "ids", idx)
+    check_ids("embedding", "ids", idx)
     _check_id_range("embedding", "ids", idx, weight.shape[0])
     return Embedding.apply(weight, idx)
 
@@ -225,7 +225,8 @@ def attention_impl(q, k, attn_mask=None, dropout_p=0.0, return_weights=False, im
     mask that needs a gradient, and for short
     sequences; tiled when Tq * Tk reaches TILED_MIN_SCORES (TILED_MIN_SCORES_DEVICE
     off the CPU) or when the scores would take more than TILED_MAX_SCORE_BYTES.
-    Double backward is not knowable here: it needs impl="naive".
+    Double backward is not knowable here: it needs impl="naive". dropout_p does not
+    change the choice: both paths take dropout.
     """
     if impl not in ("auto", "naive", "tiled"):
         raise ValueError(f"scaled_dot_product_attention: impl must be 'auto', 'naive' or 'tiled', got {impl!r}")

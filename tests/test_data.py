@@ -285,5 +285,26 @@ def test_load_coref():
     assert first == train[0].text
     assert ds.tokenizer.decode(ds.val[:len(test[0].words)]) == test[0].text
     assert (load_coref(seed=0).train == ds.train).all()
-    x, y = ds.get_batch("val", 3, 16, np.random.default_rng(0))
+    stream = load_coref(seed=0, layout="stream")
+    assert stream.layout == "stream" and (stream.train == ds.train).all()
+    x, y = stream.get_batch("val", 3, 16, np.random.default_rng(0))
     assert x.shape == (3, 16)
+    with pytest.raises(ValueError, match="layout must be"):
+        load_coref(seed=0, layout="words")
+
+
+def test_coref_sentence_batches_start_at_zero():
+    """layout='sentence': each row is one whole sentence from position 0, padded at the end with no loss."""
+    ds = load_coref(seed=0)
+    assert ds.layout == "sentence"
+    width = max(len(ex.words) for ex in ds.examples["train"] + ds.examples["test"])
+    x, y = ds.get_batch("train", 64, 32, np.random.default_rng(0))
+    assert x.shape == y.shape == (64, width - 1)
+    texts = {ex.text for ex in ds.examples["train"]}
+    for xr, yr in zip(x, y):
+        n = int((yr >= 0).sum())                                   # real targets: the sentence minus one
+        assert (yr[n:] == -1).all() and (xr[n:] == ds.pad_id).all()
+        assert (yr[:n - 1] == xr[1:n]).all()
+        assert ds.tokenizer.decode(list(xr[:n]) + [yr[n - 1]]) in texts
+    with pytest.raises(ValueError, match=f"has {width - 1} input tokens, more than block_size 16"):
+        ds.get_batch("val", 2, 16, np.random.default_rng(0))

@@ -29,7 +29,7 @@ PRESETS = {
     # head must carry the adjective to "=", so layer 1's head has to pick the right noun itself.
     # With more heads a spare layer-0 head often copies the nouns by position and the MLP picks
     # between them: the answers are as good but no head's attention shows the choice.
-    "coref": dict(n_layer=2, n_head=1, n_embd=48, block_size=32, batch_size=64, max_iters=1800,
+    "coref": dict(layout="sentence", n_layer=2, n_head=1, n_embd=48, block_size=32, batch_size=64, max_iters=1800,
                   learning_rate=6e-3, min_lr=3e-4, warmup_iters=50, lr_decay_iters=1800, eval_interval=200,
                   eval_iters=10, out_dir="out-coref"),
     # nanoGPT's CPU "baby" Shakespeare config
@@ -63,6 +63,9 @@ def build_parser():
     for name in ("learning_rate", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip", "dropout"):
         p.add_argument(f"--{name}", type=float)
     p.add_argument("--bias", type=lambda s: s.lower() in ("1", "true", "yes"), help="biases in Linear and LayerNorm")
+    p.add_argument("--layout", choices=("sentence", "stream"),
+                   help="the 'it' corpus only: one sentence per sequence from position 0 (default), "
+                        "or random windows of the sentences run together")
     p.add_argument("--quiet", action="store_true", help="no progress bar or samples")
     return p
 
@@ -75,6 +78,8 @@ def parse_args(argv=None):
         if getattr(args, key, None) is None:
             setattr(args, key, value)
     problems = []
+    if args.data and args.layout:
+        problems.append("--layout is for the 'it' corpus only, not with --data")
     if args.n_embd % args.n_head:
         problems.append(f"--n_embd {args.n_embd} must be divisible by --n_head {args.n_head}")
     for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "eval_interval", "eval_iters",
@@ -186,7 +191,7 @@ def write_log(log_rows, out_dir):
 def train(args):
     """The training run; returns the summary dict."""
     ckpt_path = os.path.join(args.out_dir, "ckpt.npz")
-    dataset = load_text(args.data) if args.data else load_coref(seed=0)
+    dataset = load_text(args.data) if args.data else load_coref(seed=0, layout=args.layout)
     device_backend = ta.backend.get_backend(args.device)      # a clear error when CUDA is missing
     ta.manual_seed(args.seed)
 

@@ -37,6 +37,17 @@ def other_noun(example):
     return example.place if example.referent == example.animal else example.animal
 
 
+# The positions that have seen the adjective, so a head there could choose the noun: a causal
+# model can decide at any of them, not only at "=".
+QUERIES = ("adjective", ".", "it", "=")
+
+
+def query_positions(example):
+    """Positions of the adjective, the "." and "it" after it, and "=" (one per QUERIES)."""
+    adjective = example.words.index(example.adjective)
+    return [adjective, *range(example.answer_index - 3, example.answer_index)]
+
+
 def noun_positions(example):
     """(position of the right noun, position of the other noun) in the sentence."""
     return example.words.index(example.referent), example.words.index(other_noun(example))
@@ -115,10 +126,12 @@ def measure(model, examples, tokenizer, device):
       accuracy   the right noun's logit beats the other noun's (referent_accuracy)
       exact      the model's top word is the right noun (a harder test: it must copy the noun)
       attention  (N, L, H, 2) weights from "=" on the right and the other noun (attention_to_nouns)
+      by_query   {query: (N, L, H, 2)}: the same from each position after the adjective (QUERIES)
     """
     cfg = model.config
     if not examples:
-        return dict(accuracy=float("nan"), exact=float("nan"), attention=np.zeros((0, cfg.n_layer, cfg.n_head, 2)))
+        empty = np.zeros((0, cfg.n_layer, cfg.n_head, 2))
+        return dict(accuracy=float("nan"), exact=float("nan"), attention=empty, by_query={q: empty for q in QUERIES})
     with watching(model):
         logits, weights = run_examples(model, examples, tokenizer, device)     # (N, V), N x (L, H, T, T)
     rows = np.arange(len(examples))
@@ -127,13 +140,14 @@ def measure(model, examples, tokenizer, device):
     accuracy = float(np.mean(logits[rows, right] > logits[rows, wrong]))
     exact = float(np.mean(logits.argmax(axis=1) == right))
 
-    attention = np.zeros((len(examples), cfg.n_layer, cfg.n_head, 2))
+    by_query = {name: np.zeros((len(examples), cfg.n_layer, cfg.n_head, 2)) for name in QUERIES}
     for i, ex in enumerate(examples):
         right_pos, wrong_pos = noun_positions(ex)
-        w = weights[i][:, :, -1, :]                     # (L, H, T): the row of the "=" query
-        attention[i, :, :, 0] = w[:, :, right_pos]
-        attention[i, :, :, 1] = w[:, :, wrong_pos]
-    return dict(accuracy=accuracy, exact=exact, attention=attention)
+        for name, q in zip(QUERIES, query_positions(ex)):
+            w = weights[i][:, :, q, :]                  # (L, H, T): the row of this query
+            by_query[name][i, :, :, 0] = w[:, :, right_pos]
+            by_query[name][i, :, :, 1] = w[:, :, wrong_pos]
+    return dict(accuracy=accuracy, exact=exact, attention=by_query["="], by_query=by_query)
 
 
 def correct_by_head(attention):
@@ -150,6 +164,20 @@ def pick_referent_head(train_attention):
     scores = correct_by_head(train_attention)           # (L, H)
     layer, head = np.unravel_index(np.argmax(scores), scores.shape)
     return int(layer), int(head), float(scores[layer, head])
+
+
+def choice_by_query(train_by_query, test_by_query):
+    """For each query position: the head chosen on training and its held-out fraction.
+
+    A model may choose the noun before "=", e.g. with a layer-0 head at the adjective,
+    and then only copy the choice to "=": this shows where the choice is made.
+    Returns {query: {"head": [layer, head], "heldout": fraction}}.
+    """
+    out = {}
+    for q in QUERIES:
+        layer, head, _ = pick_referent_head(train_by_query[q])
+        out[q] = dict(head=[layer, head], heldout=round(float(correct_by_head(test_by_query[q])[layer, head]), 4))
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -249,6 +277,9 @@ def report(model, dataset, out_dir, device, say=print):
         f"train {train['exact']:.3f}, held-out {test['exact']:.3f}")
     say(f"referent head: layer {layer} head {head} looks more at the right noun than the other from '=' "
         f"in {train_frac:.1%} of training and {heldout_attn:.1%} of held-out sentences")
+    choice = choice_by_query(train["by_query"], test["by_query"])
+    say("the best head from each position after the adjective (chosen on training, scored held out): "
+        + ", ".join(f"from {q!r} L{c['head'][0]}H{c['head'][1]} {c['heldout']:.1%}" for q, c in choice.items()))
 
     plots = []
     os.makedirs(out_dir, exist_ok=True)
@@ -275,4 +306,5 @@ def report(model, dataset, out_dir, device, say=print):
                 heldout_exact=round(test["exact"], 4),
                 heldout_attention_correct=round(heldout_attn, 4), referent_head=[layer, head],
                 referent_head_train_fraction=round(train_frac, 4),
-                heldout_attention_by_head=np.round(by_head, 4).tolist(), attention_plots=plots)
+                heldout_attention_by_head=np.round(by_head, 4).tolist(), choice_by_query=choice,
+                attention_plots=plots)

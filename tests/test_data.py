@@ -165,7 +165,7 @@ def test_each_adjective_fits_one_kind(corpus):
 def test_both_templates_with_both_referent_kinds(corpus):
     for split in (corpus.train, corpus.test):
         seen = {(ex.template, coref.kind_of(ex.adjective)) for ex in split}
-        assert seen == {(0, "animal"), (0, "place"), (1, "animal"), (1, "place")}
+        assert seen == {(t, kind) for t in range(len(coref.TEMPLATES)) for kind in ("animal", "place")}
 
 
 def test_answer_token_is_the_referent(corpus):
@@ -174,11 +174,12 @@ def test_answer_token_is_the_referent(corpus):
         assert ex.words[ex.answer_index - 1] == "="
         assert ex.words[ex.it_index] == "it" and ex.it_index < ex.words.index(ex.adjective)
         assert ex.words[-1] == coref.EOS
-    # the animal comes first in one template and the place in the other
-    t0 = next(ex for ex in corpus.train if ex.template == 0)
-    t1 = next(ex for ex in corpus.train if ex.template == 1)
-    assert t0.words.index(t0.animal) < t0.words.index(t0.place)
-    assert t1.words.index(t1.place) < t1.words.index(t1.animal)
+    # the animal comes first in templates 0 and 2, the place in 1 and 3;
+    # in 2 and 3 the adjective comes before both nouns
+    for t in range(4):
+        ex = next(ex for ex in corpus.train if ex.template == t)
+        assert (ex.words.index(ex.animal) < ex.words.index(ex.place)) == (t % 2 == 0)
+        assert (ex.words.index(ex.adjective) < min(ex.words.index(ex.animal), ex.words.index(ex.place))) == (t >= 2)
 
 
 def test_lesson_sentences(corpus):

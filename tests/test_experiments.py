@@ -148,7 +148,7 @@ def test_sinks_tiny(tmp_path):
     for key in ("heads", "baseline_first", "baseline_delimiters", "first_ratio", "delimiters_ratio",
                 "by_token", "strongest_first"):
         assert key in r
-    assert r["delimiters"] == [".", "=", "<eos>"]
+    assert r["delimiters"] == [".", ",", "=", "<eos>"]
     assert len(r["heads"]) == _common.TINY_CONFIG["n_layer"] * _common.TINY_CONFIG["n_head"]
     assert 0.0 < r["baseline_first"] < 1.0 and 0.0 < r["baseline_delimiters"] < 1.0
 

@@ -183,3 +183,13 @@ def test_report_on_a_hand_built_model(tmp_path):
     assert summary["heldout_attention_by_head"] == [[0.5, 0.5]]
     assert summary["heldout_accuracy"] == 0.0 and summary["heldout_exact"] == 0.0
     assert summary["choice_by_query"] == {q: {"head": [0, 1], "heldout": 0.5} for q in lesson.QUERIES}
+    # both heads added: in template 0 they weigh the two nouns alike (a tie, not right); in
+    # template 1 head 0 looks at "by", so the pair is right only in the last held-out sentence
+    assert summary["referent_pair"] == [0, [0, 1]]
+    assert summary["heldout_pair_attention_correct"] == round(1 / 6, 4)
+    big = np.exp(SCORE)
+    on = [big / (big + len(lesson.prefix(ex)) - 1) for ex in test]          # head 1's weight on position 1
+    off = [1.0 / (big + len(lesson.prefix(ex)) - 1) for ex in test]
+    first_right = [(ex.template == 0) == (ex.referent == ex.animal) for ex in test]
+    assert summary["heldout_weight_right"] == pytest.approx(np.mean(np.where(first_right, on, off)), abs=1e-4)
+    assert summary["heldout_weight_wrong"] == pytest.approx(np.mean(np.where(first_right, off, on)), abs=1e-4)

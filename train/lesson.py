@@ -166,6 +166,31 @@ def pick_referent_head(train_attention):
     return int(layer), int(head), float(scores[layer, head])
 
 
+def pick_referent_pair(train_attention):
+    """The two heads of one layer whose summed weights from "=" favour the right noun most often.
+
+    A model may split the choice between two heads, each right in only part of the
+    sentences. train_attention: (N, L, H, 2) on the TRAINING examples.
+    Returns (layer, [head, head], fraction of training examples), or None with one head per layer.
+    """
+    n_layer, n_head = train_attention.shape[1:3]
+    best = None
+    for layer in range(n_layer):
+        for a in range(n_head):
+            for b in range(a + 1, n_head):
+                pair = train_attention[:, layer, [a, b]].sum(axis=1)              # (N, 2)
+                score = float((pair[:, 0] > pair[:, 1]).mean())
+                if best is None or score > best[2]:
+                    best = (layer, [a, b], score)
+    return best
+
+
+def pair_correct(attention, layer, heads):
+    """Held-out fraction where the heads' summed weight on the right noun beats the other noun's."""
+    pair = attention[:, layer, heads].sum(axis=1)                                   # (N, 2)
+    return float((pair[:, 0] > pair[:, 1]).mean())
+
+
 def choice_by_query(train_by_query, test_by_query):
     """For each query position: the head chosen on training and its held-out fraction.
 
@@ -270,14 +295,23 @@ def report(model, dataset, out_dir, device, say=print):
     layer, head, train_frac = pick_referent_head(train["attention"])
     by_head = correct_by_head(test["attention"])       # (L, H): held-out fraction right, per head
     heldout_attn = float(by_head[layer, head])
+    weight_right, weight_wrong = test["attention"][:, layer, head].mean(axis=0)   # how much, not only which
 
     say(f"what does 'it' mean? right noun beats the other noun (chance 0.5): "
         f"train {train_acc:.3f}, held-out {test_acc:.3f}")
     say(f"the top word is exactly the right noun (it must copy it from the sentence): "
         f"train {train['exact']:.3f}, held-out {test['exact']:.3f}")
     say(f"referent head: layer {layer} head {head} looks more at the right noun than the other from '=' "
-        f"in {train_frac:.1%} of training and {heldout_attn:.1%} of held-out sentences")
+        f"in {train_frac:.1%} of training and {heldout_attn:.1%} of held-out sentences "
+        f"(mean weight {weight_right:.2f} on the right noun, {weight_wrong:.2f} on the other)")
     choice = choice_by_query(train["by_query"], test["by_query"])
+    pair = pick_referent_pair(train["attention"])
+    if pair is not None:
+        pair_layer, pair_heads, pair_train = pair
+        pair_heldout = pair_correct(test["attention"], pair_layer, pair_heads)
+        say(f"the best two heads of one layer together (their weights added): layer {pair_layer} heads "
+            f"{pair_heads[0]} and {pair_heads[1]}, right in {pair_train:.1%} of training and "
+            f"{pair_heldout:.1%} of held-out sentences")
     say("the best head from each position after the adjective (chosen on training, scored held out): "
         + ", ".join(f"from {q!r} L{c['head'][0]}H{c['head'][1]} {c['heldout']:.1%}" for q, c in choice.items()))
 
@@ -302,9 +336,12 @@ def report(model, dataset, out_dir, device, say=print):
 
     say('(the "it" rows: a causal model reads left to right, so at "it" the adjective is not there yet; '
         'only at "=" can it decide)')
-    return dict(heldout_accuracy=round(test_acc, 4), train_accuracy=round(train_acc, 4),
+    extra = {} if pair is None else dict(referent_pair=[pair_layer, pair_heads],
+                                         heldout_pair_attention_correct=round(pair_heldout, 4))
+    return dict(heldout_accuracy=round(test_acc, 4), train_accuracy=round(train_acc, 4), **extra,
                 heldout_exact=round(test["exact"], 4),
                 heldout_attention_correct=round(heldout_attn, 4), referent_head=[layer, head],
+                heldout_weight_right=round(float(weight_right), 4), heldout_weight_wrong=round(float(weight_wrong), 4),
                 referent_head_train_fraction=round(train_frac, 4),
                 heldout_attention_by_head=np.round(by_head, 4).tolist(), choice_by_query=choice,
                 attention_plots=plots)

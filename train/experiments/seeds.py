@@ -9,7 +9,11 @@ held-out sentences:
   exact      the top word at "=" is the right noun
   attention  the referent head (chosen on the training sentences) looks more at
              the right noun than at the other one from "="
-  head       which (layer, head) was chosen
+  head       which (layer, head) was chosen, and its mean weight on the right
+             noun and on the other one (a head that truly chooses puts most of
+             its weight on the right noun, not just a little more than on the other)
+  two heads  the best two heads of one layer with their weights added (a model
+             may split the choice between two heads)
 
 and ends with the minimum and the median of each over the seeds, as JSON
 lines, and a chart (seeds.png; a text table without matplotlib). Flags it
@@ -67,10 +71,12 @@ def run_seed(seed, out_dir, train_flags=(), threads_env=None):
     if "heldout_accuracy" not in summary:
         raise RuntimeError(f"seed {seed}: the lesson report was skipped (is block_size long enough?)")
     row = dict(seed=seed, **{k: summary[k] for k in METRICS}, referent_head=summary["referent_head"],
+               weight_right=summary["heldout_weight_right"], weight_wrong=summary["heldout_weight_wrong"],
                referent_head_train_fraction=summary["referent_head_train_fraction"],
                val_loss=summary["val_loss"], wall_s=round(time.time() - start, 1))
-    if "choice_by_query" in summary:
-        row["choice_by_query"] = summary["choice_by_query"]
+    for key in ("referent_pair", "heldout_pair_attention_correct", "choice_by_query"):
+        if key in summary:
+            row[key] = summary[key]
     return row
 
 
@@ -126,14 +132,18 @@ def plot(rows, out_dir, name="seeds.png"):
 
 
 def table(r):
-    lines = [f"{'seed':>5} {'accuracy':>9} {'exact':>7} {'attention':>10} {'head':>6} {'wall s':>7}"]
+    lines = [f"{'seed':>6} {'accuracy':>9} {'exact':>7} {'attention':>10} {'head':>6} {'weight':>11} "
+             f"{'two heads':>10} {'wall s':>7}"]
     for row in r["seeds"]:
         layer, head = row["referent_head"]
-        lines.append(f"{row['seed']:>5} {row['heldout_accuracy']:9.3f} {row['heldout_exact']:7.3f} "
-                     f"{row['heldout_attention_correct']:10.3f} {f'L{layer}H{head}':>6} {row['wall_s']:7.1f}")
+        weights = f"{row['weight_right']:.2f}/{row['weight_wrong']:.2f}"
+        pair = row.get("heldout_pair_attention_correct")
+        lines.append(f"{row['seed']:>6} {row['heldout_accuracy']:9.3f} {row['heldout_exact']:7.3f} "
+                     f"{row['heldout_attention_correct']:10.3f} {f'L{layer}H{head}':>6} {weights:>11} "
+                     f"{'-' if pair is None else f'{pair:.3f}':>10} {row['wall_s']:7.1f}")
     for stat in ("min", "median"):
         s = r["summary"]
-        lines.append(f"{stat:>5} {s['accuracy'][stat]:9.3f} {s['exact'][stat]:7.3f} {s['attention'][stat]:10.3f}")
+        lines.append(f"{stat:>6} {s['accuracy'][stat]:9.3f} {s['exact'][stat]:7.3f} {s['attention'][stat]:10.3f}")
     return "\n".join(lines)
 
 

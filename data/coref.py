@@ -9,6 +9,16 @@ comes after the adjective, so a causal (left-to-right) model has seen
 everything it needs when it predicts the answer. A second template puts the
 place first, so the answer's position alone does not give it away.
 
+Two more templates put the "because" clause first:
+
+    because it was too tired , the animal didn't cross the street . it = animal <eos>
+
+There the adjective comes before the nouns. A causal model's word sees only
+the words before it, so the adjective cannot pick the noun itself: the
+choice has to be made later, by attention from "=". With only the first two
+templates a model can instead pick the noun with a head at the adjective,
+and then merely copy its pick from there to "=".
+
 The test split holds (noun, adjective) combinations never seen in training,
 e.g. "dog" with "hungry": the model must have learned the rule, not the pairs.
 Every word still appears in training.
@@ -33,6 +43,8 @@ PLACE_ADJECTIVES = ("wide", "icy", "long", "muddy", "steep", "flooded", "crowded
 TEMPLATES = (
     "the {animal} didn't cross the {place} because it was too {adjective} . it = {referent}",
     "the {place} was not crossed by the {animal} because it was too {adjective} . it = {referent}",
+    "because it was too {adjective} , the {animal} didn't cross the {place} . it = {referent}",
+    "because it was too {adjective} , the {place} was not crossed by the {animal} . it = {referent}",
 )
 EOS = "<eos>"   # ends every sentence, so a stream of sentences is well delimited
 

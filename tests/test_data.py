@@ -164,7 +164,7 @@ def test_each_adjective_fits_one_kind(corpus):
 def test_both_templates_with_both_referent_kinds(corpus):
     for split in (corpus.train, corpus.test):
         seen = {(ex.template, coref.kind_of(ex.adjective)) for ex in split}
-        assert seen == {(0, "animal"), (0, "place"), (1, "animal"), (1, "place")}
+        assert seen == {(t, kind) for t in range(len(coref.TEMPLATES)) for kind in ("animal", "place")}
 
 
 def test_answer_token_is_the_referent(corpus):
@@ -173,11 +173,12 @@ def test_answer_token_is_the_referent(corpus):
         assert ex.words[ex.answer_index - 1] == "="
         assert ex.words[ex.it_index] == "it" and ex.it_index < ex.words.index(ex.adjective)
         assert ex.words[-1] == coref.EOS
-    # the animal comes first in one template and the place in the other
-    t0 = next(ex for ex in corpus.train if ex.template == 0)
-    t1 = next(ex for ex in corpus.train if ex.template == 1)
-    assert t0.words.index(t0.animal) < t0.words.index(t0.place)
-    assert t1.words.index(t1.place) < t1.words.index(t1.animal)
+    # the animal comes first in templates 0 and 2, the place in 1 and 3;
+    # in 2 and 3 the adjective comes before both nouns
+    for t in range(4):
+        ex = next(ex for ex in corpus.train if ex.template == t)
+        assert (ex.words.index(ex.animal) < ex.words.index(ex.place)) == (t % 2 == 0)
+        assert (ex.words.index(ex.adjective) < min(ex.words.index(ex.animal), ex.words.index(ex.place))) == (t >= 2)
 
 
 def test_lesson_sentences(corpus):
@@ -284,5 +285,26 @@ def test_load_coref():
     assert first == train[0].text
     assert ds.tokenizer.decode(ds.val[:len(test[0].words)]) == test[0].text
     assert (load_coref(seed=0).train == ds.train).all()
-    x, y = ds.get_batch("val", 3, 16, np.random.default_rng(0))
+    stream = load_coref(seed=0, layout="stream")
+    assert stream.layout == "stream" and (stream.train == ds.train).all()
+    x, y = stream.get_batch("val", 3, 16, np.random.default_rng(0))
     assert x.shape == (3, 16)
+    with pytest.raises(ValueError, match="layout must be"):
+        load_coref(seed=0, layout="words")
+
+
+def test_coref_sentence_batches_start_at_zero():
+    """layout='sentence': each row is one whole sentence from position 0, padded at the end with no loss."""
+    ds = load_coref(seed=0)
+    assert ds.layout == "sentence"
+    width = max(len(ex.words) for ex in ds.examples["train"] + ds.examples["test"])
+    x, y = ds.get_batch("train", 64, 32, np.random.default_rng(0))
+    assert x.shape == y.shape == (64, width - 1)
+    texts = {ex.text for ex in ds.examples["train"]}
+    for xr, yr in zip(x, y):
+        n = int((yr >= 0).sum())                                   # real targets: the sentence minus one
+        assert (yr[n:] == -1).all() and (xr[n:] == ds.pad_id).all()
+        assert (yr[:n - 1] == xr[1:n]).all()
+        assert ds.tokenizer.decode(list(xr[:n]) + [yr[n - 1]]) in texts
+    with pytest.raises(ValueError, match=f"has {width - 1} input tokens, more than block_size 16"):
+        ds.get_batch("val", 2, 16, np.random.default_rng(0))

@@ -12,7 +12,7 @@ import pytest
 
 from train import checkpoint
 from train.data import tokenizer_to_json
-from train.experiments import _common, causal, heads, quadratic, scaling, sinks
+from train.experiments import _common, causal, heads, quadratic, scaling, seeds, sinks
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +144,47 @@ def test_sinks_tiny(tmp_path):
     for key in ("heads", "baseline_first", "baseline_delimiters", "first_ratio", "delimiters_ratio",
                 "by_token", "strongest_first"):
         assert key in r
-    assert r["delimiters"] == [".", "=", "<eos>"]
+    assert r["delimiters"] == [".", ",", "=", "<eos>"]
     assert len(r["heads"]) == _common.TINY_CONFIG["n_layer"] * _common.TINY_CONFIG["n_head"]
     assert 0.0 < r["baseline_first"] < 1.0 and 0.0 < r["baseline_delimiters"] < 1.0
+
+
+# ---------------------------------------------------------------- seeds
+def test_seeds_summary_is_min_and_median():
+    rows = [dict(heldout_accuracy=a, heldout_exact=e, heldout_attention_correct=t)
+            for a, e, t in ((1.0, 0.9, 0.5), (0.8, 1.0, 0.95), (0.9, 0.97, 0.91))]
+    s = seeds.summarise(rows)
+    assert s["accuracy"] == dict(min=0.8, median=0.9, at_least_0_9=2, at_least_0_95=1)
+    assert s["exact"]["min"] == 0.9 and s["exact"]["median"] == 0.97 and s["exact"]["at_least_0_95"] == 2
+    assert s["attention"]["at_least_0_9"] == 2 and s["attention"]["at_least_0_95"] == 1
+
+
+def test_seeds_tiny_trains_each_seed_in_its_own_process(tmp_path, capsys):
+    """Two seeds of a tiny model, two processes: one JSON line per seed, then the summary."""
+    assert seeds.main(["--tiny", "--seeds", "2", "--first", "3", "--jobs", "2", "--out_dir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    per_seed = [json.loads(line) for line in lines[:2]]
+    assert [r["seed"] for r in per_seed] == [3, 4]
+    r = json.loads(lines[-1])
+    assert [row["seed"] for row in r["seeds"]] == [3, 4] and r["jobs"] == 2
+    for row in r["seeds"]:
+        summary = json.loads((tmp_path / f"seed{row['seed']}" / "summary.json").read_text())
+        assert row["heldout_exact"] == summary["heldout_exact"] and summary["iters"] == 30
+        assert row["referent_head"] == summary["referent_head"]
+        assert set(row["choice_by_query"]) == {"adjective", ".", "it", "="}
+    for name in ("accuracy", "exact", "attention"):
+        values = [row[f"heldout_{'attention_correct' if name == 'attention' else name}"] for row in r["seeds"]]
+        assert r["summary"][name]["min"] == min(values)
+    assert "Over 2 seeds" in lines[-2]
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert (tmp_path / "seeds.png").exists()
+
+
+def test_seeds_refuses_flags_it_sets_itself(capsys):
+    assert seeds.main(["--tiny", "--seeds", "1", "--", "--seed", "3"]) == 1
+    assert "--seed is not a flag of this experiment" in capsys.readouterr().err
+    assert seeds.main(["--seeds", "1", "--n_embd", "30", "--n_head", "4"]) == 2       # train's own check, one line
+    assert "must be divisible" in capsys.readouterr().err

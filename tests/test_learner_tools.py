@@ -218,7 +218,7 @@ def test_profile_and_detect_anomaly_nest():
 
 
 # --- the training flags ---------------------------------------------------
-SMALL = ["--n_layer", "1", "--n_head", "1", "--n_embd", "16", "--block_size", "16", "--batch_size", "4",
+SMALL = ["--n_layer", "1", "--n_head", "1", "--n_embd", "16", "--block_size", "20", "--batch_size", "4",
          "--max_iters", "7", "--eval_interval", "7", "--eval_iters", "1", "--sample_tokens", "0", "--quiet"]
 
 

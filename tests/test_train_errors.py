@@ -10,7 +10,7 @@ import pytest
 import tinyattn as ta
 import train.loop as program
 from train import checkpoint
-from train.loop import main, parse_args
+from train.loop import PRESETS, main, parse_args
 
 from test_train import TEXT, TINY      # the tiny text and model the training tests use
 
@@ -88,8 +88,9 @@ def test_min_lr_above_learning_rate(capsys):
 def test_a_preset_schedule_is_fitted_to_max_iters_and_says_so():
     args = parse_args(["--max_iters", "20"])
     assert (args.lr_decay_iters, args.warmup_iters) == (20, 2)
-    assert "--lr_decay_iters set to 20 to fit --max_iters (the preset's was 1800)" in args._notes
-    assert "--warmup_iters set to 2 to fit --max_iters (the preset's was 50)" in args._notes
+    preset = PRESETS["coref"]
+    assert f"--lr_decay_iters set to 20 to fit --max_iters (the preset's was {preset['lr_decay_iters']})" in args._notes
+    assert f"--warmup_iters set to 2 to fit --max_iters (the preset's was {preset['warmup_iters']})" in args._notes
     assert parse_args([])._notes == []                        # the presets fit themselves
 
 

@@ -5,7 +5,9 @@ Two data sets:
   load_coref(seed)  the generated "it" corpus of data/coref.py, one token per word
 
 A Dataset holds two 1-d arrays of token ids (train and val); get_batch cuts
-random windows out of them, with targets shifted by one token.
+random windows out of them, with targets shifted by one token. The coref
+corpus can instead give one sentence per row, starting at position 0
+(layout="sentence", its default): then get_batch picks whole sentences.
 """
 import json
 import random
@@ -115,11 +117,20 @@ class Dataset:
     tokenizer: object
     name: str
     examples: dict | None = None    # coref only: {"train": [Example...], "test": [Example...]}
+    rows: dict | None = None        # one sentence per row: {"train": (N, W), "val": (M, W)} ids, -1 pads the end
+    pad_id: int = 0                 # what the model reads at a padded position (its target is -1: no loss)
+
+    @property
+    def layout(self):
+        """'sentence' (one sentence per sequence, from position 0) or 'stream' (random windows)."""
+        return "stream" if self.rows is None else "sentence"
 
     def get_batch(self, split, batch_size, block_size, rng):
         """Random windows of block_size tokens: x (B, T) and y (B, T), y is x shifted by one."""
         if split not in ("train", "val"):
             raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+        if self.rows is not None:
+            return self.sentence_batch(split, batch_size, block_size, rng)
         data = self.train if split == "train" else self.val
         if len(data) < block_size + 1:
             raise ValueError(f"the {split} split of {self.name} has {len(data)} tokens, "
@@ -128,6 +139,21 @@ class Dataset:
         idx = starts[:, None] + np.arange(block_size)                         # (B, T)
         x = data[idx].astype(np.int64)
         y = data[idx + 1].astype(np.int64)
+        return x, y
+
+    def sentence_batch(self, split, batch_size, block_size, rng):
+        """batch_size random sentences: x (B, W - 1) starts each at position 0, y is x shifted by one.
+
+        Shorter sentences are padded at the end: x reads pad_id there and y is -1,
+        which the loss ignores. W - 1 must fit in block_size.
+        """
+        rows = self.rows[split]                                             # (N, W)
+        if rows.shape[1] - 1 > block_size:
+            raise ValueError(f"a sentence of {self.name} has {rows.shape[1] - 1} input tokens, "
+                             f"more than block_size {block_size}")
+        picked = rows[rng.integers(0, len(rows), size=batch_size)]          # (B, W)
+        x = np.where(picked[:, :-1] < 0, self.pad_id, picked[:, :-1])
+        y = picked[:, 1:].copy()
         return x, y
 
     def sample_prompt(self):
@@ -161,12 +187,16 @@ def load_text(path):
     return Dataset(train=ids[:n], val=ids[n:], tokenizer=tok, name=name)
 
 
-def load_coref(seed=0):
+def load_coref(seed=0, layout="sentence"):
     """The generated "it" corpus as a word-level Dataset.
 
     train: the training sentences, shuffled and concatenated.
     val: the held-out test sentences (unseen noun/adjective pairs), concatenated.
+    layout "sentence": get_batch gives one whole sentence per row, from position 0
+    (rows, padded); "stream": random windows of the concatenated sentences.
     """
+    if layout not in ("sentence", "stream"):
+        raise ValueError(f"layout must be 'sentence' or 'stream', got {layout!r}")
     corpus = coref.make_corpus(seed=seed)
     tok = WordTokenizer(corpus.vocab)
     train_examples = list(corpus.train)
@@ -175,5 +205,14 @@ def load_coref(seed=0):
     def stream(examples):
         return np.array([i for ex in examples for i in tok.encode(ex.words)], dtype=np.int64)
 
+    def padded(examples):                                                   # (N, W), -1 after the end
+        width = max(len(ex.words) for ex in corpus.train + corpus.test)
+        out = np.full((len(examples), width), -1, dtype=np.int64)
+        for i, ex in enumerate(examples):
+            out[i, :len(ex.words)] = tok.encode(ex.words)
+        return out
+
+    rows = {"train": padded(train_examples), "val": padded(corpus.test)} if layout == "sentence" else None
     return Dataset(train=stream(train_examples), val=stream(corpus.test), tokenizer=tok,
-                   name="coref", examples={"train": train_examples, "test": list(corpus.test)})
+                   name="coref", examples={"train": train_examples, "test": list(corpus.test)},
+                   rows=rows, pad_id=tok.stoi[coref.EOS])

@@ -38,6 +38,17 @@ def other_noun(example):
     return example.place if example.referent == example.animal else example.animal
 
 
+# The positions that have seen the adjective, so a head there could choose the noun: a causal
+# model can decide at any of them, not only at "=".
+QUERIES = ("adjective", ".", "it", "=")
+
+
+def query_positions(example):
+    """Positions of the adjective, the "." and "it" after it, and "=" (one per QUERIES)."""
+    adjective = example.words.index(example.adjective)
+    return [adjective, *range(example.answer_index - 3, example.answer_index)]
+
+
 def noun_positions(example):
     """(position of the right noun, position of the other noun) in the sentence."""
     return example.words.index(example.referent), example.words.index(other_noun(example))
@@ -116,10 +127,12 @@ def measure(model, examples, tokenizer, device):
       accuracy   the right noun's logit beats the other noun's (referent_accuracy)
       exact      the model's top word is the right noun (a harder test: it must copy the noun)
       attention  (N, L, H, 2) weights from "=" on the right and the other noun (attention_to_nouns)
+      by_query   {query: (N, L, H, 2)}: the same from each position after the adjective (QUERIES)
     """
     cfg = model.config
     if not examples:
-        return dict(accuracy=float("nan"), exact=float("nan"), attention=np.zeros((0, cfg.n_layer, cfg.n_head, 2)))
+        empty = np.zeros((0, cfg.n_layer, cfg.n_head, 2))
+        return dict(accuracy=float("nan"), exact=float("nan"), attention=empty, by_query={q: empty for q in QUERIES})
     with watching(model):
         logits, weights = run_examples(model, examples, tokenizer, device)     # (N, V), N x (L, H, T, T)
     rows = np.arange(len(examples))
@@ -128,13 +141,14 @@ def measure(model, examples, tokenizer, device):
     accuracy = float(np.mean(logits[rows, right] > logits[rows, wrong]))
     exact = float(np.mean(logits.argmax(axis=1) == right))
 
-    attention = np.zeros((len(examples), cfg.n_layer, cfg.n_head, 2))
+    by_query = {name: np.zeros((len(examples), cfg.n_layer, cfg.n_head, 2)) for name in QUERIES}
     for i, ex in enumerate(examples):
         right_pos, wrong_pos = noun_positions(ex)
-        w = weights[i][:, :, -1, :]                     # (L, H, T): the row of the "=" query
-        attention[i, :, :, 0] = w[:, :, right_pos]
-        attention[i, :, :, 1] = w[:, :, wrong_pos]
-    return dict(accuracy=accuracy, exact=exact, attention=attention)
+        for name, q in zip(QUERIES, query_positions(ex)):
+            w = weights[i][:, :, q, :]                  # (L, H, T): the row of this query
+            by_query[name][i, :, :, 0] = w[:, :, right_pos]
+            by_query[name][i, :, :, 1] = w[:, :, wrong_pos]
+    return dict(accuracy=accuracy, exact=exact, attention=by_query["="], by_query=by_query)
 
 
 def correct_by_head(attention):
@@ -151,6 +165,45 @@ def pick_referent_head(train_attention):
     scores = correct_by_head(train_attention)           # (L, H)
     layer, head = np.unravel_index(np.argmax(scores), scores.shape)
     return int(layer), int(head), float(scores[layer, head])
+
+
+def pick_referent_pair(train_attention):
+    """The two heads of one layer whose summed weights from "=" favour the right noun most often.
+
+    A model may split the choice between two heads, each right in only part of the
+    sentences. train_attention: (N, L, H, 2) on the TRAINING examples.
+    Returns (layer, [head, head], fraction of training examples), or None with one head per layer.
+    """
+    n_layer, n_head = train_attention.shape[1:3]
+    best = None
+    for layer in range(n_layer):
+        for a in range(n_head):
+            for b in range(a + 1, n_head):
+                pair = train_attention[:, layer, [a, b]].sum(axis=1)              # (N, 2)
+                score = float((pair[:, 0] > pair[:, 1]).mean())
+                if best is None or score > best[2]:
+                    best = (layer, [a, b], score)
+    return best
+
+
+def pair_correct(attention, layer, heads):
+    """Held-out fraction where the heads' summed weight on the right noun beats the other noun's."""
+    pair = attention[:, layer, heads].sum(axis=1)                                   # (N, 2)
+    return float((pair[:, 0] > pair[:, 1]).mean())
+
+
+def choice_by_query(train_by_query, test_by_query):
+    """For each query position: the head chosen on training and its held-out fraction.
+
+    A model may choose the noun before "=", e.g. with a layer-0 head at the adjective,
+    and then only copy the choice to "=": this shows where the choice is made.
+    Returns {query: {"head": [layer, head], "heldout": fraction}}.
+    """
+    out = {}
+    for q in QUERIES:
+        layer, head, _ = pick_referent_head(train_by_query[q])
+        out[q] = dict(head=[layer, head], heldout=round(float(correct_by_head(test_by_query[q])[layer, head]), 4))
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -238,13 +291,25 @@ def report(model, dataset, out_dir, device, say=print):
     layer, head, train_frac = pick_referent_head(train["attention"])
     by_head = correct_by_head(test["attention"])       # (L, H): held-out fraction right, per head
     heldout_attn = float(by_head[layer, head])
+    weight_right, weight_wrong = test["attention"][:, layer, head].mean(axis=0)   # how much, not only which
 
     say(f"what does 'it' mean? right noun beats the other noun (chance 0.5): "
         f"train {train_acc:.3f}, held-out {test_acc:.3f}")
     say(f"the top word is exactly the right noun (it must copy it from the sentence): "
         f"train {train['exact']:.3f}, held-out {test['exact']:.3f}")
     say(f"referent head: layer {layer} head {head} looks more at the right noun than the other from '=' "
-        f"in {train_frac:.1%} of training and {heldout_attn:.1%} of held-out sentences")
+        f"in {train_frac:.1%} of training and {heldout_attn:.1%} of held-out sentences "
+        f"(mean weight {weight_right:.2f} on the right noun, {weight_wrong:.2f} on the other)")
+    choice = choice_by_query(train["by_query"], test["by_query"])
+    pair = pick_referent_pair(train["attention"])
+    if pair is not None:
+        pair_layer, pair_heads, pair_train = pair
+        pair_heldout = pair_correct(test["attention"], pair_layer, pair_heads)
+        say(f"the best two heads of one layer together (their weights added): layer {pair_layer} heads "
+            f"{pair_heads[0]} and {pair_heads[1]}, right in {pair_train:.1%} of training and "
+            f"{pair_heldout:.1%} of held-out sentences")
+    say("the best head from each position after the adjective (chosen on training, scored held out): "
+        + ", ".join(f"from {q!r} L{c['head'][0]}H{c['head'][1]} {c['heldout']:.1%}" for q, c in choice.items()))
 
     plots = []
     os.makedirs(out_dir, exist_ok=True)
@@ -267,8 +332,12 @@ def report(model, dataset, out_dir, device, say=print):
 
     say('(the "it" rows: a causal model reads left to right, so at "it" the adjective is not there yet; '
         'only at "=" can it decide)')
-    return dict(heldout_accuracy=round(test_acc, 4), train_accuracy=round(train_acc, 4),
+    extra = {} if pair is None else dict(referent_pair=[pair_layer, pair_heads],
+                                         heldout_pair_attention_correct=round(pair_heldout, 4))
+    return dict(heldout_accuracy=round(test_acc, 4), train_accuracy=round(train_acc, 4), **extra,
                 heldout_exact=round(test["exact"], 4),
                 heldout_attention_correct=round(heldout_attn, 4), referent_head=[layer, head],
+                heldout_weight_right=round(float(weight_right), 4), heldout_weight_wrong=round(float(weight_wrong), 4),
                 referent_head_train_fraction=round(train_frac, 4),
-                heldout_attention_by_head=np.round(by_head, 4).tolist(), attention_plots=plots)
+                heldout_attention_by_head=np.round(by_head, 4).tolist(), choice_by_query=choice,
+                attention_plots=plots)

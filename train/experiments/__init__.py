@@ -5,6 +5,7 @@
     python -m train.experiments.heads      different heads learn different patterns
     python -m train.experiments.quadratic  attention costs O(N^2) time and memory
     python -m train.experiments.sinks      attention piles up on the first token and delimiters
+    python -m train.experiments.seeds      the "it" result over many seeds, not one lucky run
 
 Each takes --out_dir DIR (a checkpoint folder, or where plots go) and --tiny
 (a small, fast run), prints its result as a sentence and then one JSON line,

@@ -24,7 +24,7 @@ import numpy as np
 from . import _common
 from ..data import CharTokenizer, WordTokenizer
 
-DELIMITERS = {"char": ("\n", ".", ",", " "), "word": (".", "=", "<eos>")}
+DELIMITERS = {"char": ("\n", ".", ",", " "), "word": (".", ",", "=", "<eos>")}
 
 
 def delimiter_ids(tokenizer):

@@ -175,8 +175,8 @@ def compare(actual, expected, what, tol=1e-10, hint=""):
                               f"(largest error {np.abs(a - e).max():.3g}). {hint}".strip())
 
 
-def close(a, b, tol=1e-10):
-    compare(a, b, "the result", tol)
+def close(a, b, tol=1e-10, what="the result"):
+    compare(a, b, what, tol)
 
 
 def raises(error, fn, what):
@@ -199,7 +199,7 @@ def rms_norm_matches_formula(mod):
     for eps in (1e-6, 0.5):
         xn = x.numpy()
         expected = xn / np.sqrt((xn ** 2).mean(-1, keepdims=True) + eps) * w.numpy()
-        close(rms_norm(x, w, eps), expected)
+        close(rms_norm(x, w, eps), expected, what=f"rms_norm(x, w, eps={eps}) on x {x.shape}")
 
 
 def rms_norm_has_unit_rms(mod):
@@ -213,7 +213,8 @@ def rms_norm_has_unit_rms(mod):
 def rms_norm_ignores_scale(mod):
     rms_norm, rng = need(mod, "rms_norm"), rng_()
     x, w = rand(rng, 3, 8), rand(rng, 8)
-    close(rms_norm(x * 7.5, w, 1e-12), rms_norm(x, w, 1e-12), tol=1e-8)
+    close(rms_norm(x * 7.5, w, 1e-12), rms_norm(x, w, 1e-12), tol=1e-8,
+          what=f"rms_norm(7.5 * x) against rms_norm(x) on x {x.shape} (RMSNorm ignores the scale of x)")
 
 
 def rms_norm_gradcheck(mod):
@@ -231,7 +232,7 @@ def rms_norm_module(mod):
     x = ta.tensor(rng.standard_normal((2, 5, 8)).astype(np.float32))
     y = m(x)
     assert y.shape == x.shape and y.dtype == x.dtype
-    close(y, rms_norm(x, m.weight, m.eps), tol=1e-6)
+    close(y, rms_norm(x, m.weight, m.eps), tol=1e-6, what=f"RMSNorm(8)(x) against rms_norm(x, weight, eps) on x {x.shape}")
     double(m)
     xg = rand(rng, 2, 8, grad=True)
     assert ta.gradcheck(lambda x, w: m(x), (xg, m.weight))
@@ -252,14 +253,15 @@ def rope_keeps_shape_and_dtype(mod):
 def rope_position_zero_is_identity(mod):
     apply_rotary, rng = need(mod, "apply_rotary"), rng_()
     x = rand(rng, 2, 4, 8)
-    close(apply_rotary(x, [0, 0, 0, 0]), x, tol=1e-12)
+    close(apply_rotary(x, [0, 0, 0, 0]), x, tol=1e-12, what=f"apply_rotary at position 0 (must leave x {x.shape} as it is)")
 
 
 def rope_preserves_norms(mod):
     apply_rotary, rng = need(mod, "apply_rotary"), rng_()
     x = rand(rng, 2, 6, 16)
     y = apply_rotary(x, [0, 1, 2, 5, 17, 100])
-    close(np.linalg.norm(y.numpy(), axis=-1), np.linalg.norm(x.numpy(), axis=-1))
+    close(np.linalg.norm(y.numpy(), axis=-1), np.linalg.norm(x.numpy(), axis=-1),
+          what=f"the norm of each rotated vector (a rotation keeps it) on x {x.shape}")
     assert not np.allclose(y.numpy()[:, 1:], x.numpy()[:, 1:]), "positions > 0 should rotate"
 
 
@@ -270,7 +272,7 @@ def rope_rotates_pairs(mod):
     m = np.array([1.0, 2.0, 3.0])
     expected = np.stack([np.cos(m), np.sin(m)], -1)                  # rows 0 and 1: (cos m, sin m)
     expected[2] = [-np.sin(3.0), np.cos(3.0)]                        # (0, 1) turns the same way
-    close(apply_rotary(x, [1, 2, 3]), expected)
+    close(apply_rotary(x, [1, 2, 3]), expected, what=f"apply_rotary(x {x.shape}, positions [1, 2, 3]) against the pairwise rotation")
 
 
 def rope_is_relative(mod):
@@ -292,7 +294,7 @@ def rope_rows_are_independent(mod):
     positions = [4, 0, 9, 2, 7]
     y = apply_rotary(x, positions).numpy()
     for t, p in enumerate(positions):
-        close(y[:, t:t + 1], apply_rotary(x[:, t:t + 1], [p]))
+        close(y[:, t:t + 1], apply_rotary(x[:, t:t + 1], [p]), what=f"row {t} rotated alone against rotated with the others")
 
 
 def rope_gradcheck(mod):
@@ -310,7 +312,8 @@ def gqa_with_one_group_per_head_is_mha(mod):
     gqa, rng = need(mod, "grouped_query_attention"), rng_()
     q, k, v = rand(rng, 2, 4, 5, 8), rand(rng, 2, 4, 5, 8), rand(rng, 2, 4, 5, 8)
     for causal in (False, True):
-        close(gqa(q, k, v, is_causal=causal), F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+        close(gqa(q, k, v, is_causal=causal), F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+              what=f"gqa with one k/v head per q head (causal={causal}) against multi-head attention, q {q.shape}")
 
 
 def gqa_with_one_group_is_mqa(mod):
@@ -319,7 +322,8 @@ def gqa_with_one_group_is_mqa(mod):
     q, k, v = rand(rng, 2, 4, 5, 8), rand(rng, 2, 1, 5, 8), rand(rng, 2, 1, 5, 8)
     out = gqa(q, k, v, is_causal=True).numpy()
     for h in range(4):
-        close(out[:, h:h + 1], F.scaled_dot_product_attention(q[:, h:h + 1], k, v, is_causal=True))
+        close(out[:, h:h + 1], F.scaled_dot_product_attention(q[:, h:h + 1], k, v, is_causal=True),
+              what=f"head {h} with one shared k/v head (multi-query attention)")
 
 
 def gqa_groups_consecutive_heads(mod):
@@ -329,7 +333,8 @@ def gqa_groups_consecutive_heads(mod):
     out = gqa(q, k, v, is_causal=False).numpy()
     for h in range(6):
         g = h // 3
-        close(out[:, h:h + 1], F.scaled_dot_product_attention(q[:, h:h + 1], k[:, g:g + 1], v[:, g:g + 1]))
+        close(out[:, h:h + 1], F.scaled_dot_product_attention(q[:, h:h + 1], k[:, g:g + 1], v[:, g:g + 1]),
+              what=f"head {h} against k/v head {g} (consecutive q heads share a k/v head)")
 
 
 def gqa_shapes(mod):
@@ -360,7 +365,8 @@ def gqa_module(mod):
     assert y.shape == (2, 5, C)
     x2 = x.numpy().copy()
     x2[:, 3:] += 1.0                                                  # change the future only
-    close(m(ta.tensor(x2, dtype="float64")).numpy()[:, :3], y.numpy()[:, :3])
+    close(m(ta.tensor(x2, dtype="float64")).numpy()[:, :3], y.numpy()[:, :3],
+          what="the first 3 positions after later tokens changed (the module must be causal)")
     xg = rand(rng, 1, 3, C, grad=True)
     assert ta.gradcheck(lambda x, *params: m(x), (xg, *m.parameters()))
 
@@ -374,7 +380,7 @@ def silu_matches_formula(mod):
     silu, rng = need(mod, "silu"), rng_()
     x = rand(rng, 3, 7, grad=True)
     xn = x.numpy()
-    close(silu(x), xn / (1.0 + np.exp(-xn)))
+    close(silu(x), xn / (1.0 + np.exp(-xn)), what=f"silu(x) against x * sigmoid(x) on x {x.shape}")
     assert ta.gradcheck(silu, (x,))
 
 
@@ -385,7 +391,7 @@ def swiglu_matches_formula(mod):
     W1, V, W2 = (layer.weight.numpy() for layer in (m.w1, m.v, m.w2))   # (out, in) each
     h = x.numpy() @ W1.T
     expected = (h / (1.0 + np.exp(-h)) * (x.numpy() @ V.T)) @ W2.T
-    close(m(x), expected)
+    close(m(x), expected, what=f"SwiGLU(x) against w2(silu(w1(x)) * v(x)) on x {x.shape}")
 
 
 def swiglu_parameters(mod):

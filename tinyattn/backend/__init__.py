@@ -323,7 +323,7 @@ def tune_host_allocator(mmap_threshold=64 << 20, trim_threshold=256 << 20):
     runs; it also returns the top of its heap to the system once more than a
     second threshold is free. So whether every step page-faults on its
     temporaries depends on what ran before (another library, PyTorch, a
-    notebook's history): the same step measured 1.5x to 2.3x slower. Fixing
+    notebook's history): the same step measured up to 2x slower. Fixing
     both thresholds (mmap 64 MiB, trim 256 MiB) makes the step time steady.
 
     What it costs: up to ``trim_threshold`` bytes of freed memory may stay in

@@ -279,12 +279,10 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs=None):
             several = ctx is not None and ctx._outputs is not None
             if g is None and not several:
                 continue
-            if g is None:
-                pass
-            elif wanted is not None:
+            if g is not None and wanted is not None:
                 if id(node) in wanted:
                     wanted[id(node)] = g
-            elif ctx is None or node.retains_grad:
+            elif g is not None and (ctx is None or node.retains_grad):
                 node.grad = g if node.grad is None else node.grad + g
             if ctx is None:
                 continue

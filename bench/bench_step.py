@@ -2,6 +2,8 @@
 
     python3 bench/bench_step.py --out bench.json                  # nanoGPT's GPU Shakespeare config on "cuda"
     python3 bench/bench_step.py --device cpu --config baby        # nanoGPT's CPU "baby" config on the CPU
+    python3 bench/bench_step.py --device cpu --config mid         # the GPU config's model, batch 4, on the CPU
+    python3 bench/bench_step.py --device cpu --config lesson      # the model that python -m train trains
     python3 bench/bench_step.py --device cpu --config tiny        # a smoke test
 
 The config is nanoGPT's shakespeare_char: 6 layers, 6 heads, 384 channels,
@@ -39,8 +41,10 @@ from train.loop import train_step
 
 SHAKESPEARE_GPU = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, dropout=0.2, vocab_size=65)
 BABY_CPU = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, dropout=0.0, vocab_size=65)
+MID_CPU = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=4, dropout=0.0, vocab_size=65)
+LESSON = dict(n_layer=2, n_head=1, n_embd=48, block_size=32, batch_size=64, dropout=0.0, vocab_size=55)   # python -m train
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, dropout=0.2, vocab_size=65)
-CONFIGS = {"gpu": SHAKESPEARE_GPU, "baby": BABY_CPU, "tiny": TINY}
+CONFIGS = {"gpu": SHAKESPEARE_GPU, "baby": BABY_CPU, "mid": MID_CPU, "lesson": LESSON, "tiny": TINY}
 N_BATCHES = 256     # distinct random batches: see the comment in main()
 LR, BETAS, WEIGHT_DECAY, GRAD_CLIP = 1e-3, (0.9, 0.99), 0.1, 1.0
 
@@ -203,22 +207,6 @@ def same_architecture_check(torch, tiny_side, torch_side, x, y):
 
 
 # ---------------------------------------------------------------- timing
-def steady_host_allocator():
-    """Keep freed memory in the process (glibc only): numpy's large temporaries then come
-    from the heap instead of fresh mmap pages, which cost page faults on every step. Which
-    one glibc picks depends on the allocation history (its mmap threshold moves), so
-    without this a tinyattn step measured here took 85-100 ms or 55-63 ms from one
-    script to the next. Returns True if it was set."""
-    import ctypes
-    import ctypes.util
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, 64 << 20)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 256 << 20))
-    except (OSError, AttributeError, TypeError):
-        return False
-
-
 def time_block(side, steps, settle_s=0.5):
     """ms per step over one block of steps, with the device synchronised at both ends.
 
@@ -233,6 +221,27 @@ def time_block(side, steps, settle_s=0.5):
         side.step()
     side.sync()
     return (time.perf_counter() - t0) * 1000.0 / steps
+
+
+def step_breakdown(side, steps):
+    """Where one tinyattn step's time goes: ms per step in each op (forward, backward), from
+    ta.profile over ``steps`` steps, and the rest (engine, clipping, AdamW, zero_grad)."""
+    side.step()
+    side.sync()
+    time.sleep(0.5)
+    with ta.profile() as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            side.step()
+        side.sync()
+        wall = time.perf_counter() - t0
+    ops = {name: {"forward_ms": round(1e3 * r["forward_s"] / steps, 2), "backward_ms": round(1e3 * r["backward_s"] / steps, 2),
+                  "calls": r["calls"] // steps} for name, r in prof.key_averages().items()}
+    in_ops = sum(r["forward_ms"] + r["backward_ms"] for r in ops.values())
+    return {"steps": steps, "ms_per_step_profiled": round(1e3 * wall / steps, 2), "ops_ms": round(in_ops, 2),
+            "outside_ops_ms": round(1e3 * wall / steps - in_ops, 2), "ops": ops,
+            "note": "an op's backward includes the ops its formula runs; outside ops: the engine's walk, "
+                    "clip_grad_norm_, AdamW, zero_grad, Python; the profiler's own cost is in every number"}
 
 
 def versions(torch):
@@ -259,7 +268,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     p.add_argument("--config", default="gpu", choices=sorted(CONFIGS),
-                   help="gpu: nanoGPT's GPU Shakespeare config; baby: its CPU config; tiny: a smoke test")
+                   help="gpu: nanoGPT's GPU Shakespeare config; baby: its CPU config; mid: the GPU config's "
+                        "model at batch 4; lesson: the model of python -m train; tiny: a smoke test")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per side first")
     p.add_argument("--blocks", type=int, default=6, help="timed blocks per side")
     p.add_argument("--steps", type=int, default=10, help="steps per block")
@@ -268,11 +278,12 @@ def main(argv=None):
     p.add_argument("--sides", default="all", choices=["all", "tinyattn", "torch"],
                    help="all: every side in this process; tinyattn or torch: one side alone, without importing "
                         "the other framework (on a CPU, torch's threads slow numpy down once torch has run)")
+    p.add_argument("--profile_steps", type=int, default=0,
+                   help="after the timing, profile this many tinyattn steps (ta.profile): where a step's time goes")
     p.add_argument("--out", help="write the results here as JSON (they are printed too)")
     args = p.parse_args(argv)
     start = time.perf_counter()
-    allocator_note = "glibc mallopt: mmap threshold 64 MiB, trim threshold 256 MiB" if (
-        get_backend(args.device).on_host and steady_host_allocator()) else "default"
+    allocator_note = ta.backend.host_allocator     # what `import tinyattn` did (tune_host_allocator)
 
     cfg = dict(CONFIGS[args.config])
     rng = np.random.default_rng(0)
@@ -318,6 +329,8 @@ def main(argv=None):
         for name in order:
             time.sleep(0.1)                                        # let BLAS threads settle (CPU)
             samples[name].append(time_block(sides[name], args.steps))
+    breakdown = (step_breakdown(sides["tinyattn"], args.profile_steps)
+                 if args.profile_steps and "tinyattn" in sides else None)
     loss = sides[names[0]].step()
     final_loss = loss.item()                                       # one read, after the timing
 
@@ -337,7 +350,7 @@ def main(argv=None):
               "step": "forward, backward, clip_grad_norm_(1.0), AdamW (wd 0.1, betas 0.9/0.99), zero_grad",
               "timing": {"warmup": args.warmup, "blocks": len(samples[names[0]]), "steps_per_block": args.steps,
                          "method": "device synchronised around each block; median over blocks; side order rotates"},
-              "results": results, "same_architecture_check": check,
+              "results": results, "same_architecture_check": check, "step_breakdown": breakdown,
               "torch": "ran" if "torch" in sides else torch_note, "host_allocator": allocator_note,
               "tinyattn_loss_after": final_loss if math.isfinite(final_loss) else str(final_loss),
               "versions": versions(torch), "wall_s": round(time.perf_counter() - start, 2)}

@@ -51,7 +51,9 @@ SWAPS = {
     "layernorm": [("tinyattn.nn.functional", "LayerNorm", _yours("LayerNorm"))],
     "cross_entropy": [("tinyattn.nn.functional", "cross_entropy", _yours("cross_entropy"))],
     "embedding": [("tinyattn.nn.functional", "embedding", _yours("embedding"))],
-    "engine": [("tinyattn.autograd", "_toposort", _yours("toposort")), ("tinyattn.tensor:Tensor", "backward", _backward)],
+    # your engine runs one backward per output Tensor: split then makes one op per piece
+    "engine": [("tinyattn.autograd", "_toposort", _yours("toposort")), ("tinyattn.tensor:Tensor", "backward", _backward),
+               ("tinyattn.autograd", "several_outputs", lambda module: False)],
     "attention": [("tinyattn.nn.functional", "scaled_dot_product_attention", _attention)],
     "adamw": [("tinyattn.optim", "AdamW", _yours("AdamW"))],
     "kv_cache": [("tinyattn.nn", "KVCache", _yours("KVCache"))],

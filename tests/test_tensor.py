@@ -266,3 +266,50 @@ def test_erf_matches_math_erf_to_float64_precision():
     x = np.concatenate([np.linspace(-8, 8, 2001), [0.0, 2.4999, 2.5, 2.5001, 1e-8]])
     got = get_backend("cpu").erf(x)
     np.testing.assert_allclose(got, [math.erf(v) for v in x], rtol=1e-13, atol=1e-15)
+
+
+class TwoOutputs(ta.Function):
+    """(2a, a^2): a Function with two outputs, counting its backward calls."""
+    calls = 0
+
+    def forward(self, a):
+        return a * 2.0, a * a
+
+    def backward(self, g_double, g_square):
+        TwoOutputs.calls += 1
+        a = self.parents[0]
+        total = 0.0
+        if g_double is not None:
+            total = total + g_double * 2.0
+        if g_square is not None:
+            total = total + g_square * a * 2.0
+        return total
+
+
+def test_a_function_with_several_outputs_runs_its_backward_once_with_every_gradient():
+    a = ta.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    double, square = TwoOutputs.apply(a)
+    assert double.grad_fn is square.grad_fn and double.grad_fn.outputs == (double, square)
+    TwoOutputs.calls = 0
+    (double * square + square).sum().backward()       # d/da (2a^3 + a^2) = 6a^2 + 2a
+    assert TwoOutputs.calls == 1
+    np.testing.assert_allclose(a.grad.numpy(), 6 * a.numpy() ** 2 + 2 * a.numpy(), rtol=1e-6)
+
+
+def test_an_unused_output_gets_none_and_second_order_works():
+    a = ta.tensor([1.0, -2.0], requires_grad=True, dtype="float64")
+    _, square = TwoOutputs.apply(a)                     # the first output is dropped
+    (g,) = ta.grad((square * a).sum(), [a], create_graph=True)   # 3a^2
+    np.testing.assert_allclose(g.numpy(), 3 * a.numpy() ** 2)
+    (gg,) = ta.grad(g.sum(), [a])                       # 6a
+    np.testing.assert_allclose(gg.numpy(), 6 * a.numpy())
+
+
+def test_several_outputs_follow_retain_graph():
+    a = ta.tensor([2.0], requires_grad=True)
+    double, square = TwoOutputs.apply(a)
+    (double + square).sum().backward(retain_graph=True)
+    (double + square).sum().backward()
+    np.testing.assert_allclose(a.grad.numpy(), [12.0])   # 2 * (2 + 2a)
+    with pytest.raises(RuntimeError, match="second time"):
+        (double + square).sum().backward()

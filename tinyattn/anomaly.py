@@ -71,9 +71,10 @@ class _AnomalyTool(Tool):
         ctx.anomaly_inputs = [(t.shape, t.dtype) for t in inputs]
 
     def after_forward(self, ctx, inputs, data):
-        bad = _bad_values(ctx.backend, data)
-        if bad:
-            raise RuntimeError(self._message(ctx, "forward", f"its output {tuple(data.shape)} holds {bad}"))
+        for array in data if type(data) is tuple else (data,):          # a tuple: several outputs
+            bad = _bad_values(ctx.backend, array)
+            if bad:
+                raise RuntimeError(self._message(ctx, "forward", f"its output {tuple(array.shape)} holds {bad}"))
 
     def after_backward(self, ctx, grad, grads):
         for i, g in enumerate(grads):

@@ -16,6 +16,7 @@ import contextlib
 import weakref
 
 _grad_enabled = True
+several_outputs = True  # False: ops make only single-output Functions (for an engine that runs no others)
 hooks = None   # while ta.detect_anomaly or ta.profile runs: their hooks (tinyattn/hooks.py); else None
 _Tensor = None          # the Tensor class: set once by tinyattn/tensor.py (use_tensor_class)
 
@@ -85,6 +86,11 @@ class Function:
     the tuple ``self.saved``; the engine frees them after backward.
     ``backward`` returns one Tensor (or None) per input, shaped like it: anything
     else is an error naming the class (``check_backward_grads``).
+
+    A forward that returns a tuple of arrays makes one output Tensor each
+    (``apply`` returns them as a tuple; ``self.outputs`` holds them). Its
+    ``backward(self, *grads)`` is called once, with one gradient per output
+    (None for an output that got none), after every output's gradient is in.
     """
 
     registry = []                  # every Function subclass, for the op-table coverage test
@@ -92,6 +98,7 @@ class Function:
     differentiable_backward = True  # False: backward works on raw arrays (a fused kernel)
     broadcasts = False             # True: the inputs broadcast against each other (add, mul, ...)
     saved = ()
+    _outputs = None                # weak references to the outputs of a forward that returned a tuple
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -115,6 +122,11 @@ class Function:
     def output(self):
         return self._output()
 
+    @property
+    def outputs(self):
+        """The outputs of a Function with several (None for one that is gone)."""
+        return tuple(ref() for ref in self._outputs)
+
     @classmethod
     def apply(cls, *inputs, **params):
         backend = _common_backend(inputs, cls.__name__)
@@ -132,6 +144,8 @@ class Function:
             if better is None:
                 raise
             raise better from None
+        if type(data) is tuple:
+            return _several_outputs(ctx, inputs, data)
         data = forward_result(ctx, data)
         requires_grad = _grad_enabled and any(t.requires_grad for t in inputs)
         out = wrap(data, ctx.backend, requires_grad)     # forward may move ctx to another device
@@ -141,6 +155,20 @@ class Function:
             ctx._output = weakref.ref(out)
             out.grad_fn = ctx
         return out
+
+
+def _several_outputs(ctx, inputs, arrays):
+    """apply for a forward that returned a tuple: one Tensor per array, all made by ``ctx``."""
+    arrays = [forward_result(ctx, a) for a in arrays]
+    requires_grad = _grad_enabled and any(t.requires_grad for t in inputs)
+    outs = tuple(wrap(a, ctx.backend, requires_grad) for a in arrays)
+    if requires_grad:
+        ctx.parents = inputs
+        ctx.needs_input_grad = tuple(t.requires_grad for t in inputs)
+        ctx._outputs = tuple(weakref.ref(o) for o in outs)
+        for o in outs:
+            o.grad_fn = ctx
+    return outs
 
 
 def forward_result(ctx, data):
@@ -239,19 +267,33 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs=None):
     for root, g in zip(roots, root_grads):
         pending[id(root)] = g if id(root) not in pending else pending[id(root)] + g
     wanted = None if inputs is None else {id(t): None for t in inputs}
+    waiting = {}            # id(ctx) -> [grad per output, outputs still to come], for several outputs
     with set_grad_enabled(create_graph):
-        for node in _toposort(roots):
-            g = pending.pop(id(node), None)
-            if g is None:
-                continue
+        order = _toposort(roots)
+        for node in order:
             ctx = node.grad_fn
-            if wanted is not None:
+            if ctx is not None and ctx._outputs is not None:
+                waiting.setdefault(id(ctx), [[None] * len(ctx._outputs), 0])[1] += 1
+        for node in order:
+            g = pending.pop(id(node), None)
+            ctx = node.grad_fn
+            several = ctx is not None and ctx._outputs is not None
+            if g is None and not several:
+                continue
+            if g is not None and wanted is not None:
                 if id(node) in wanted:
                     wanted[id(node)] = g
-            elif ctx is None or node.retains_grad:
+            elif g is not None and (ctx is None or node.retains_grad):
                 node.grad = g if node.grad is None else node.grad + g
             if ctx is None:
                 continue
+            if several:                                  # backward once, when every output's gradient is in
+                grads_out, _ = slot = waiting[id(ctx)]
+                grads_out[next(i for i, ref in enumerate(ctx._outputs) if ref() is node)] = g
+                slot[1] -= 1
+                if slot[1] or all(x is None for x in grads_out):
+                    continue
+                g = tuple(grads_out)
             if ctx.parents is None:
                 raise RuntimeError(
                     "Trying to backward through the graph a second time: its saved values were "
@@ -259,7 +301,11 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs=None):
             if create_graph and not ctx.differentiable_backward:
                 raise RuntimeError(f"{type(ctx).__name__} has a fused backward that cannot be "
                                    "differentiated again (create_graph=True)")
-            grads = check_backward_grads(ctx, ctx.backward(g) if hooks is None else hooks.backward(ctx, g))
+            if hooks is not None:
+                grads = hooks.backward(ctx, g)
+            else:
+                grads = ctx.backward(*g) if several else ctx.backward(g)
+            grads = check_backward_grads(ctx, grads)
             for parent, pg in zip(ctx.parents, grads):
                 if pg is None or not parent.requires_grad:
                     continue

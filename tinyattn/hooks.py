@@ -9,8 +9,10 @@ A tool is an object with four methods, each called around the op's own code:
 ``before_forward(ctx, inputs)``, ``after_forward(ctx, inputs, data)``,
 ``before_backward(ctx, grad)``, ``after_backward(ctx, grad, grads)``; and
 ``failed(ctx)`` when the op raised instead (its "after" hook never comes).
-The engine's own checks of what forward and backward return run before the
-tools see it, so a broken op gets the same error with or without a tool.
+For an op with several outputs, ``data`` and ``grad`` are tuples (one per
+output; a gradient may be None). The engine's own checks of what forward and
+backward return run before the tools see it, so a broken op gets the same
+error with or without a tool.
 Ops run inside another op's backward (backward formulas use Tensor ops) are
 part of that backward: tools see them as ``nested``.
 """
@@ -29,7 +31,9 @@ class Hooks:
         for tool in self.tools:
             tool.before_forward(ctx, inputs)
         try:                                       # the engine's checks first: tools see only arrays
-            data = _engine.forward_result(ctx, ctx.forward(*arrays, **params))
+            data = ctx.forward(*arrays, **params)
+            data = (tuple(_engine.forward_result(ctx, a) for a in data) if type(data) is tuple
+                    else _engine.forward_result(ctx, data))
         except BaseException:
             self._failed(ctx)
             raise
@@ -42,7 +46,8 @@ class Hooks:
             tool.before_backward(ctx, grad)
         self.backward_depth += 1
         try:                                       # the Function contract first: tools see Tensors
-            grads = _engine.check_backward_grads(ctx, ctx.backward(grad))
+            raw = ctx.backward(*grad) if type(grad) is tuple else ctx.backward(grad)   # tuple: several outputs
+            grads = _engine.check_backward_grads(ctx, raw)
         except BaseException:
             self._failed(ctx)
             raise

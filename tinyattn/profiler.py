@@ -21,7 +21,9 @@ from .hooks import Tool
 
 
 def _nbytes(backend, array):
-    """Bytes of an array, on any backend (the array API has no ``nbytes``)."""
+    """Bytes of an array (or of a tuple of them), on any backend (the array API has no ``nbytes``)."""
+    if type(array) is tuple:
+        return sum(_nbytes(backend, a) for a in array)
     return math.prod(array.shape) * backend.dtype_of(array).itemsize
 
 
@@ -71,7 +73,8 @@ class profile(Tool):
         self._end(_nbytes(ctx.backend, data))
 
     def before_backward(self, ctx, grad):
-        self._begin(ctx, "backward", [grad.shape])
+        grads = grad if type(grad) is tuple else (grad,)           # a tuple: an op with several outputs
+        self._begin(ctx, "backward", [g.shape for g in grads if g is not None])
 
     def after_backward(self, ctx, grad, grads):
         self._end(sum(_nbytes(ctx.backend, g.data) for g in grads if g is not None))

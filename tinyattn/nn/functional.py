@@ -9,7 +9,7 @@ import math
 
 from ..autograd import Function, is_grad_enabled, is_tensor
 from ..ops import (constant, gelu as _gelu, softmax, log_softmax, logsumexp, MaskedSoftmax, causal_mask,  # noqa: F401
-                   stable_exp, check_float, check_same_kind)
+                   stable_exp, check_float, check_same_kind, row_sums, leading_sums, blas_sums)
 
 __all__ = ["softmax", "log_softmax", "logsumexp", "cross_entropy", "embedding", "layer_norm",
            "dropout", "gelu", "relu", "linear", "scaled_dot_product_attention",
@@ -140,26 +140,39 @@ class LayerNorm(Function):
             y, xhat, rstd = fused
             self.save(xhat, rstd)
             return y
-        mu = xp.mean(x, axis=-1, keepdims=True)
-        xc = x - mu
-        var = xp.mean(xc * xc, axis=-1, keepdims=True)
-        rstd = 1.0 / xp.sqrt(var + eps)                          # (..., 1)
-        xhat = xc * rstd                                         # (..., C)
+        mean = self._row_means
+        xhat = x - mean(x)                                       # (..., C), centred
+        rstd = 1.0 / xp.sqrt(mean(xhat * xhat) + eps)            # (..., 1)
+        xhat *= rstd                                             # (..., C)
         self.save(xhat, rstd)
-        return xhat * weight + bias
+        y = xhat * weight
+        y += bias
+        return y
+
+    def _row_means(self, a):
+        """Means over the last axis, kept: a BLAS product where it can (see ops.row_sums)."""
+        if blas_sums(self.backend, a):
+            return row_sums(self.backend, a, 1.0 / a.shape[-1])
+        return self.xp.mean(a, axis=-1, keepdims=True)
+
+    def _lead_sums(self, a):
+        """Sums over every axis but the last: the weight and bias gradients."""
+        if blas_sums(self.backend, a):
+            return leading_sums(self.backend, a, a.ndim - 1)
+        return self.xp.sum(a, axis=tuple(range(a.ndim - 1)))
 
     def backward(self, g):
-        xp, (xhat, rstd) = self.xp, self.saved
+        xhat, rstd = self.saved
         x, weight, bias = self.parents
         gd = g.data
-        lead = tuple(range(gd.ndim - 1))
-        dw = xp.sum(gd * xhat, axis=lead) if weight.requires_grad else None
-        db = xp.sum(gd, axis=lead) if bias.requires_grad else None
+        dw = self._lead_sums(gd * xhat) if weight.requires_grad else None
+        db = self._lead_sums(gd) if bias.requires_grad else None
         dx = self.backend.run_kernel("layer_norm_backward", gd, xhat, weight.data, rstd)
-        if dx is None:
+        if dx is None:                                           # rstd (gx - mean(gx) - xhat mean(gx xhat))
             gx = gd * weight.data                                # d loss / d xhat
-            dx = rstd * (gx - xp.mean(gx, axis=-1, keepdims=True)
-                         - xhat * xp.mean(gx * xhat, axis=-1, keepdims=True))
+            dx = gx - self._row_means(gx)
+            dx -= xhat * self._row_means(gx * xhat)
+            dx *= rstd
         wrap = lambda a: None if a is None else self.constant(a)    # noqa: E731
         return wrap(dx), wrap(dw), wrap(db)
 
@@ -204,11 +217,41 @@ def relu(x):
     return x.relu()
 
 
+class Linear(Function):
+    """x @ weight.T + bias as one op: x (..., in), weight (out, in), bias (out,) -> (..., out).
+
+    One 2-d BLAS product over the flattened leading dims with the bias added in
+    place: no transposed-weight op, no separate add and its output array. The
+    backward is three Tensor ops, so it can be differentiated again.
+    """
+
+    def forward(self, x, weight, bias=None):
+        xp = self.xp
+        out = xp.reshape(x, (-1, x.shape[-1])) @ xp.permute_dims(weight, (1, 0))    # (N, out)
+        if bias is not None:
+            out += bias
+        return xp.reshape(out, tuple(x.shape[:-1]) + (weight.shape[0],))
+
+    def backward(self, g):                                         # g (..., out)
+        x, weight = self.parents[:2]
+        need = self.needs_input_grad
+        g2 = g.reshape(-1, g.shape[-1])                            # (N, out)
+        dx = g @ weight if need[0] else None                       # (..., in)
+        dw = g2.mT @ x.reshape(-1, x.shape[-1]) if need[1] else None   # (out, in)
+        if len(self.parents) == 2:
+            return dx, dw
+        return dx, dw, g2.sum(0) if need[2] else None              # (out,)
+
+
 def linear(x, weight, bias=None):
     """x @ weight.T + bias, with weight (out, in) as in PyTorch."""
     check_same_kind("linear", x, weight)
-    out = x @ weight.mT
-    return out if bias is None else out + bias
+    if x.ndim == 0 or weight.ndim != 2 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"linear: input {x.shape} and weight {weight.shape} do not fit "
+                         "(expected (..., in) and (out, in))")
+    if bias is not None and bias.shape != weight.shape[:1]:
+        raise ValueError(f"linear: bias {bias.shape} does not fit weight {weight.shape} (expected ({weight.shape[0]},))")
+    return Linear.apply(x, weight) if bias is None else Linear.apply(x, weight, bias)
 
 
 # ---------------------------------------------------------------- attention

@@ -56,6 +56,16 @@ def kernel_and_formula(case, device, dtype, monkeypatch, seed=11):
     return fused, formula
 
 
+@pytest.fixture(params=[True, False], ids=["cpu-kernels", "numpy"])
+def cpu_kernels(request, monkeypatch):
+    """Run a test twice: with the CPU's fused kernels (numba) and with the ops' numpy formulas."""
+    cpu = get_backend("cpu")
+    if request.param and not cpu.kernels:
+        pytest.skip("no CPU kernels here (numba is not installed, or TINYATTN_CPU_KERNELS=0)")
+    monkeypatch.setattr(cpu, "use_kernels", request.param)
+    return request.param
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)

@@ -28,6 +28,9 @@ float16, float32, float64 = np.dtype("float16"), np.dtype("float32"), np.dtype("
 int32, int64, bool_ = np.dtype("int32"), np.dtype("int64"), np.dtype("bool")
 
 
+CPU_KERNELS_ENV = "TINYATTN_CPU_KERNELS"          # set it to 0 to run the CPU ops without numba's kernels
+
+
 def dtype_of_host(dtype):
     """A dtype from a name ("float32"), a numpy dtype or a numpy scalar type."""
     try:
@@ -43,8 +46,8 @@ class Backend:
     on_host = True          # arrays live in host memory: reading a value back costs nothing
     ufunc_out = True        # elementwise functions take out= (write into an existing array)
     setitem_basic = True    # a[index] = v works for basic indices (ints, slices, None, Ellipsis)
-    kernels = {}            # name -> fused kernel; the CPU has none yet
     use_kernels = True      # False: every op runs its own formula (to compare against the kernels)
+    _kernels = None
 
     def __init__(self):
         self.xp = np
@@ -144,6 +147,22 @@ class Backend:
         """``kernel(name)(*args)``, or None when there is no such kernel or it declines these inputs."""
         fn = self.kernel(name)
         return None if fn is None else fn(*args)
+
+    @property
+    def kernels(self):
+        """The CPU's kernels: backend/cpu_kernels.py, compiled with numba (the ``fast`` extra).
+
+        Imported on first use; empty without numba or with TINYATTN_CPU_KERNELS=0
+        (each kernel compiles on its first call; numba caches the machine code on disk)."""
+        if self._kernels is None:
+            self._kernels = {}
+            if os.environ.get(CPU_KERNELS_ENV, "1").strip().lower() not in ("0", "off", "false", "no"):
+                try:
+                    from .cpu_kernels import KERNELS
+                    self._kernels = KERNELS
+                except ImportError:                 # no numba: the ops' numpy formulas
+                    pass
+        return self._kernels
 
 
 def _erf(xp, x):

@@ -155,14 +155,15 @@ class AdamW(Optimizer):
     # --- the fused step: one pass per group over flat buffers -----------------------
     def _fused_step(self):
         """The step below on flat buffers, where it can run: every parameter has a gradient
-        and the same step count, on one host backend without a fused kernel. The
+        and the same step count, on one host backend. The
         parameters and both moments then live in one flat array each (each parameter's
         ``.data`` and state are views into them), so a group's update is a few whole-array
-        passes with no temporaries, and the numbers are bit for bit the loop's. Returns
+        passes with no temporaries (or one pass of the backend's ``adamw_`` kernel), and
+        the numbers are bit for bit the loop's. Returns
         False where it cannot run (the loop below does the step)."""
         params = self.parameters()
         backend = params[0].backend
-        if not (backend.on_host and backend.ufunc_out) or backend.kernel("adamw_") is not None:
+        if not (backend.on_host and backend.ufunc_out):
             return False
         if any(p.grad is None or p.backend is not backend or p.dtype != params[0].dtype for p in params):
             return False
@@ -179,6 +180,8 @@ class AdamW(Optimizer):
         for group, (lo, hi) in zip(self.param_groups, flat.group_ranges(self.param_groups)):
             lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
             p, g, m, v, tmp = (a[lo:hi] for a in (flat.p, flat.g, flat.m, flat.v, flat.tmp))
+            if backend.run_kernel("adamw_", p, g, m, v, lr, b1, b2, eps, wd, t):
+                continue                                         # a fused kernel did all of the below
             xp = backend.xp
             m *= b1
             m += xp.multiply(g, 1 - b1, out=tmp)                 # first moment

@@ -1,0 +1,355 @@
+"""Fused CPU kernels for the "cpu" backend, compiled with numba, registered by name in ``KERNELS``.
+
+Optional: they need numba (``pip install "tinyattn[fast]"``). Only the CPU
+backend imports this module, on first use, and not at all without numba or
+with ``TINYATTN_CPU_KERNELS=0``; the ops then run their numpy formulas, with
+the same results up to float32 rounding. The op-table tests check every
+kernel here against that formula.
+
+Each kernel does in one or two passes over memory what its numpy formula
+does in five to fifteen, and each compiles on its first call for the dtype it
+meets (float32 in training, float64 in the gradient checks), about a second
+a kernel; ``cache=True`` keeps the machine code on disk, so that happens
+once per machine. Every function returns None for inputs it does not take
+(a dtype other than float32 or float64, an empty array): the op then runs
+its own formula.
+
+    gelu_tanh, gelu_tanh_backward          elementwise, one pass
+    layer_norm, layer_norm_backward        one row at a time
+    masked_softmax, softmax_backward       one row at a time (the row's max, exp, sum in the row)
+    cross_entropy, cross_entropy_backward  one row at a time
+    adamw_                                 elementwise: p, m, v updated in place
+
+Why not numpy's ``exp``: numba calls the C library's scalar ``exp`` once per
+element, several times slower than numpy's SIMD loop. ``_exp`` below is
+the classic Cephes float32 exp (a range reduction and a degree-6
+polynomial, within 1e-7 relative), written so that the compiler turns the
+loop into SIMD code: about three times the speed of numpy's own float32 exp
+here. float64 keeps the exact ``np.exp``.
+"""
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic, overload
+
+# Every kernel: compiled on first call and cached on disk; division by zero gives inf
+# as in numpy (no Python-style check, which would stop the loops from vectorising);
+# the GIL released, so two threads can run kernels at once.
+kernel = njit(cache=True, error_model="numpy", nogil=True)
+
+
+# --------------------------------------------------------------------------
+# exp that vectorises: float32 by a polynomial, float64 by np.exp
+# --------------------------------------------------------------------------
+@intrinsic
+def _float32_from_bits(typingctx, bits):
+    """The float32 whose bit pattern is the int32 ``bits`` (a reinterpretation, no conversion)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+    return types.float32(types.int32), codegen
+
+
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_HI, _LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)     # ln 2 in two parts
+_EXP_POLY = tuple(np.float32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
+                                          4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1))
+
+
+def _exp(x):
+    """exp(x) for a float32 or float64 scalar inside a kernel."""
+    return np.exp(x)
+
+
+@overload(_exp)
+def _exp_by_type(x):
+    if x != types.float32:
+        return lambda x: np.exp(x)
+
+    def exp32(x):
+        # exp(x) = 2^n exp(r), n = round(x / ln 2), |r| <= ln(2) / 2
+        x = min(max(x, np.float32(-87.0)), np.float32(88.0))       # 2^n stays a normal float32
+        n = np.floor(x * _LOG2E + np.float32(0.5))
+        r = x - n * _LN2_HI - n * _LN2_LO                          # x - n ln 2, in two steps for precision
+        c0, c1, c2, c3, c4, c5 = _EXP_POLY
+        p = ((((c0 * r + c1) * r + c2) * r + c3) * r + c4) * r + c5
+        p = p * r * r + r + np.float32(1.0)                        # exp(r)
+        return p * _float32_from_bits((np.int32(n) + np.int32(127)) << np.int32(23))   # * 2^n
+    return exp32
+
+
+def _real(c, like):
+    """The Python number ``c`` in the float type of ``like`` (a float scalar or array), inside a kernel.
+
+    numba, as numpy's scalar rules, makes float32 * 2 or float32 * 0.5 a float64;
+    a kernel writes ``one = _real(1, x)`` once and computes in x's own type."""
+    return c
+
+
+@overload(_real)
+def _real_by_type(c, like):
+    dtype = like.dtype if isinstance(like, types.Array) else like
+    if dtype == types.float32:
+        return lambda c, like: np.float32(c)
+    return lambda c, like: np.float64(c)
+
+
+def _floats(*arrays):
+    """True when all arrays share the dtype float32 or float64, and none is empty."""
+    dtype = arrays[0].dtype
+    return dtype in (np.float32, np.float64) and all(a.dtype == dtype for a in arrays) and all(a.size for a in arrays)
+
+
+def _rows(a):
+    """(..., C) -> a C-contiguous (N, C) array (a view when ``a`` is contiguous already)."""
+    return np.ascontiguousarray(a).reshape(-1, a.shape[-1])
+
+
+# --------------------------------------------------------------------------
+# GELU, tanh approximation: 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)), u = k0 (x + k1 x^3)
+# --------------------------------------------------------------------------
+_K0, _K1 = math.sqrt(2.0 / math.pi), 0.044715
+
+
+@kernel
+def _gelu_tanh_fwd(x, y, a, b):                    # x, y (n,); -2u = x (a x^2 + b)
+    one = _real(1, x)
+    for i in range(x.size):
+        v = x[i]
+        y[i] = v / (_exp(v * (a * v * v + b)) + one)
+
+
+@kernel
+def _gelu_tanh_bwd(x, g, dx, a, b, c, d):          # dx = g (s + x u'' s (1 - s)), s = sigmoid(2u)
+    one = _real(1, x)
+    for i in range(x.size):
+        v = x[i]
+        s = one / (_exp(v * (a * v * v + b)) + one)
+        dx[i] = g[i] * (s + v * (c * v * v + d) * s * (one - s))   # c x^2 + d = 2 du/dx
+
+
+def gelu_tanh(x):
+    if not _floats(x):
+        return None
+    real = x.dtype.type
+    x1 = np.ascontiguousarray(x).reshape(-1)
+    y = np.empty_like(x1)
+    _gelu_tanh_fwd(x1, y, real(-2 * _K0 * _K1), real(-2 * _K0))
+    return y.reshape(x.shape)
+
+
+def gelu_tanh_backward(x, g):
+    if not _floats(x, g) or x.shape != g.shape:
+        return None
+    real = x.dtype.type
+    x1, g1 = (np.ascontiguousarray(a).reshape(-1) for a in (x, g))
+    dx = np.empty_like(x1)
+    _gelu_tanh_bwd(x1, g1, dx, real(-2 * _K0 * _K1), real(-2 * _K0), real(6 * _K0 * _K1), real(2 * _K0))
+    return dx.reshape(x.shape)
+
+
+# --------------------------------------------------------------------------
+# layer norm over the last dim, one row at a time
+# --------------------------------------------------------------------------
+@kernel
+def _layer_norm_fwd(x, w, b, y, xhat, rstd, eps):  # x, y, xhat (N, C); w, b (C,); rstd (N,)
+    N, C = x.shape
+    one, inv_c = _real(1, x), _real(1 / C, x)
+    for n in range(N):
+        mean = x[n].sum() * inv_c
+        var = _real(0, x)
+        for c in range(C):
+            d = x[n, c] - mean
+            var += d * d
+        r = one / np.sqrt(var * inv_c + eps)
+        rstd[n] = r
+        for c in range(C):
+            h = (x[n, c] - mean) * r
+            xhat[n, c] = h
+            y[n, c] = h * w[c] + b[c]
+
+
+@kernel
+def _layer_norm_bwd(g, xhat, w, rstd, dx):         # dx = rstd (gx - mean(gx) - xhat mean(gx xhat)), gx = g w
+    N, C = g.shape
+    inv_c = _real(1 / C, g)
+    for n in range(N):
+        s1, s2 = _real(0, g), _real(0, g)
+        for c in range(C):
+            gx = g[n, c] * w[c]
+            s1 += gx
+            s2 += gx * xhat[n, c]
+        s1 *= inv_c
+        s2 *= inv_c
+        r = rstd[n]
+        for c in range(C):
+            dx[n, c] = r * (g[n, c] * w[c] - s1 - xhat[n, c] * s2)
+
+
+def layer_norm(x, weight, bias, eps):
+    """(y, xhat, rstd) shaped (..., C), (..., C), (..., 1)."""
+    if not _floats(x, weight, bias) or weight.shape != x.shape[-1:] or bias.shape != x.shape[-1:]:
+        return None
+    x2 = _rows(x)                                                   # (N, C)
+    y, xhat = np.empty_like(x2), np.empty_like(x2)
+    rstd = np.empty(x2.shape[0], dtype=x2.dtype)
+    _layer_norm_fwd(x2, np.ascontiguousarray(weight), np.ascontiguousarray(bias), y, xhat, rstd, x2.dtype.type(eps))
+    return y.reshape(x.shape), xhat.reshape(x.shape), rstd.reshape(x.shape[:-1] + (1,))
+
+
+def layer_norm_backward(g, xhat, weight, rstd):
+    if not _floats(g, xhat, weight, rstd) or g.shape != xhat.shape:
+        return None
+    g2 = _rows(g)                                                   # (N, C)
+    dx = np.empty_like(g2)
+    _layer_norm_bwd(g2, _rows(xhat), np.ascontiguousarray(weight), np.ascontiguousarray(rstd).reshape(-1), dx)
+    return dx.reshape(g.shape)
+
+
+# --------------------------------------------------------------------------
+# softmax over the last dim, with a (Tq, Tk) mask (True = take part)
+# --------------------------------------------------------------------------
+@kernel
+def _masked_softmax_fwd(x, allowed, y):            # x, y (N, Tq, Tk); allowed (Tq, Tk)
+    N, Tq, Tk = x.shape
+    zero, one = _real(0, x), _real(1, x)
+    for n in range(N):
+        for i in range(Tq):
+            m = _real(-np.inf, x)
+            for j in range(Tk):
+                if allowed[i, j] and x[n, i, j] > m:
+                    m = x[n, i, j]
+            total = zero
+            for j in range(Tk):
+                e = _exp(x[n, i, j] - m) if allowed[i, j] else zero
+                y[n, i, j] = e
+                total += e
+            scale = one / total if total > zero else zero              # a fully masked row: zeros
+            for j in range(Tk):
+                y[n, i, j] *= scale
+
+
+@kernel
+def _softmax_bwd(y, g, dx):                        # dx = y (g - sum(g y)), rows of y, g, dx (N, C)
+    N, C = y.shape
+    for n in range(N):
+        s = _real(0, y)
+        for c in range(C):
+            s += g[n, c] * y[n, c]
+        for c in range(C):
+            dx[n, c] = y[n, c] * (g[n, c] - s)
+
+
+def masked_softmax(x, allowed):
+    """Softmax over the last dim of x (..., Tq, Tk) where ``allowed`` (Tq, Tk) is True; None for other masks."""
+    if not _floats(x) or x.ndim < 2 or allowed.shape != x.shape[-2:] or allowed.dtype != np.bool_:
+        return None
+    x3 = np.ascontiguousarray(x).reshape((-1,) + x.shape[-2:])     # (N, Tq, Tk)
+    y = np.empty_like(x3)
+    _masked_softmax_fwd(x3, np.ascontiguousarray(allowed), y)
+    return y.reshape(x.shape)
+
+
+def softmax_backward(y, g):
+    """d loss / dx through y = softmax(x) over the last dim, for the output gradient g."""
+    if not _floats(y, g) or y.shape != g.shape or y.ndim < 1:
+        return None
+    y2 = _rows(y)
+    dx = np.empty_like(y2)
+    _softmax_bwd(y2, _rows(g), dx)
+    return dx.reshape(y.shape)
+
+
+# --------------------------------------------------------------------------
+# softmax cross-entropy: logits (N, C), targets (N,) ints
+# --------------------------------------------------------------------------
+@kernel
+def _cross_entropy_fwd(x, t, lse, ignore_index):   # returns (sum of the counted rows' losses, their count)
+    N, C = x.shape
+    loss, count = 0.0, 0                                          # loss in float64
+    for n in range(N):
+        m = x[n].max()
+        s = _real(0, x)
+        for c in range(C):
+            s += _exp(x[n, c] - m)
+        lse[n] = m + np.log(s)
+        if t[n] != ignore_index:
+            loss += lse[n] - x[n, t[n]]
+            count += 1
+    return loss, count
+
+
+@kernel
+def _cross_entropy_bwd(x, t, lse, gscale, dx, ignore_index):   # dx = gscale (softmax - onehot), 0 if ignored
+    N, C = x.shape
+    for n in range(N):
+        if t[n] == ignore_index:
+            dx[n] = 0
+            continue
+        for c in range(C):
+            dx[n, c] = gscale * _exp(x[n, c] - lse[n])
+        dx[n, t[n]] -= gscale
+
+
+def cross_entropy(logits, targets, ignore_index):
+    """(loss (), lse (N,), scale ()): scale = 1 / max(counted rows, 1). Targets in range (checked by the op)."""
+    if logits.ndim != 2 or not _floats(logits) or targets.shape != logits.shape[:1] or targets.dtype.kind not in "iu":
+        return None
+    x = np.ascontiguousarray(logits)
+    lse = np.empty(x.shape[0], dtype=x.dtype)
+    total, count = _cross_entropy_fwd(x, np.ascontiguousarray(targets, dtype=np.int64), lse, np.int64(ignore_index))
+    real = x.dtype.type
+    scale = real(1.0 / max(count, 1))
+    return np.asarray(real(total) * scale), lse, np.asarray(scale)
+
+
+def cross_entropy_backward(g, logits, targets, lse, scale, ignore_index):
+    """d loss / d logits (N, C) for the loss gradient g (a 0-d array)."""
+    if not _floats(logits, lse) or g.dtype != logits.dtype or g.size != 1:
+        return None
+    x = np.ascontiguousarray(logits)
+    dx = np.empty_like(x)
+    real = x.dtype.type
+    _cross_entropy_bwd(x, np.ascontiguousarray(targets, dtype=np.int64), lse, real(g.reshape(()) * scale), dx,
+                       np.int64(ignore_index))
+    return dx
+
+
+# --------------------------------------------------------------------------
+# AdamW, in place over p, m, v: the arithmetic of AdamW.step, in its order
+# --------------------------------------------------------------------------
+@kernel
+def _adamw(p, g, m, v, b1, one_minus_b1, b2, one_minus_b2, eps, decay, step_size, inv_sqrt_bc2):
+    for i in range(p.size):
+        m[i] = m[i] * b1 + g[i] * one_minus_b1                     # first moment
+        v[i] = v[i] * b2 + (g[i] * g[i]) * one_minus_b2            # second moment
+        p[i] = p[i] * decay                                        # decoupled weight decay
+        p[i] = p[i] - m[i] / (np.sqrt(v[i]) * inv_sqrt_bc2 + eps) * step_size
+
+
+def adamw_(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step):
+    """One AdamW step for one flat or shaped parameter, in place. True when done."""
+    if not _floats(p, g, m, v) or not (p.shape == g.shape == m.shape == v.shape):
+        return None
+    if not all(a.flags.c_contiguous for a in (p, g, m, v)):
+        return None
+    real = p.dtype.type
+    _adamw(p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1), real(beta1), real(1 - beta1),
+           real(beta2), real(1 - beta2), real(eps), real(1 - lr * weight_decay), real(lr / (1 - beta1 ** step)),
+           real(1.0 / math.sqrt(1 - beta2 ** step)))
+    return True
+
+
+# The one table the backend reads: ``backend.kernel(name)``.
+KERNELS = {
+    "gelu_tanh": gelu_tanh,
+    "gelu_tanh_backward": gelu_tanh_backward,
+    "layer_norm": layer_norm,
+    "layer_norm_backward": layer_norm_backward,
+    "masked_softmax": masked_softmax,
+    "softmax_backward": softmax_backward,
+    "cross_entropy": cross_entropy,
+    "cross_entropy_backward": cross_entropy_backward,
+    "adamw_": adamw_,
+}

@@ -38,6 +38,9 @@ from numba.extending import intrinsic, overload
 # as in numpy (no Python-style check, which would stop the loops from vectorising);
 # the GIL released, so two threads can run kernels at once.
 kernel = njit(cache=True, error_model="numpy", nogil=True)
+# Kernels that sum along a row may add in any order ("reassoc"), as BLAS and numpy's
+# pairwise sums do: that lets the compiler keep several partial sums in SIMD registers.
+row_kernel = njit(cache=True, error_model="numpy", nogil=True, fastmath={"reassoc"})
 
 
 # --------------------------------------------------------------------------
@@ -62,7 +65,7 @@ def _exp(x):
     return np.exp(x)
 
 
-@overload(_exp)
+@overload(_exp, jit_options=dict(fastmath=False, error_model="numpy"))   # exact order, even inside a row_kernel
 def _exp_by_type(x):
     if x != types.float32:
         return lambda x: np.exp(x)
@@ -152,7 +155,7 @@ def gelu_tanh_backward(x, g):
 # --------------------------------------------------------------------------
 # layer norm over the last dim, one row at a time
 # --------------------------------------------------------------------------
-@kernel
+@row_kernel
 def _layer_norm_fwd(x, w, b, y, xhat, rstd, eps):  # x, y, xhat (N, C); w, b (C,); rstd (N,)
     N, C = x.shape
     one, inv_c = _real(1, x), _real(1 / C, x)
@@ -170,7 +173,7 @@ def _layer_norm_fwd(x, w, b, y, xhat, rstd, eps):  # x, y, xhat (N, C); w, b (C,
             y[n, c] = h * w[c] + b[c]
 
 
-@kernel
+@row_kernel
 def _layer_norm_bwd(g, xhat, w, rstd, dx):         # dx = rstd (gx - mean(gx) - xhat mean(gx xhat)), gx = g w
     N, C = g.shape
     inv_c = _real(1 / C, g)
@@ -210,7 +213,7 @@ def layer_norm_backward(g, xhat, weight, rstd):
 # --------------------------------------------------------------------------
 # softmax over the last dim, with a (Tq, Tk) mask (True = take part)
 # --------------------------------------------------------------------------
-@kernel
+@row_kernel
 def _masked_softmax_fwd(x, allowed, y):            # x, y (N, Tq, Tk); allowed (Tq, Tk)
     N, Tq, Tk = x.shape
     zero, one = _real(0, x), _real(1, x)
@@ -222,7 +225,8 @@ def _masked_softmax_fwd(x, allowed, y):            # x, y (N, Tq, Tk); allowed (
                     m = x[n, i, j]
             total = zero
             for j in range(Tk):
-                e = _exp(x[n, i, j] - m) if allowed[i, j] else zero
+                e = _exp(x[n, i, j] - m)
+                e = e if allowed[i, j] else zero
                 y[n, i, j] = e
                 total += e
             scale = one / total if total > zero else zero              # a fully masked row: zeros
@@ -230,7 +234,7 @@ def _masked_softmax_fwd(x, allowed, y):            # x, y (N, Tq, Tk); allowed (
                 y[n, i, j] *= scale
 
 
-@kernel
+@row_kernel
 def _softmax_bwd(y, g, dx):                        # dx = y (g - sum(g y)), rows of y, g, dx (N, C)
     N, C = y.shape
     for n in range(N):
@@ -264,7 +268,7 @@ def softmax_backward(y, g):
 # --------------------------------------------------------------------------
 # softmax cross-entropy: logits (N, C), targets (N,) ints
 # --------------------------------------------------------------------------
-@kernel
+@row_kernel
 def _cross_entropy_fwd(x, t, lse, ignore_index):   # returns (sum of the counted rows' losses, their count)
     N, C = x.shape
     loss, count = 0.0, 0                                          # loss in float64

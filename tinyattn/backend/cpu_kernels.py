@@ -72,13 +72,16 @@ def _exp_by_type(x):
 
     def exp32(x):
         # exp(x) = 2^n exp(r), n = round(x / ln 2), |r| <= ln(2) / 2
-        x = min(max(x, np.float32(-87.0)), np.float32(88.0))       # 2^n stays a normal float32
-        n = np.floor(x * _LOG2E + np.float32(0.5))
-        r = x - n * _LN2_HI - n * _LN2_LO                          # x - n ln 2, in two steps for precision
+        lo, hi = np.float32(-87.0), np.float32(88.0)               # 2^n stays a normal float32
+        xc = x if x > lo else lo                                   # (a NaN becomes lo here ...)
+        xc = xc if xc < hi else hi
+        n = np.floor(xc * _LOG2E + np.float32(0.5))
+        r = xc - n * _LN2_HI - n * _LN2_LO                         # x - n ln 2, in two steps for precision
         c0, c1, c2, c3, c4, c5 = _EXP_POLY
         p = ((((c0 * r + c1) * r + c2) * r + c3) * r + c4) * r + c5
         p = p * r * r + r + np.float32(1.0)                        # exp(r)
-        return p * _float32_from_bits((np.int32(n) + np.int32(127)) << np.int32(23))   # * 2^n
+        e = p * _float32_from_bits((np.int32(n) + np.int32(127)) << np.int32(23))   # * 2^n
+        return e if x == x else x                                  # (... and comes out as NaN)
     return exp32
 
 
@@ -229,7 +232,7 @@ def _masked_softmax_fwd(x, allowed, y):            # x, y (N, Tq, Tk); allowed (
                 e = e if allowed[i, j] else zero
                 y[n, i, j] = e
                 total += e
-            scale = one / total if total > zero else zero              # a fully masked row: zeros
+            scale = zero if total == zero else one / total             # a fully masked row: zeros
             for j in range(Tk):
                 y[n, i, j] *= scale
 

@@ -1,0 +1,78 @@
+"""The CPU kernels (numba, the optional `fast` extra): switched on and off, NaN in, NaN out, the float32 exp.
+
+Every kernel is also checked against its op's formula, in float64 and float32, by
+tests/test_optable.py (test_every_registered_kernel_matches_the_formula*), and the
+op table's gradient checks run with the kernels on and off (the cpu_kernels fixture).
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tinyattn as ta
+import tinyattn.nn.functional as F
+from tinyattn.backend import get_backend
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def kernel_count(env=None, prelude=""):
+    """How many CPU kernels a fresh process registers, with ``env`` added to its environment."""
+    code = prelude + "from tinyattn.backend import get_backend; print(len(get_backend('cpu').kernels))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, **(env or {})},
+                         capture_output=True, text=True, check=True)
+    return int(out.stdout.strip())
+
+
+def test_switched_off_by_the_environment_and_absent_without_numba():
+    pytest.importorskip("numba")
+    assert kernel_count({"TINYATTN_CPU_KERNELS": "1"}) >= 9
+    assert kernel_count({"TINYATTN_CPU_KERNELS": "0"}) == 0
+    assert kernel_count(prelude="import sys; sys.modules['numba'] = None; ") == 0    # as if not installed
+
+
+def test_the_strict_device_never_gets_the_cpu_kernels():
+    pytest.importorskip("array_api_strict")
+    assert get_backend("strict").kernels == {}
+
+
+needs_kernels = pytest.mark.skipif(not get_backend("cpu").kernels, reason="no CPU kernels (numba not installed)")
+
+
+@needs_kernels
+def test_float32_exp_is_within_a_float32_rounding():
+    from numba import njit
+    from tinyattn.backend.cpu_kernels import _exp
+
+    @njit
+    def exp_all(x, out):
+        for i in range(x.size):
+            out[i] = _exp(x[i])
+
+    x = np.concatenate([np.linspace(-87, 88, 200001), np.random.default_rng(0).standard_normal(10000)]).astype(np.float32)
+    out = np.empty_like(x)
+    exp_all(x, out)
+    exact = np.exp(x.astype(np.float64))
+    assert np.max(np.abs(out / exact - 1)) < 2.5e-7
+    special = np.array([np.nan, -np.inf, 0.0], np.float32)
+    exp_all(special, out[:3])
+    assert np.isnan(out[0]) and out[1] < 1e-37 and out[2] == 1.0
+
+
+@needs_kernels
+@pytest.mark.parametrize("op", ["gelu", "softmax", "layer_norm", "cross_entropy"])
+def test_nan_in_nan_out(op, monkeypatch):
+    """A NaN input must not be swallowed (detect_anomaly and the training loop look for it)."""
+    monkeypatch.setattr(get_backend("cpu"), "use_kernels", True)
+    x = ta.tensor([[0.5, float("nan"), -1.0, 2.0]], requires_grad=True)
+    fn = {"gelu": lambda: F.gelu(x, approximate="tanh"),
+          "softmax": lambda: F.scaled_dot_product_attention(x[None, None].mT, x[None, None].mT, x[None, None].mT,
+                                                           is_causal=True),
+          "layer_norm": lambda: F.layer_norm(x, 4),
+          "cross_entropy": lambda: F.cross_entropy(x, ta.tensor([0]))}[op]
+    out = fn()
+    assert np.isnan(out.numpy()).any()
+    out.backward(ta.ones_like(out))
+    assert np.isnan(x.grad.numpy()).any()

@@ -3,15 +3,17 @@
     python3 bench/bench_step.py --out bench.json                  # nanoGPT's GPU Shakespeare config on "cuda"
     python3 bench/bench_step.py --device cpu --config baby        # nanoGPT's CPU "baby" config on the CPU
     python3 bench/bench_step.py --device cpu --config mid         # the GPU config's model, batch 4, on the CPU
-    python3 bench/bench_step.py --device cpu --config lesson      # the model that python -m train trains
+    python3 bench/bench_step.py --device cpu --config default     # the model that python -m train trains
+    python3 bench/bench_step.py --device cpu --config lesson      # the lesson's first default model
     python3 bench/bench_step.py --device cpu --config tiny        # a smoke test
 
 The config is nanoGPT's shakespeare_char: 6 layers, 6 heads, 384 channels,
 block 256, batch 64, dropout 0.2, vocabulary 65. One step is forward,
 backward, clip_grad_norm_(1.0), AdamW, zero_grad, on the same batch for every side:
 
-    tinyattn           train.loop.train_step, with the fused CUDA kernels
-    tinyattn_unfused   the same, with the fused kernels off (what they save)
+    tinyattn           train.loop.train_step, with the fused kernels (CuPy's on "cuda";
+                       on "cpu" numba's, with the fast extra)
+    tinyattn_unfused   the same, with the fused kernels off (what they save; skip it with --no_unfused)
     torch              the same architecture in plain PyTorch (below): eager, no torch.compile
 
 Everything is float32 with plain float32 matmuls (no TF32, no autocast).
@@ -42,9 +44,10 @@ from train.loop import train_step
 SHAKESPEARE_GPU = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, dropout=0.2, vocab_size=65)
 BABY_CPU = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, dropout=0.0, vocab_size=65)
 MID_CPU = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=4, dropout=0.0, vocab_size=65)
-LESSON = dict(n_layer=2, n_head=1, n_embd=48, block_size=32, batch_size=64, dropout=0.0, vocab_size=55)   # python -m train
+LESSON = dict(n_layer=2, n_head=1, n_embd=48, block_size=32, batch_size=64, dropout=0.0, vocab_size=55)   # the first default
+DEFAULT = dict(n_layer=2, n_head=4, n_embd=64, block_size=20, batch_size=64, dropout=0.0, vocab_size=56)   # python -m train
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, dropout=0.2, vocab_size=65)
-CONFIGS = {"gpu": SHAKESPEARE_GPU, "baby": BABY_CPU, "mid": MID_CPU, "lesson": LESSON, "tiny": TINY}
+CONFIGS = {"gpu": SHAKESPEARE_GPU, "baby": BABY_CPU, "mid": MID_CPU, "lesson": LESSON, "default": DEFAULT, "tiny": TINY}
 N_BATCHES = 256     # distinct random batches: see the comment in main()
 LR, BETAS, WEIGHT_DECAY, GRAD_CLIP = 1e-3, (0.9, 0.99), 0.1, 1.0
 

@@ -258,7 +258,9 @@ class GradAverager:
     messages instead of one small one per parameter (each call has a fixed cost, its
     latency, on top of the bytes it moves). Afterwards each ``p.grad`` is a view of its
     bucket, and holds the mean over processes; a parameter without a gradient counts as
-    zero there. With one process, ``average()`` does nothing.
+    zero there. On numpy and CuPy the buckets are made once and reused at every step
+    (fresh memory would page-fault every step), so a ``p.grad`` read after the next
+    ``average()`` holds that step's values. With one process, ``average()`` does nothing.
     """
 
     def __init__(self, params, bucket_mb=BUCKET_MB):
@@ -279,18 +281,19 @@ class GradAverager:
             for idx in buckets_of([p.numel() for p in group], itemsize, bucket_mb * 1e6):
                 self.buckets.append([group[i] for i in idx])
         self.bytes_per_step = sum(p.numel() * p.dtype.itemsize for p in self.params)
+        self.flats = [None] * len(self.buckets)       # each bucket's buffer, made at the first average()
 
     def average(self):
         """All-reduce every bucket (mean); -> the number of bytes each process sent into the reduction."""
         if world_size() == 1:
             return 0
-        for bucket in self.buckets:
+        for k, bucket in enumerate(self.buckets):
             backend = bucket[0].backend
             xp = backend.xp
             for p in bucket:
                 if p.grad is None:
                     p.grad = zeros_like(p)
-            flat = xp.concat([xp.reshape(p.grad.data, (-1,)) for p in bucket])       # (sum of numel,)
+            flat = self._pack(k, bucket, backend)                                  # (sum of numel,)
             flat = _all_reduce_array(flat, backend, "mean")
             start = 0
             for p in bucket:
@@ -298,3 +301,17 @@ class GradAverager:
                 p.grad.data = xp.reshape(flat[start:start + n], p.shape)
                 start += n
         return self.bytes_per_step
+
+    def _pack(self, k, bucket, backend):
+        """The gradients of bucket ``k`` one after another in one flat array."""
+        xp = backend.xp
+        grads = [xp.reshape(p.grad.data, (-1,)) for p in bucket]
+        if not backend.setitem_basic:                   # a device that cannot write into slices: a new array
+            return xp.concat(grads)
+        if self.flats[k] is None:
+            self.flats[k] = xp.empty(sum(p.numel() for p in bucket), dtype=bucket[0].data.dtype)
+        flat, start = self.flats[k], 0
+        for g in grads:
+            flat[start:start + g.shape[0]] = g
+            start += g.shape[0]
+        return flat

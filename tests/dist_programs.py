@@ -1,6 +1,8 @@
 """Programs that tests/test_distributed.py runs under ``mpiexec -n 2`` (not collected by pytest).
 
-    python tests/dist_programs.py checks                 # the collectives, each checked on every rank
+    python tests/dist_programs.py checks [DEVICE...]     # the collectives, checked on every rank, on the
+                                                         # CPU and each DEVICE: strict, cuda (NCCL, a GPU
+                                                         # per process), cuda-staged (CUDA through the host)
     python tests/dist_programs.py fail raise STEP ARGS   # rank 1 raises at STEP of python -m train ARGS
     python tests/dist_programs.py fail kill STEP ARGS    # rank 1 is killed (SIGKILL) at STEP
 """
@@ -59,6 +61,12 @@ def checks(device):
     for i, p in enumerate(params):
         want = (grads[1][i] if i == 1 else grads[0][i] + grads[1][i]) * np.float32(0.5)
         expect_equal(p.grad, want, f"averaged gradient of parameter {i} on {device}")
+    for p, g in zip(params, grads[r]):                                   # the next step: the buckets are reused
+        p.grad = ta.tensor(-3 * g, device=device)
+    averager.average()
+    for i, p in enumerate(params):
+        want = (-3 * grads[0][i] + -3 * grads[1][i]) * np.float32(0.5)
+        expect_equal(p.grad, want, f"second average of parameter {i} on {device}")
     dist.barrier()
 
 
@@ -81,11 +89,12 @@ def fail(how, step, argv):
 
 
 if __name__ == "__main__":
-    dist.init()
     if sys.argv[1] == "checks":
-        devices = ["cpu"] + (["strict"] if len(sys.argv) > 2 and sys.argv[2] == "strict" else [])
+        devices = ["cpu"] + sys.argv[2:]
+        dist.init("cuda" if "cuda" in devices else "cpu")            # NCCL only for "cuda", not "cuda-staged"
         for device in devices:
-            checks(device)
+            checks("cuda" if device == "cuda-staged" else device)
         print(f"rank {dist.rank()}: the checks passed on {', '.join(devices)}", flush=True)
     elif sys.argv[1] == "fail":
+        dist.init()
         sys.exit(fail(sys.argv[2], int(sys.argv[3]), sys.argv[4:]))

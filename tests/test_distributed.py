@@ -4,6 +4,7 @@ The tests that start processes need mpi4py and an mpiexec (pip install -e ".[tes
 without them they skip and say so. The rest run in this one process, a world of one.
 """
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -216,3 +217,62 @@ def test_a_killed_rank_ends_the_job_and_resume_carries_on(text_file, tmp_path):
     assert checkpoint.read_meta(str(tmp_path / "ckpt.npz"))["step"] == 5
     train_cmd(2, text_file, tmp_path, "--resume", "--max_iters", "10")
     assert len(step_losses(tmp_path)) == 10
+
+
+def test_processes_on_one_machine_share_its_cores_unless_told():
+    from train.__main__ import share_the_cores
+    env = {"MPI_LOCALNRANKS": "2"}
+    assert share_the_cores(env, 8) == 4 and env["OMP_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"] == "4"
+    env = {"OMPI_COMM_WORLD_LOCAL_SIZE": "3"}
+    assert share_the_cores(env, 2) == 1 and env["MKL_NUM_THREADS"] == "1"
+    for env in ({"MPI_LOCALNRANKS": "2", "OMP_NUM_THREADS": "2"}, {"MPI_LOCALNRANKS": "1"}, {}):
+        before = dict(env)
+        assert share_the_cores(env, 8) is None and env == before                 # told, alone, or no mpiexec
+
+
+# ---------------------------------------------------------------------------
+# CUDA (skipped without a GPU; CI has none)
+# ---------------------------------------------------------------------------
+def gpu_count():
+    return ta.backend.get_backend("cuda").xp.cuda.runtime.getDeviceCount() if ta.cuda_is_available() else 0
+
+
+@pytest.mark.gpu
+@needs_mpi
+def test_cuda_tensors_through_host_copies_on_one_gpu():
+    """Without init(device="cuda") CUDA tensors go through the host and MPI (both processes may share a GPU)."""
+    done = mpiexec(2, PROGRAMS, "checks", "cuda-staged")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rank 1: the checks passed on cpu, cuda-staged" in done.stdout
+
+
+@pytest.mark.gpu
+@needs_mpi
+def test_nccl_with_a_gpu_per_process_and_training_on_it(text_file, tmp_path):
+    if gpu_count() < 2:
+        pytest.skip(f"needs 2 GPUs (NCCL takes one GPU per process), this machine has {gpu_count()}")
+    done = mpiexec(2, PROGRAMS, "checks", "cuda")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rank 1: the checks passed on cpu, cuda" in done.stdout
+    common = ["--max_iters", "20", "--eval_interval", "10", "--batch_size", "8", "--device", "cuda"]
+    train_cmd(2, text_file, tmp_path / "two", *common, "--shared_batches")
+    train_cmd(1, text_file, tmp_path / "one", *common)
+    np.testing.assert_allclose(step_losses(tmp_path / "two"), step_losses(tmp_path / "one"), rtol=1e-5)
+
+
+@needs_mpi
+def test_the_benchmark_runs_and_reports_its_fields():
+    """bench/bench_dist.py on its tiny config (no timing is checked: that is the benchmark's job)."""
+    done = subprocess.run([sys.executable, "bench/bench_dist.py", "--config", "tiny", "--steps", "2", "--warmup", "1",
+                           "--threads", "1", "--mpiexec", MPIEXEC], cwd=REPO, capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(r["bench"], r.get("processes")) for r in lines] == [("machine", None), ("dist_step", 1),
+                                                                  ("dist_step", 2), ("allreduce_alone", 2)]
+    one, two, alone = lines[1:]
+    gradient_bytes = 4 * sum(p.numel() for p in ta.models.GPT(ta.models.GPTConfig(
+        n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=65)).parameters())
+    assert (one["bytes_reduced_per_step"], two["bytes_reduced_per_step"], alone["bytes"]) == \
+        (0, gradient_bytes, gradient_bytes)
+    assert two["tokens_per_s"] > 0 and two["allreduce_ms"] >= 0 and len(two["allreduce_ms_per_rank"]) == 2

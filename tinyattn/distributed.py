@@ -15,7 +15,8 @@ copy takes the same step.
 The transport is an existing engine, never a home-made one: MPI through mpi4py for tensors
 in host memory (``pip install -e ".[dist]"`` brings mpi4py and MPICH's ``mpiexec``), and
 NCCL through CuPy for CUDA tensors, with NCCL's unique id sent over MPI (as ChainerMN
-did). A device with neither (the "strict" test device) goes through host copies.
+did; ``init(device="cuda")`` sets it up). Any other device tensor (the "strict" test device,
+or CUDA without that init) goes through a copy in host memory and MPI.
 
 Started without an MPI launcher, or by ``mpiexec -n 1``, the world is one process: rank()
 is 0, world_size() is 1, and every collective returns at once and leaves its tensor as it
@@ -189,7 +190,7 @@ def _broadcast_array(a, backend, root):
 
 def _contiguous(a, backend):
     """``a`` if a collective can write into it as one block of memory, else a copy that it can."""
-    if a.flags.c_contiguous and a.flags.writeable:
+    if a.flags.c_contiguous and getattr(a.flags, "writeable", True):        # CuPy's flags have no writeable
         return a
     return backend.xp.array(a, copy=True, order="C")
 
@@ -206,7 +207,7 @@ def _nccl_op(backend, op):
 def _nccl_type(backend, a):
     nccl = backend.nccl()
     types = {"float16": nccl.NCCL_FLOAT16, "float32": nccl.NCCL_FLOAT32, "float64": nccl.NCCL_FLOAT64,
-             "int32": nccl.NCCL_INT32, "int64": nccl.NCCL_INT64, "bool": nccl.NCCL_UINT8}
+             "int32": nccl.NCCL_INT32, "int64": nccl.NCCL_INT64}
     if a.dtype.name not in types:
         raise TypeError(f"NCCL has no type for {a.dtype.name}")
     return types[a.dtype.name]

@@ -485,8 +485,10 @@ def train(args):
         f"model {model.num_parameters() / 1e6:.2f}M parameters on {args.device}")
     pids = dist.gather_object(os.getpid())      # a process that dies is named by its pid (mpiexec says which)
     if world > 1 and root:
+        threads = f" (OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']})" if "OMP_NUM_THREADS" in os.environ else ""
         print(f"python -m train: data parallel over {world} processes, {args.batch_size // world} of the "
-              f"{args.batch_size} rows of each batch on each; ranks {', '.join(f'{r}: pid {p}' for r, p in enumerate(pids))}", flush=True)
+              f"{args.batch_size} rows of each batch on each{threads}; "
+              f"ranks {', '.join(f'{r}: pid {p}' for r, p in enumerate(pids))}", flush=True)
 
     tokens_per_step = args.batch_size * args.block_size * args.gradient_accumulation_steps
     train_time, steps_timed, interrupted = 0.0, 0, False

@@ -12,7 +12,7 @@ copy takes the same step.
     averager.average()                                   # p.grad: the mean over all processes
     optimizer.step()
 
-The transport is an existing engine, never a home-made one: MPI through mpi4py for tensors
+The transport is an existing library, not one written here: MPI through mpi4py for tensors
 in host memory (``pip install -e ".[dist]"`` brings mpi4py and MPICH's ``mpiexec``), and
 NCCL through CuPy for CUDA tensors, with NCCL's unique id sent over MPI (as ChainerMN
 did; ``init(device="cuda")`` sets it up). Any other device tensor (the "strict" test device,
@@ -273,7 +273,7 @@ class GradAverager:
         self.buckets = []                    # lists of parameters; one kind of array per bucket
         groups = []
         for p in self.params:                # split where the device or dtype changes
-            if groups and (groups[-1][0].backend is p.backend and groups[-1][0].dtype == p.dtype):
+            if groups and groups[-1][0].backend is p.backend and groups[-1][0].dtype == p.dtype:
                 groups[-1].append(p)
             else:
                 groups.append([p])
@@ -285,7 +285,7 @@ class GradAverager:
         self.flats = [None] * len(self.buckets)       # each bucket's buffer, made at the first average()
 
     def average(self):
-        """All-reduce every bucket (mean); -> the number of bytes each process sent into the reduction."""
+        """All-reduce every bucket (mean). -> the bytes of gradient reduced (0 with one process)."""
         if world_size() == 1:
             return 0
         for k, bucket in enumerate(self.buckets):

@@ -23,6 +23,7 @@ LAYERS = [
     ("tinyattn.gradcheck", 4),
     ("tinyattn.nn", 4),
     ("tinyattn.optim", 4),
+    ("tinyattn.distributed", 4),
     ("tinyattn.models", 5),
     ("data", 6),
     ("train", 7),

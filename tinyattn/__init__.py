@@ -26,3 +26,4 @@ from . import nn, optim, models  # noqa: E402,F401
 from .anomaly import detect_anomaly  # noqa: E402
 from .profiler import profile  # noqa: E402
 from . import viz  # noqa: E402,F401
+from . import distributed  # noqa: E402,F401

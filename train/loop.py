@@ -21,11 +21,12 @@ import numpy as np
 from tqdm import tqdm
 
 import tinyattn as ta
+from tinyattn import distributed as dist
 from tinyattn.models import GPT, GPTConfig
 from tinyattn.optim import warmup_cosine, set_lr
 from tinyattn.nn.utils import clip_grad_norm_
 
-from . import checkpoint
+from . import checkpoint, parallel
 from .data import load_coref, load_text, tokenizer_to_json
 from .plots import NOT_INSTALLED, pyplot
 
@@ -44,7 +45,7 @@ PRESETS = {
 }
 PROFILE_STEPS = range(1, 6)   # --profile: step 0 warms up, these five are timed
 COMMON = dict(dropout=0.0, weight_decay=0.1, beta1=0.9, beta2=0.99, grad_clip=1.0, gradient_accumulation_steps=1,
-              bias=True, log_interval=10, sample_tokens=200)
+              bias=True, log_interval=10, sample_tokens=200, shared_batches=False)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -56,7 +57,7 @@ class OneLineParser(argparse.ArgumentParser):
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n" if dist.rank() == 0 else None)
 
     def parse_args(self, args=None, namespace=None):
         args, extras = self.parse_known_args(args, namespace)
@@ -124,6 +125,9 @@ def build_parser():
     p.add_argument("--layout", choices=("sentence", "stream"),
                    help="the 'it' corpus only: one sentence per sequence from position 0 (default), "
                         "or random windows of the sentences run together")
+    p.add_argument("--shared_batches", action="store_true", default=None,
+                   help="under mpiexec: every process draws the whole batch from --seed's stream and trains on "
+                        "its slice, so N processes see exactly the batches of one (a check; see train/parallel.py)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or samples")
     p.add_argument("--use_exercises", action="store_true",
                    help="run with every passing piece of exercises/ (EXERCISES.md, part two) swapped into the library")
@@ -183,6 +187,10 @@ def validate_args(args):
             problems.append(f"--{name} must not be negative, got {getattr(args, name)}")
     if args.n_embd >= 1 and args.n_head >= 1 and args.n_embd % args.n_head:
         problems.append(f"--n_embd {args.n_embd} must be divisible by --n_head {args.n_head}")
+    world = dist.world_size()
+    if args.batch_size >= 1 and args.batch_size % world:
+        problems.append(f"--batch_size {args.batch_size} is the global batch and must split evenly over the "
+                        f"{world} processes: use a multiple of {world}")
     for name, lo, lo_ok, hi, hi_ok in (("learning_rate", 0, False, math.inf, False), ("min_lr", 0, True, math.inf, False),
                                        ("weight_decay", 0, True, math.inf, False), ("grad_clip", 0, True, math.inf, False),
                                        ("beta1", 0, True, 1, False), ("beta2", 0, True, 1, False),
@@ -247,12 +255,13 @@ def estimate_loss(model, dataset, args):
     return out
 
 
-def train_step(model, optimizer, batches, grad_clip):
+def train_step(model, optimizer, batches, grad_clip, average_grads=None):
     """One optimizer step over the micro-batches [(x, y), ...]: their gradients add up.
 
     Each loss is scaled by 1/k, so the summed gradient is that of the mean loss
-    and clipping sees the same norm as one big batch would. Returns the mean
-    loss as a 0-d Tensor, still on the device.
+    and clipping sees the same norm as one big batch would. Over several processes,
+    ``average_grads()`` (a GradAverager's) then makes every process's gradient the mean
+    over all of them. Returns this process's mean loss as a 0-d Tensor, still on the device.
     """
     total = None
     for x, y in batches:
@@ -260,6 +269,8 @@ def train_step(model, optimizer, batches, grad_clip):
         scaled = loss * (1.0 / len(batches))
         scaled.backward()
         total = scaled.detach() if total is None else total + scaled.detach()
+    if average_grads is not None:
+        average_grads()
     if grad_clip > 0:
         clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
@@ -287,6 +298,8 @@ def save_checkpoint(path, model, optimizer, state, args, dataset):
                 device_rng=ta.backend.get_backend(args.device).get_rng_state(),
                 tokenizer=tokenizer_to_json(dataset.tokenizer), dataset=dataset.name, log=state["log"],
                 train_losses=state["train_losses"])
+    if dist.world_size() > 1:                    # every rank's streams, for --resume (train/parallel.py)
+        meta.update(world_size=dist.world_size(), rank_rngs=state.get("rank_rngs"))
     checkpoint.save(path, model, optimizer, meta)
 
 
@@ -365,7 +378,7 @@ def check_resume(args, meta, dataset):
 
 RESUMED_FLAGS = ("max_iters", "batch_size", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay",
                  "beta1", "beta2", "grad_clip", "gradient_accumulation_steps", "eval_interval", "eval_iters",
-                 "log_interval", "sample_tokens")
+                 "log_interval", "sample_tokens", "shared_batches")
 
 
 def resumed_settings(out_dir):
@@ -386,7 +399,7 @@ def read_losses(pending, state):
     and stop at the first non-finite one. -> the newest loss, or None."""
     if not pending:
         return None
-    values = ta.stack(pending).numpy().astype(float).tolist()
+    values = dist.all_reduce(ta.stack(pending), "mean").numpy().astype(float).tolist()   # the global batch's
     pending.clear()
     start = len(state["train_losses"])
     state["train_losses"].extend(values)
@@ -417,8 +430,10 @@ def exercises_swapped_in(wanted):
 
 
 # ---------------------------------------------------------------------------
-def train(args):
-    """The training run; returns the summary dict."""
+def setup(args):
+    """The data, the model and its optimizer, and the run's state: new, or as out_dir/ckpt.npz
+    left them with --resume. -> (dataset, model, optimizer, state, meta); meta is the
+    checkpoint's (None for a new run)."""
     ckpt_path = os.path.join(args.out_dir, "ckpt.npz")
     if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
         raise ValueError(f"--out_dir {args.out_dir} is a file, not a folder")
@@ -430,6 +445,7 @@ def train(args):
                        n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, bias=args.bias)
     state = dict(step=0, best_val_loss=math.inf, data_rng=np.random.default_rng(args.seed), log=[],
                  train_losses=[], saved_step=None)
+    meta = None
     if args.resume:
         model_state, optim_state, meta = checkpoint.load(ckpt_path)
         check_resume(args, meta, dataset)
@@ -444,19 +460,41 @@ def train(args):
         state["data_rng"].bit_generator.state = meta["data_rng"]
         device_backend.set_rng_state(meta["device_rng"])
     os.makedirs(args.out_dir, exist_ok=True)
-    say = (lambda msg: None) if args.quiet else tqdm.write
-    for note in getattr(args, "_notes", ()):
+    return dataset, model, optimizer, state, meta
+
+
+def train(args):
+    """The training run; returns the summary dict. Under mpiexec every process runs it
+    (train/parallel.py says who does what)."""
+    with parallel.together():                   # under mpiexec: an error in any process stops them all
+        dataset, model, optimizer, state, meta = setup(args)
+    ckpt_path = os.path.join(args.out_dir, "ckpt.npz")
+    device_backend = ta.backend.get_backend(args.device)
+    config = model.config
+    world, root = dist.world_size(), dist.rank() == 0
+    parallel.split_streams(args, state, device_backend, meta)
+    dist.broadcast_parameters(model.parameters())          # every process starts from rank 0's weights
+    averager = dist.GradAverager(model.parameters()) if world > 1 else None
+    say = (lambda msg: None) if args.quiet or not root else tqdm.write
+    for note in getattr(args, "_notes", ()) if root else ():
         print(f"python -m train: note: {note}")
-    if args.resume and state["step"] >= args.max_iters:
+    if args.resume and state["step"] >= args.max_iters and root:
         print(f"python -m train: note: {ckpt_path} is at step {state['step']}, not below --max_iters "
               f"{args.max_iters}: nothing to train (raise --max_iters to continue)")
     say(f"{dataset.name}: {len(dataset.train):,} train / {len(dataset.val):,} val tokens, vocab {config.vocab_size}; "
         f"model {model.num_parameters() / 1e6:.2f}M parameters on {args.device}")
+    pids = dist.gather_object(os.getpid())      # a process that dies is named by its pid (mpiexec says which)
+    if world > 1 and root:
+        threads = f" (OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']})" if "OMP_NUM_THREADS" in os.environ else ""
+        print(f"python -m train: data parallel over {world} processes, {args.batch_size // world} of the "
+              f"{args.batch_size} rows of each batch on each{threads}; "
+              f"ranks {', '.join(f'{r}: pid {p}' for r, p in enumerate(pids))}", flush=True)
 
     tokens_per_step = args.batch_size * args.block_size * args.gradient_accumulation_steps
     train_time, steps_timed, interrupted = 0.0, 0, False
     start_wall = time.time()
-    bar = tqdm(total=args.max_iters, initial=state["step"], disable=args.quiet, dynamic_ncols=True, desc="train")
+    bar = tqdm(total=args.max_iters, initial=state["step"], disable=args.quiet or not root, dynamic_ncols=True,
+               desc="train")
 
     def evaluate(step):
         losses = estimate_loss(model, dataset, args)
@@ -486,20 +524,23 @@ def train(args):
         state["saved_step"] = state["step"]
 
     pending = []                                     # this step's losses, still on the device
-    profiler = ta.profile() if args.profile else None
+    profiler = ta.profile() if args.profile and root else None
+    parallel.leave_interrupts_to_root()
     try:
         while state["step"] < args.max_iters:
             step = state["step"]
             if step % args.eval_interval == 0 and (not state["log"] or state["log"][-1]["step"] != step):
                 read_losses(pending, state)
-                evaluate(step)
+                parallel.gather_streams(state, device_backend)
+                parallel.on_root(evaluate, step)
             lr = warmup_cosine(step, args.learning_rate, args.min_lr, args.warmup_iters, args.lr_decay_iters)
             set_lr(optimizer, lr)
             t0 = time.time()
-            batches = [to_device(dataset.get_batch("train", args.batch_size, args.block_size, state["data_rng"]),
-                                 args.device) for _ in range(args.gradient_accumulation_steps)]
+            batches = [to_device(parallel.local_batch(dataset, args, state["data_rng"]), args.device)
+                       for _ in range(args.gradient_accumulation_steps)]
             with profiler if profiler and step in PROFILE_STEPS else contextlib.nullcontext():
-                pending.append(train_step(model, optimizer, batches, args.grad_clip))
+                pending.append(train_step(model, optimizer, batches, args.grad_clip,
+                                          None if averager is None else averager.average))
             state["step"] = step + 1
             if step % args.log_interval == 0:          # reading the losses waits for the device: not every step
                 loss_value = read_losses(pending, state)
@@ -512,46 +553,79 @@ def train(args):
         say(f"interrupted at step {state['step']}: saving {ckpt_path}")
     finally:
         bar.close()
+    if interrupted and world > 1:                    # rank 0 alone is here: no collective, and the
+        pending.clear()                              # unread losses stay unknown (None) in the checkpoint
+        state["rank_rngs"] = None                    # the other ranks' streams have moved on since
+        save(ckpt_path)
+        dist.abort(f"python -m train: interrupted at step {state['step']}: saved {ckpt_path}; "
+                   f"ending the other processes", 130)
     read_losses(pending, state)
     if profiler:
         report_profile(profiler, args.out_dir)
     if interrupted:
         save(ckpt_path)
         return None
-    final = evaluate(state["step"])
-    save(ckpt_path)
+    parallel.gather_streams(state, device_backend)
 
-    summary = dict(best_val_loss=round(state["best_val_loss"], 6), val_loss=round(final["val"], 6),
-                   best_val_perplexity=round(perplexity(state["best_val_loss"]), 4),
-                   val_perplexity=round(perplexity(final["val"]), 4),
-                   train_loss=round(final["train"], 6), iters=state["step"], dataset=dataset.name,
-                   tokens_per_s=round(tokens_per_step * steps_timed / train_time, 1) if train_time else None,
-                   wall_s=round(time.time() - start_wall, 2), parameters=model.num_parameters(),
-                   device=args.device, config=config.to_dict())
-    if dataset.name == "coref":
-        from . import lesson
-        summary.update(lesson.report(model, dataset, args.out_dir, args.device, say))
-        summary["wall_s"] = round(time.time() - start_wall, 2)
-    write_log(state["log"], args.out_dir)
-    say(write_plot(state["log"], args.out_dir, state["train_losses"]))
-    with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    return summary
+    def finish():
+        final = evaluate(state["step"])
+        save(ckpt_path)
+
+        summary = dict(best_val_loss=round(state["best_val_loss"], 6), val_loss=round(final["val"], 6),
+                       best_val_perplexity=round(perplexity(state["best_val_loss"]), 4),
+                       val_perplexity=round(perplexity(final["val"]), 4),
+                       train_loss=round(final["train"], 6), iters=state["step"], dataset=dataset.name,
+                       tokens_per_s=round(tokens_per_step * steps_timed / train_time, 1) if train_time else None,
+                       wall_s=round(time.time() - start_wall, 2), parameters=model.num_parameters(),
+                       device=args.device, config=config.to_dict())
+        if world > 1:
+            summary["processes"] = world
+        if dataset.name == "coref":
+            from . import lesson
+            summary.update(lesson.report(model, dataset, args.out_dir, args.device, say))
+            summary["wall_s"] = round(time.time() - start_wall, 2)
+        write_log(state["log"], args.out_dir)
+        say(write_plot(state["log"], args.out_dir, state["train_losses"]))
+        with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+        return summary
+
+    return parallel.on_root(finish)              # rank 0 evaluates and writes; every process gets the summary
 
 
 def main(argv=None):
+    try:
+        dist.init()                              # under mpiexec: join the other processes
+    except RuntimeError as e:
+        if dist.launched()[1] == 0:
+            print(f"python -m train: error: {e}", file=sys.stderr)
+        return 1
+    return parallel.run_or_abort(lambda: run(argv))
+
+
+def run(argv=None):
+    """The command, in one process (of one or of many: then rank 0 alone prints)."""
     args = parse_args(argv)
     try:
+        dist.init(args.device)                   # --device cuda over several processes: a GPU each, and NCCL
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"), \
                 exercises_swapped_in(args.use_exercises), \
                 ta.detect_anomaly() if args.detect_anomaly else contextlib.nullcontext():
             # a blow-up is reported once, below
             summary = train(args)
+    except (parallel.Stopped, Diverged) as e:   # every process stopped here together
+        if dist.rank() == 0:
+            print(f"python -m train: error: {e}", file=sys.stderr)
+        return 1
     except (ValueError, OSError, KeyError, RuntimeError) as e:
+        if dist.world_size() > 1:
+            raise                                # this process's alone: run_or_abort ends the job
         print(f"python -m train: error: {e}", file=sys.stderr)
         return 1
     if summary is None:
         return 130
+    if dist.rank() != 0:
+        return 0
     extra = ""
     if "heldout_accuracy" in summary:
         extra = (f", held-out referent accuracy {summary['heldout_accuracy']:.3f}, "

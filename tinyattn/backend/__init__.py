@@ -245,6 +245,20 @@ class CupyBackend(Backend):
         end.synchronize()
         return self.xp.cuda.get_elapsed_time(start, end) / 1e3
 
+    # --- for tinyattn.distributed: NCCL on the stream the ops run on ---
+    def nccl(self):
+        """CuPy's binding of NCCL (``cupy.cuda.nccl``)."""
+        try:
+            from cupy.cuda import nccl
+        except ImportError as e:
+            raise RuntimeError(f"CuPy found no NCCL library, which --device cuda needs over several "
+                               f"processes: see CuPy's installation guide on NCCL ({e})") from None
+        return nccl
+
+    def stream_ptr(self):
+        """The current CUDA stream, as NCCL takes it: collectives queue behind the ops before them."""
+        return self.xp.cuda.get_current_stream().ptr
+
     # --- fused kernels (backend/cuda_kernels.py), on unless TINYATTN_FUSED=0 ---
     @property
     def kernels(self):
@@ -406,15 +420,35 @@ def get_backend(device="cpu"):
     return _BACKENDS[device]
 
 
+CUDA_HINT = ('device "cuda" needs CuPy and an NVIDIA GPU: pip install "tinyattn[gpu]" '
+             '(CUDA 12), or pip install cupy-cuda13x for CUDA 13')
+
+
 def _make_cuda():
-    hint = ('device "cuda" needs CuPy and an NVIDIA GPU: pip install "tinyattn[gpu]" '
-            '(CUDA 12), or pip install cupy-cuda13x for CUDA 13')
     try:
         backend = CupyBackend()
         backend.xp.cuda.runtime.getDeviceCount()
     except Exception as e:  # ImportError, or CUDA present in name only
-        raise RuntimeError(f"{hint} ({type(e).__name__}: {e})") from None
+        raise RuntimeError(f"{CUDA_HINT} ({type(e).__name__}: {e})") from None
     return backend
+
+
+def use_cuda_device(index):
+    """Make GPU ``index`` this process's device (one GPU per process, as under mpiexec).
+
+    It must come before the first CUDA array: the "cuda" backend stays on the GPU it was made on."""
+    try:
+        import cupy
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:
+        raise RuntimeError(f"{CUDA_HINT} ({type(e).__name__}: {e})") from None
+    if index >= count:
+        raise RuntimeError(f"GPU {index} was asked for, but this machine has {count}: "
+                           f"start at most {count} processes per machine with --device cuda")
+    if "cuda" in _BACKENDS and cupy.cuda.runtime.getDevice() != index:
+        raise RuntimeError("the GPU of a process is chosen before its first CUDA tensor: "
+                           "call tinyattn.distributed.init(device=\"cuda\") first")
+    cupy.cuda.Device(index).use()
 
 
 def is_device(name):

@@ -23,8 +23,14 @@ Prints one JSON object per line:
 ms: wall time of one forward + backward, the median of --repeats runs after
 --warmup runs (cpu_ms: the process's CPU time, which moves less when other
 programs share the machine). peak_growth_mib: the process's peak resident
-memory during the first forward + backward, minus what it held just before
-(inputs made, libraries imported), the same measure for both frameworks.
+memory during the first forward + backward at N, minus what it held just before
+(inputs made, libraries imported), the same measure for both frameworks. Before
+it, each process makes one call at a small N (--warm_n, or N if smaller), so
+that what a library sets up once (numba loading tinyattn's compiled kernels,
+about 100 MiB; PyTorch's own first-call work) is not counted as growth with N;
+that call's growth is reported as first_call_growth_mib. returned_mib: what
+any implementation must hand back, the output and the three gradients (a floor
+for peak_growth_mib).
 """
 import argparse
 import json
@@ -103,10 +109,14 @@ def worker(args):
         from tinyattn.nn import flash
         flash._blas = False                                   # as if threadpoolctl were not installed
     make, step = torch_step(args) if impl == "torch" else tinyattn_step(args, impl)
+    warm_n = min(n, args.warm_n)                              # a first, small call: the library's one-time cost
+    before = rss_mib()
+    step(*make(inputs(args, warm_n)))
+    first_call_growth = peak_rss_mib() - before
     arrays = inputs(args, n)
     tensors = make(arrays)
     before = rss_mib()
-    step(*tensors)                                            # the first run: memory
+    step(*tensors)                                            # the first run at n: memory
     growth = peak_rss_mib() - before
     for _ in range(args.warmup - 1):
         step(*tensors)
@@ -119,7 +129,9 @@ def worker(args):
         cpu.append((time.process_time() - c) * 1e3)
     record = {"kind": "point", "impl": impl, "n": n, "ms_median": round(statistics.median(wall), 2),
               "ms_runs": [round(t, 2) for t in wall], "cpu_ms_median": round(statistics.median(cpu), 2),
-              "peak_growth_mib": round(growth, 1)}
+              "peak_growth_mib": round(growth, 1), "warm_n": warm_n,
+              "returned_mib": round(sum(a.nbytes for a in arrays) / 2 ** 20, 1),   # out (as u), dq, dk, dv
+              "first_call_growth_mib": round(first_call_growth, 1)}
     if impl == "torch":
         import torch
         record["torch"] = torch.__version__
@@ -170,7 +182,7 @@ def this_script(python):
 def shared_flags(args):
     return ["--batch", str(args.batch), "--heads", str(args.heads), "--head_dim", str(args.head_dim),
             "--dtype", args.dtype, "--repeats", str(args.repeats), "--warmup", str(args.warmup),
-            "--settle", str(args.settle), "--seed", str(args.seed), "--check_max_n", str(args.check_max_n)] + \
+            "--settle", str(args.settle), "--warm_n", str(args.warm_n), "--seed", str(args.seed), "--check_max_n", str(args.check_max_n)] + \
         ([] if args.causal else ["--no_causal"]) + (["--no_threadpoolctl"] if args.no_threadpoolctl else [])
 
 
@@ -223,6 +235,8 @@ def main(argv=None):
     p.add_argument("--no_causal", dest="causal", action="store_false", help="full attention instead of causal")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1, help="untimed runs first (the first one measures memory)")
+    p.add_argument("--warm_n", type=int, default=256,
+                   help="size of the one small call made before measuring memory (see peak_growth_mib)")
     p.add_argument("--settle", type=float, default=0.2, help="seconds of rest before the timed runs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--torch_python", default=None,

@@ -301,6 +301,12 @@ def _targets(rng, n, classes):
     return t
 
 
+def _flash_mask(rng, t_q, t_k):
+    m = rng.random((t_q, t_k)) > 0.3
+    m[4] = False                                                  # a query that may see no key
+    return m
+
+
 KERNEL_CASES = [
     KernelCase("gelu_tanh", {"gelu_tanh", "gelu_tanh_backward"}, lambda r: [3 * normal(r, 64, 100)],
                fn=lambda a: F.gelu(a, approximate="tanh")),
@@ -328,6 +334,19 @@ KERNEL_CASES = [
                fn=lambda x, m: ops.MaskedSoftmax.apply(x, m)),
     KernelCase("softmax_backward (softmax over the last dim)", {"softmax_backward"},
                lambda r: [5 * normal(r, 6, 4, 33)], fn=lambda a: F.softmax(a, -1)),
+    KernelCase("flash attention, causal, T not a multiple of the tile", {"attention_tile_softmax_",
+                                                                          "attention_tile_backward_"},
+               lambda r: [normal(r, 2, 2, 45, 8), normal(r, 2, 2, 45, 8), normal(r, 2, 2, 45, 8)],
+               fn=lambda q, k, v: F.flash_attention(q, k, v, is_causal=True, block_size=16)),
+    KernelCase("flash attention, Tq != Tk, a boolean mask with a fully masked row", {"attention_tile_softmax_",
+                                                                                     "attention_tile_backward_"},
+               lambda r: [3 * normal(r, 1, 2, 20, 8), normal(r, 1, 2, 37, 8), normal(r, 1, 2, 37, 4),
+                          _flash_mask(r, 20, 37)],
+               fn=lambda q, k, v, m: F.flash_attention(q, k, v, attn_mask=m, block_size=16)),
+    KernelCase("flash attention, causal with an additive mask", {"attention_tile_softmax_", "attention_tile_backward_"},
+               lambda r: [normal(r, 1, 1, 33, 8), normal(r, 1, 1, 33, 8), normal(r, 1, 1, 33, 8)],
+               fn=lambda q, k, v: F.flash_attention(q, k, v, is_causal=True, block_size=8,
+                                                    attn_mask=k.detach()[0, 0, :, :1].mT * 2.0)),   # (1, Tk): a bias per key
     KernelCase("adamw_", {"adamw_"},
                lambda r: [normal(r, 33, 17), normal(r, 17)] + [normal(r, *s) for _ in range(3) for s in ((33, 17), (17,))],
                run=adamw_steps),

@@ -1,5 +1,6 @@
 """scaled_dot_product_attention's two paths: which one runs, and that the tiled one does all the naive one does."""
 import tracemalloc
+import warnings
 
 import numpy as np
 import pytest
@@ -122,6 +123,7 @@ def test_double_backward_needs_the_naive_path(rng):
 
 
 # ------------------------------------------------------------------ features: tiled against naive
+# (each runs twice through the cpu_kernels fixture: with the fused tile kernels and with the numpy formulas)
 def _masks(rng, B, H, Tq, Tk):
     """name -> attn_mask (a Tensor) of several kinds and broadcast shapes."""
     bool_full = rng.random((B, H, Tq, Tk)) > 0.3
@@ -147,7 +149,7 @@ FEATURES = [(shape, bs, causal, mask) for shape, bs in SHAPES for causal in (Fal
 
 @pytest.mark.parametrize("shape,block_size,causal,mask", FEATURES,
                          ids=[f"{'x'.join(map(str, s))}-bs{b}-{'causal' if c else 'full'}-{m}" for s, b, c, m in FEATURES])
-def test_tiled_matches_naive_float64(shape, block_size, causal, mask, monkeypatch):
+def test_tiled_matches_naive_float64(shape, block_size, causal, mask, monkeypatch, cpu_kernels):
     rng = np.random.default_rng(sum(shape))
     monkeypatch.setattr(flash, "BLOCK_SIZE", block_size)
     q, k, v, u = _tensors(rng, *shape)
@@ -161,7 +163,7 @@ def test_tiled_matches_naive_float64(shape, block_size, causal, mask, monkeypatc
 
 @pytest.mark.parametrize("shape,block_size,causal,mask", FEATURES,
                          ids=[f"{'x'.join(map(str, s))}-bs{b}-{'causal' if c else 'full'}-{m}" for s, b, c, m in FEATURES])
-def test_tiled_float32_is_as_close_to_float64_as_naive_float32(shape, block_size, causal, mask, monkeypatch):
+def test_tiled_float32_is_as_close_to_float64_as_naive_float32(shape, block_size, causal, mask, monkeypatch, cpu_kernels):
     """Both float32 paths against the float64 result: the tiled one within 1e-5 relative, as accurate as naive."""
     rng = np.random.default_rng(sum(shape) + 1)
     monkeypatch.setattr(flash, "BLOCK_SIZE", block_size)
@@ -179,7 +181,7 @@ def test_tiled_float32_is_as_close_to_float64_as_naive_float32(shape, block_size
 
 @pytest.mark.parametrize("dtype,rtol,atol", [("float64", 1e-10, 1e-12), ("float32", 1e-4, 1e-5)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_fully_masked_rows_give_zeros_and_zero_gradients(causal, dtype, rtol, atol, rng, monkeypatch):
+def test_fully_masked_rows_give_zeros_and_zero_gradients(causal, dtype, rtol, atol, rng, monkeypatch, cpu_kernels):
     """Rows 0 and 5 may see no key: output 0 (not NaN), no gradient through them; the rest match naive."""
     monkeypatch.setattr(flash, "BLOCK_SIZE", 4)
     q, k, v, u = _tensors(rng, 1, 2, 9, 9, dtype=dtype)
@@ -205,7 +207,7 @@ def test_a_minus_inf_additive_mask_row_gives_zeros(rng):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("mask", ["none", "bool (B, H, Tq, Tk)", "additive (1, H, Tq, 1)"])
-def test_tiled_gradcheck(causal, mask):
+def test_tiled_gradcheck(causal, mask, cpu_kernels):
     """float64 gradcheck with tiles of 3 on sizes that several tiles cover, unevenly."""
     rng = np.random.default_rng(7)
     q, k, v, _ = _tensors(rng, 2, 2, 7, 8, D=3, Dv=2)
@@ -228,9 +230,26 @@ def test_threads_and_no_threadpoolctl_give_the_same_numbers(rng, monkeypatch):
         for a, b in zip(got, one):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
     monkeypatch.setattr(flash, "_blas", False)                    # as if threadpoolctl were not installed
+    monkeypatch.setattr(flash, "_warned", True)
     assert flash._one_blas_thread() is None
     for a, b in zip(_run(q, k, v, u, is_causal=True, impl="tiled"), one):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_without_threadpoolctl_a_warning_says_so_once(rng, monkeypatch):
+    """The heads then run one after another: slower, so say it (once per process), and how to fix it."""
+    q, k, v, u = _tensors(rng, 1, 3, 20, 20)
+    monkeypatch.setattr(flash, "_blas", False)
+    monkeypatch.setattr(flash, "_warned", False)
+    with pytest.warns(RuntimeWarning, match=r"runs its 3 heads one after another.*pip install threadpoolctl"):
+        F.flash_attention(q, k, v, threads=2).backward(u)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        F.flash_attention(q, k, v, threads=2)                     # said once is enough
+    monkeypatch.setattr(flash, "_warned", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        F.flash_attention(q, k, v, threads=1)                     # one thread asked for: nothing is lost
 
 
 def test_stand_in_device_runs_the_tiled_path(count_tiled):

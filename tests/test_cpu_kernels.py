@@ -62,7 +62,7 @@ def test_float32_exp_is_within_a_float32_rounding():
 
 
 @needs_kernels
-@pytest.mark.parametrize("op", ["gelu", "softmax", "layer_norm", "cross_entropy"])
+@pytest.mark.parametrize("op", ["gelu", "softmax", "layer_norm", "cross_entropy", "flash_attention"])
 def test_nan_in_nan_out(op, monkeypatch):
     """A NaN input must not be swallowed (detect_anomaly and the training loop look for it)."""
     monkeypatch.setattr(get_backend("cpu"), "use_kernels", True)
@@ -71,7 +71,9 @@ def test_nan_in_nan_out(op, monkeypatch):
           "softmax": lambda: F.scaled_dot_product_attention(x[None, None].mT, x[None, None].mT, x[None, None].mT,
                                                            is_causal=True),
           "layer_norm": lambda: F.layer_norm(x, 4),
-          "cross_entropy": lambda: F.cross_entropy(x, ta.tensor([0]))}[op]
+          "cross_entropy": lambda: F.cross_entropy(x, ta.tensor([0])),
+          "flash_attention": lambda: F.flash_attention(x[None, None].mT, x[None, None].mT, x[None, None].mT,
+                                                       is_causal=True, block_size=2)}[op]
     out = fn()
     assert np.isnan(out.numpy()).any()
     out.backward(ta.ones_like(out))

@@ -41,7 +41,7 @@ PARAMS = [(shape, bs, causal) for shape, sizes in CASES for bs in sizes for caus
 
 @pytest.mark.parametrize("shape,block_size,causal", PARAMS,
                          ids=[f"{'x'.join(map(str, s))}-bs{b}-{'causal' if c else 'full'}" for s, b, c in PARAMS])
-def test_matches_scaled_dot_product_attention(shape, block_size, causal):
+def test_matches_scaled_dot_product_attention(shape, block_size, causal, cpu_kernels):
     q, k, v, u = _qkvu(np.random.default_rng(sum(shape) + block_size), *shape)
     flash = _forward_backward(lambda a, b, c: F.flash_attention(a, b, c, is_causal=causal, block_size=block_size),
                               q, k, v, u)
@@ -59,7 +59,7 @@ def test_custom_scale(rng):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
-def test_float32_close_to_float64(rng):
+def test_float32_close_to_float64(rng, cpu_kernels):
     arrays = _qkvu(rng, 1, 2, 70, 70, 16, 16)
     exact = _forward_backward(lambda a, b, c: F.flash_attention(a, b, c, is_causal=True), *arrays)
     single = [ta.tensor(t.numpy(), dtype="float32", requires_grad=t.requires_grad) for t in arrays]

@@ -19,6 +19,8 @@ its own formula.
     masked_softmax, softmax_backward       one row at a time (the row's max, exp, sum in the row)
     cross_entropy, cross_entropy_backward  one row at a time
     adamw_                                 elementwise: p, m, v updated in place
+    attention_tile_softmax_                one tile of flash attention's online softmax, in place
+    attention_tile_backward_               one tile of its backward: P and dS, in place
 
 Why not numpy's ``exp``: numba calls the C library's scalar ``exp`` once per
 element, several times slower than numpy's SIMD loop. ``_exp`` below is
@@ -348,6 +350,93 @@ def adamw_(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step):
     return True
 
 
+# --------------------------------------------------------------------------
+# flash attention (nn/flash.py): the elementwise work on one (bk, bq) tile
+# --------------------------------------------------------------------------
+# A tile is transposed, keys x queries: s[r, c] is the score of key j0 + r for
+# query i0 + c, so each row of s runs over queries and every per-query number
+# (max, sum, logsumexp L, D) is a (bq,) vector that the inner loop sweeps along
+# with the row: the loops vectorise. Causal: key j0 + r may be seen by query
+# i0 + c when c >= first + r, first = j0 - i0 (any first <= -bk: no causal mask).
+# Masked entries (causal, or -inf from a user's mask) get weight exactly 0.
+# (Every inner loop runs over the whole row: a loop that starts at a varying
+# column, range(c0, bq), stopped numba from vectorising it, 6x slower.)
+@kernel
+def _causal_fill(s, first):                        # s[r, c] = -inf where c < first + r
+    bk, bq = s.shape
+    for r in range(bk):
+        for c in range(min(bq, max(0, first + r))):
+            s[r, c] = -np.inf
+
+
+@kernel
+def _attention_tile_softmax(s, m, l, alpha, first):   # s (bk, bq) in place; m, l, alpha (bq,)
+    bk, bq = s.shape
+    zero, neg_inf = _real(0, s), _real(-np.inf, s)
+    _causal_fill(s, first)
+    new_m = m.copy()                                               # the running max with this tile
+    for r in range(bk):
+        for c in range(bq):
+            x = s[r, c]
+            new_m[c] = x if x > new_m[c] else new_m[c]
+    shift = np.empty_like(m)                                       # 0 for a query that has seen nothing yet
+    for c in range(bq):
+        shift[c] = new_m[c] if new_m[c] > neg_inf else zero
+        a = _exp(m[c] - shift[c])
+        alpha[c] = a if m[c] > neg_inf else zero                   # rescales the old sums; 0 at the start
+        l[c] *= alpha[c]
+        m[c] = new_m[c]
+    for r in range(bk):
+        for c in range(bq):
+            x = s[r, c] - shift[c]
+            e = _exp(x)
+            e = zero if x == neg_inf else e                        # masked: exactly 0 (the float32 exp clamps)
+            s[r, c] = e
+            l[c] += e
+
+
+@kernel
+def _attention_tile_backward(s, dp, lse, d, first):   # s, dp (bk, bq) in place; lse, d (bq,)
+    bk, bq = s.shape
+    zero, neg_inf = _real(0, s), _real(-np.inf, s)
+    _causal_fill(s, first)
+    for r in range(bk):
+        for c in range(bq):
+            x = s[r, c] - lse[c]                                   # -inf: masked, or a query that sees nothing
+            p = _exp(x)
+            p = zero if x == neg_inf else p                        # (a NaN stays NaN)
+            s[r, c] = p                                            # P^T
+            dp[r, c] = p * (dp[r, c] - d[c])                       # dS^T = P^T * (dP^T - D)
+
+
+def _tile_args(s, *vectors):
+    """True when s is a C-contiguous (bk, bq) float tile and each vector a contiguous (bq,) of its dtype."""
+    return (s.ndim == 2 and s.flags.c_contiguous and _floats(s, *vectors)
+            and all(v.shape == (s.shape[1],) and v.flags.c_contiguous for v in vectors))
+
+
+def attention_tile_softmax_(s, m, l, first):
+    """One key block of the online softmax, in place; returns alpha (bq,), the factor for the old sums.
+
+    s (bk, bq) scores, keys x queries, becomes exp(s - m_new) (0 where masked);
+    m (bq,) the running max becomes m_new, l (bq,) the running sum becomes alpha l + colsum(P).
+    first = j0 - i0 for a causal tile, any value <= -bk otherwise."""
+    if not _tile_args(s, m, l):
+        return None
+    alpha = np.empty_like(m)
+    _attention_tile_softmax(s, m, l, alpha, int(first))
+    return alpha
+
+
+def attention_tile_backward_(s, dp, lse, d, first):
+    """One tile of the backward, in place: s (bk, bq) scores becomes P^T = exp(s - L) (0 where masked),
+    dp (bk, bq) = (dO V^T)^T becomes dS^T = P^T * (dP^T - D). lse, d (bq,). True when done."""
+    if not _tile_args(s, lse, d) or dp.shape != s.shape or dp.dtype != s.dtype or not dp.flags.c_contiguous:
+        return None
+    _attention_tile_backward(s, dp, lse, d, int(first))
+    return True
+
+
 # The one table the backend reads: ``backend.kernel(name)``.
 KERNELS = {
     "gelu_tanh": gelu_tanh,
@@ -359,4 +448,6 @@ KERNELS = {
     "cross_entropy": cross_entropy,
     "cross_entropy_backward": cross_entropy_backward,
     "adamw_": adamw_,
+    "attention_tile_softmax_": attention_tile_softmax_,
+    "attention_tile_backward_": attention_tile_backward_,
 }

@@ -301,6 +301,13 @@ def _targets(rng, n, classes):
     return t
 
 
+def _with_minus_inf(x):
+    """x (N, 5, 7) with row 1 all -inf (an additive mask that hides every key) and one -inf in row 3."""
+    x[:, 1, :] = -np.inf
+    x[:, 3, 2] = -np.inf
+    return x
+
+
 def _flash_mask(rng, t_q, t_k):
     m = rng.random((t_q, t_k)) > 0.3
     m[4] = False                                                  # a query that may see no key
@@ -331,6 +338,10 @@ KERNEL_CASES = [
     KernelCase("masked_softmax, rows fully masked", {"masked_softmax", "softmax_backward"},
                lambda r: [4 * normal(r, 2, 5, 7), np.array([[True] * 7, [False] * 7, [True, False] * 3 + [True],
                                                             [False] * 6 + [True], [False] * 7])],
+               fn=lambda x, m: ops.MaskedSoftmax.apply(x, m)),
+    KernelCase("masked_softmax, -inf scores: a row of them, and one among finite ones", {"masked_softmax",
+                                                                                       "softmax_backward"},
+               lambda r: [_with_minus_inf(4 * normal(r, 2, 5, 7)), np.array([[True] * 7] * 3 + [[True] * 6 + [False]] * 2)],
                fn=lambda x, m: ops.MaskedSoftmax.apply(x, m)),
     KernelCase("softmax_backward (softmax over the last dim)", {"softmax_backward"},
                lambda r: [5 * normal(r, 6, 4, 33)], fn=lambda a: F.softmax(a, -1)),

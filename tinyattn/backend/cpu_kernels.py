@@ -83,6 +83,7 @@ def _exp_by_type(x):
         p = ((((c0 * r + c1) * r + c2) * r + c3) * r + c4) * r + c5
         p = p * r * r + r + np.float32(1.0)                        # exp(r)
         e = p * _float32_from_bits((np.int32(n) + np.int32(127)) << np.int32(23))   # * 2^n
+        e = e if x >= lo else np.float32(0.0)                      # below: underflow, exp(-inf) = 0
         return e if x == x else x                                  # (... and comes out as NaN)
     return exp32
 
@@ -228,6 +229,7 @@ def _masked_softmax_fwd(x, allowed, y):            # x, y (N, Tq, Tk); allowed (
             for j in range(Tk):
                 if allowed[i, j] and x[n, i, j] > m:
                     m = x[n, i, j]
+            m = m if m > _real(-np.inf, x) else zero                   # every allowed entry -inf: zeros
             total = zero
             for j in range(Tk):
                 e = _exp(x[n, i, j] - m)

@@ -155,11 +155,13 @@ def test_collectives_and_bucketed_averaging_over_two_processes():
 
 
 @needs_mpi
-def test_two_processes_train_as_one_on_the_same_global_batches(text_file, tmp_path):
+def test_two_processes_train_as_one_on_the_same_global_batches(text_file, tmp_path, monkeypatch):
     """--shared_batches feeds both processes' slices of the one-process run's batches (batch 8 =
     4 + 4). The 20 losses match one process's to float32 rounding (the gradient of 8 rows is
     summed in another order), and match bit for bit one process that accumulates two
     micro-batches of 4, which does the very same arithmetic."""
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(name, "1")                  # the same BLAS threads in every run: bit for bit
     common = ["--max_iters", "20", "--eval_interval", "10"]
     two = train_cmd(2, text_file, tmp_path / "two", *common, "--batch_size", "8", "--shared_batches")
     train_cmd(1, text_file, tmp_path / "one", *common, "--batch_size", "8")

@@ -20,6 +20,10 @@ def share_the_cores(environ, cores):
 
 
 if __name__ == "__main__":
-    share_the_cores(os.environ, os.cpu_count() or 1)
+    try:
+        cores = len(os.sched_getaffinity(0))              # the cores this process may use (containers, taskset)
+    except AttributeError:                                # not on Linux
+        cores = os.cpu_count() or 1
+    share_the_cores(os.environ, cores)
     from .loop import main
     sys.exit(main())

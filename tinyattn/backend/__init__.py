@@ -155,13 +155,14 @@ class Backend:
         Imported on first use; empty without numba or with TINYATTN_CPU_KERNELS=0
         (each kernel compiles on its first call; numba caches the machine code on disk)."""
         if self._kernels is None:
-            self._kernels = {}
+            kernels = {}                            # set once, whole: threads never see a half-made table
             if os.environ.get(CPU_KERNELS_ENV, "1").strip().lower() not in ("0", "off", "false", "no"):
                 try:
                     from .cpu_kernels import KERNELS
-                    self._kernels = KERNELS
+                    kernels = KERNELS
                 except ImportError:                 # no numba: the ops' numpy formulas
                     pass
+            self._kernels = kernels
         return self._kernels
 
 

@@ -124,7 +124,7 @@ def _warn_no_threadpoolctl(n_items):
         _warned = True
         warnings.warn(f"tinyattn: tiled attention runs its {n_items} heads one after another, because "
                       "threadpoolctl is not installed (it holds BLAS at one thread while the heads share "
-                      "the cores); this was measured up to 30x slower on a busy 2-core CPU. "
+                      "the cores), which can be many times slower. "
                       "pip install threadpoolctl (or tinyattn[fast])", RuntimeWarning, stacklevel=4)
 
 

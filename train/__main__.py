@@ -20,8 +20,10 @@ def share_the_cores(environ, cores):
 
 
 if __name__ == "__main__":
+    # the cores this process may use (containers, taskset), as tinyattn.nn.flash counts them; written
+    # out here because it must run before numpy is imported, and importing tinyattn imports numpy
     try:
-        cores = len(os.sched_getaffinity(0))              # the cores this process may use (containers, taskset)
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:                                # not on Linux
         cores = os.cpu_count() or 1
     share_the_cores(os.environ, cores)

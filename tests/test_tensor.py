@@ -108,6 +108,32 @@ def test_no_grad_and_detach():
     assert not f(x).requires_grad
 
 
+def test_grad_mode_belongs_to_each_thread():
+    """As in PyTorch: no_grad (or a backward, which records nothing) in one thread does not stop
+    another thread from recording its graph, and a new thread starts with recording on."""
+    import threading
+    x = ta.randn(3, requires_grad=True)
+    inside, release, seen = threading.Event(), threading.Event(), {}
+
+    def other():
+        seen["starts_on"] = ta.is_grad_enabled()
+        with ta.no_grad():
+            inside.set()
+            release.wait(10)
+            seen["off_there"] = not (x * 2).requires_grad
+
+    worker = threading.Thread(target=other)
+    with ta.no_grad():                     # this thread's no_grad is not the new thread's
+        worker.start()
+        assert inside.wait(10)
+    y = (x * 2).sum()                      # recorded here while the other thread sits in no_grad
+    release.set()
+    worker.join()
+    assert y.requires_grad and seen == {"starts_on": True, "off_there": True}
+    y.backward()
+    np.testing.assert_allclose(x.grad.numpy(), 2.0)
+
+
 def test_non_leaf_grad_only_with_retain_grad():
     x = ta.randn(3, requires_grad=True)
     h = x * 2

@@ -13,9 +13,17 @@ This file knows nothing of the Tensor API: it only reads a tensor's
 outputs with the Tensor class that ``tinyattn/tensor.py`` hands it.
 """
 import contextlib
+import threading
 import weakref
 
-_grad_enabled = True
+
+class _GradMode(threading.local):
+    """Whether ops record a graph: one flag per thread, as in PyTorch, so a thread that runs
+    backward (which records nothing) does not switch recording off in another thread."""
+    enabled = True
+
+
+_grad_mode = _GradMode()
 several_outputs = True  # False: ops make only single-output Functions (for an engine that runs no others)
 hooks = None   # while ta.detect_anomaly or ta.profile runs: their hooks (tinyattn/hooks.py); else None
 _Tensor = None          # the Tensor class: set once by tinyattn/tensor.py (use_tensor_class)
@@ -42,12 +50,11 @@ def wrap(array, backend, requires_grad=False):
 @contextlib.contextmanager
 def set_grad_enabled(mode):
     """Turn graph recording on or off inside a ``with`` block."""
-    global _grad_enabled
-    previous, _grad_enabled = _grad_enabled, bool(mode)
+    previous, _grad_mode.enabled = _grad_mode.enabled, bool(mode)
     try:
         yield
     finally:
-        _grad_enabled = previous
+        _grad_mode.enabled = previous
 
 
 class no_grad(contextlib.ContextDecorator):
@@ -68,7 +75,7 @@ class enable_grad(no_grad):
 
 
 def is_grad_enabled():
-    return _grad_enabled
+    return _grad_mode.enabled
 
 
 # --------------------------------------------------------------------------
@@ -147,7 +154,7 @@ class Function:
         if type(data) is tuple:
             return _several_outputs(ctx, inputs, data)
         data = forward_result(ctx, data)
-        requires_grad = _grad_enabled and any(t.requires_grad for t in inputs)
+        requires_grad = _grad_mode.enabled and any(t.requires_grad for t in inputs)
         out = wrap(data, ctx.backend, requires_grad)     # forward may move ctx to another device
         if requires_grad:
             ctx.parents = inputs
@@ -160,7 +167,7 @@ class Function:
 def _several_outputs(ctx, inputs, arrays):
     """apply for a forward that returned a tuple: one Tensor per array, all made by ``ctx``."""
     arrays = [forward_result(ctx, a) for a in arrays]
-    requires_grad = _grad_enabled and any(t.requires_grad for t in inputs)
+    requires_grad = _grad_mode.enabled and any(t.requires_grad for t in inputs)
     outs = tuple(wrap(a, ctx.backend, requires_grad) for a in arrays)
     if requires_grad:
         ctx.parents = inputs

@@ -45,6 +45,26 @@ def test_init_follows_gpt2():
     assert np.all(model.h[0].mlp.c_fc.bias.numpy() == 0)
 
 
+def test_default_init_keeps_each_layers_own():
+    """init="default": what a GPT built from PyTorch's modules starts with (Embedding N(0, 1),
+    Linear and its bias uniform in +-1/sqrt(fan_in)); the lesson trains from it."""
+    model = tiny(n_embd=64, n_layer=4, vocab_size=50, block_size=64, init="default")
+    assert abs(model.wte.weight.numpy().std() - 1.0) < 0.05
+    assert abs(model.wpe.weight.numpy().std() - 1.0) < 0.05
+    fc = model.h[0].mlp.c_fc
+    bound = 1 / math.sqrt(64)
+    assert np.abs(fc.weight.numpy()).max() <= bound and abs(fc.weight.numpy().std() - bound / math.sqrt(3)) < 0.005
+    assert np.abs(fc.bias.numpy()).max() <= bound and np.any(fc.bias.numpy() != 0)
+    assert model.lm_head.weight is model.wte.weight
+    gpt2 = tiny(n_embd=64, n_layer=4, vocab_size=50, block_size=64)
+    assert abs(gpt2.wte.weight.numpy().std() - 0.02) < 0.002
+
+
+def test_unknown_init_is_an_error():
+    with pytest.raises(ValueError, match=r"init must be one of 'gpt2', 'default', got 'xavier'"):
+        GPTConfig(init="xavier")
+
+
 def test_longer_than_block_size_is_an_error():
     model = tiny()
     with pytest.raises(ValueError, match="block_size"):

@@ -89,9 +89,12 @@ def test_report_keys_and_state_restored(untrained, tmp_path):
 
 
 def test_short_training_beats_chance(tmp_path):
-    """A 1-layer model trained for 300 steps (a few seconds) already tells animals from places (chance: 0.5)."""
+    """A 1-layer model trained for 300 steps (a few seconds) already tells animals from places (chance: 0.5).
+    From nanoGPT's init: from the lesson's default init (PyTorch's, N(0, 1) embeddings) a model this
+    small and short stays at chance (0.49 to 0.60 measured); the full lesson model is tested over
+    seeds by the seeds experiment."""
     out = tmp_path / "out"
-    argv = ["--quiet", "--out_dir", str(out), "--n_layer", "1", "--n_head", "2", "--n_embd", "32",
+    argv = ["--quiet", "--out_dir", str(out), "--init", "gpt2", "--n_layer", "1", "--n_head", "2", "--n_embd", "32",
             "--block_size", "20", "--batch_size", "16", "--max_iters", "300", "--lr_decay_iters", "300",
             "--warmup_iters", "10", "--learning_rate", "1e-2", "--eval_interval", "1000", "--eval_iters", "1"]
     assert main(argv) == 0

@@ -154,6 +154,42 @@ def test_multi_head_attention_gradcheck():
     assert ta.gradcheck(lambda a, b: mha(a, is_causal=True), (x, w))
 
 
+def test_head_dropout_drops_whole_heads_per_sequence():
+    """Each (sequence, head) output is either gone or scaled by 1/(1-p): with c_proj the identity,
+    the output's columns of one head are 0 or 1/(1-p) times the eval-mode output's."""
+    ta.manual_seed(3)
+    B, T, H, D, p = 64, 5, 4, 3, 0.25
+    mha = nn.MultiHeadAttention(H * D, H, head_dropout=p)
+    mha.c_proj.weight.data = np.eye(H * D, dtype=np.float32)
+    mha.c_proj.bias.data = np.zeros(H * D, dtype=np.float32)
+    x = ta.randn(B, T, H * D)
+    full = mha.eval()(x, is_causal=True).numpy().reshape(B, T, H, D)
+    got = mha.train()(x, is_causal=True).numpy().reshape(B, T, H, D)
+    dropped = np.all(got == 0, axis=(1, 3))                                       # (B, H)
+    kept = np.all(np.isclose(got, full / (1 - p), rtol=1e-5, atol=1e-6), axis=(1, 3))
+    assert np.all(dropped ^ kept)
+    assert 0.15 < dropped.mean() < 0.35                                           # about p of 256
+    np.testing.assert_array_equal(mha.eval()(x, is_causal=True).numpy().reshape(B, T, H, D), full)
+
+
+def test_head_dropout_gradcheck_with_the_mask_fixed():
+    """The mask is a constant of the graph: gradients flow through the kept heads only."""
+    mha = nn.MultiHeadAttention(4, 2, head_dropout=0.5)
+    for p in mha.parameters():
+        p.data = p.data.astype("float64")
+    x = ta.randn(3, 3, 4, dtype="float64", requires_grad=True)
+
+    def f(a):
+        ta.manual_seed(7)                     # the same heads dropped at every evaluation
+        return mha(a, is_causal=True)
+    assert ta.gradcheck(f, (x,))
+
+
+def test_head_dropout_out_of_range_is_an_error():
+    with pytest.raises(ValueError, match=r"head_dropout must be in \[0, 1\), got 1.0"):
+        nn.MultiHeadAttention(4, 2, head_dropout=1.0)
+
+
 # ------------------------------------------------------------------ optimizers
 def quadratic_descends(opt_cls, **kw):
     ta.manual_seed(0)

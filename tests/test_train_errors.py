@@ -144,7 +144,8 @@ def test_resume_with_another_vocabulary(text_run, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flag, value, theirs", [("n_embd", "32", "16"), ("n_layer", "2", "1"),
-                                                 ("block_size", "8", "16"), ("dropout", "0.1", "0.0")])
+                                                 ("block_size", "8", "16"), ("dropout", "0.1", "0.0"),
+                                                 ("init", "default", "gpt2")])
 def test_resume_with_a_conflicting_model_flag(text_run, text_file, capsys, flag, value, theirs):
     line = resume_error(capsys, text_run, "--data", text_file, f"--{flag}", value,
                         *(["--n_head", "2"] if flag == "n_embd" else []))
@@ -157,6 +158,20 @@ def test_resume_takes_the_model_flags_it_was_not_given(text_run, text_file):
                  "--sample_tokens", "0", "--eval_iters", "2"]) == 0
     summary = json.loads((text_run / "summary.json").read_text())
     assert summary["config"]["n_embd"] == 16 and summary["iters"] == 12
+
+
+def test_resume_a_checkpoint_from_before_the_init_flag(text_run, text_file):
+    """Checkpoints written before --init existed have no "init" in their config: they were gpt2."""
+    path = text_run / "ckpt.npz"
+    with np.load(path, allow_pickle=False) as f:
+        arrays = {k: f[k] for k in f.files}
+    meta = json.loads(str(arrays["meta"]))
+    del meta["config"]["init"], meta["args"]["init"]
+    arrays["meta"] = np.array(json.dumps(meta))
+    np.savez(path, **arrays)
+    assert main(["--data", text_file, "--out_dir", str(text_run), "--resume", "--max_iters", "12", "--quiet",
+                 "--sample_tokens", "0", "--eval_iters", "2"]) == 0
+    assert checkpoint.read_meta(str(path))["config"]["init"] == "gpt2"
 
 
 def test_resume_continues_with_the_runs_own_settings(text_run, text_file, capsys):

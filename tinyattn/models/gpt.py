@@ -13,6 +13,9 @@ from .. import nn
 from ..nn import functional as F
 
 
+INITS = ("gpt2", "default")
+
+
 @dataclass
 class GPTConfig:
     block_size: int = 256
@@ -23,6 +26,12 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     gelu: str = "tanh"        # "tanh" (GPT-2's approximation) or "none" (exact erf)
+    init: str = "gpt2"        # "gpt2" (nanoGPT's N(0, 0.02)) or "default" (each layer's own, as in PyTorch)
+    head_dropout: float = 0.0  # while training, drop whole attention heads with this probability (DropHead)
+
+    def __post_init__(self):
+        if self.init not in INITS:
+            raise ValueError(f"GPTConfig: init must be one of {', '.join(map(repr, INITS))}, got {self.init!r}")
 
     def to_dict(self):
         return asdict(self)
@@ -46,7 +55,8 @@ class Block(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = nn.MultiHeadAttention(config.n_embd, config.n_head, bias=config.bias, dropout=config.dropout)
+        self.attn = nn.MultiHeadAttention(config.n_embd, config.n_head, bias=config.bias, dropout=config.dropout,
+                                          head_dropout=config.head_dropout)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
@@ -66,7 +76,10 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight                      # tied: one parameter
-        self._init_weights()
+        if config.init == "gpt2":
+            self._init_weights()
+        # "default": every layer keeps the initialization it made itself, as a GPT built from
+        # PyTorch's modules would: Embedding N(0, 1), Linear and its bias U(-1/sqrt(fan_in), 1/sqrt(fan_in))
 
     def _init_weights(self):
         """GPT-2 init: N(0, 0.02), zero biases, residual projections N(0, 0.02 / sqrt(2 n_layer))."""

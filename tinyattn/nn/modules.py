@@ -300,16 +300,21 @@ class MultiHeadAttention(Module):
 
     forward(x (B, T, C), attn_mask=None, is_causal=False, kv_cache=None) -> (B, T, C).
     With ``keep_weights = True`` the last (B, H, T, T) attention weights stay in
-    ``self.last_weights``, for visualisation.
+    ``self.last_weights``, for visualisation. ``head_dropout`` p: while training,
+    each head's output is zeroed for a whole sequence with probability p and the
+    kept heads scaled by 1/(1-p) (DropHead), so no head can lean on another to
+    do half of its job.
     """
 
-    def __init__(self, n_embd, n_head, bias=True, dropout=0.0):
+    def __init__(self, n_embd, n_head, bias=True, dropout=0.0, head_dropout=0.0):
         super().__init__()
         if n_head < 1 or n_embd < 1:
             raise ValueError(f"MultiHeadAttention needs n_embd >= 1 and n_head >= 1, got {n_embd} and {n_head}")
         if n_embd % n_head:
             raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
-        self.n_embd, self.n_head, self.dropout = n_embd, n_head, dropout
+        if not 0.0 <= head_dropout < 1.0:
+            raise ValueError(f"MultiHeadAttention: head_dropout must be in [0, 1), got {head_dropout}")
+        self.n_embd, self.n_head, self.dropout, self.head_dropout = n_embd, n_head, dropout, head_dropout
         self.c_attn = Linear(n_embd, 3 * n_embd, bias=bias)       # q, k, v in one matmul
         self.c_proj = Linear(n_embd, n_embd, bias=bias)
         self.resid_dropout = Dropout(dropout)
@@ -335,6 +340,9 @@ class MultiHeadAttention(Module):
         if self.keep_weights:
             y, weights = y
             self.last_weights = weights.detach()
+        if self.head_dropout > 0.0 and self.training:                # whole heads, per sequence
+            keep = F.dropout(ones(B, H, 1, 1, dtype=y.dtype, device=y.device), self.head_dropout)   # 0 or 1/(1-p)
+            y = y * keep                                             # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, C)                      # merge heads: (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 

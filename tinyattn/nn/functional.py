@@ -256,7 +256,7 @@ def linear(x, weight, bias=None):
 
 # ---------------------------------------------------------------- attention
 # When scaled_dot_product_attention(impl="auto") takes the tiled path (flash.py):
-TILED_MIN_SCORES = 256 * 256         # Tq * Tk from which it is faster on a CPU (measured: causal, D=64)
+TILED_MIN_SCORES = 1024 * 1024       # Tq * Tk from which it is faster on a CPU (measured: causal, D=64)
 TILED_MIN_SCORES_DEVICE = 2048 ** 2  # elsewhere (GPU): batched naive matmuls are fast there; not measured
 TILED_MAX_SCORE_BYTES = 2 ** 28      # and always when B * H * Tq * Tk scores would take more (256 MiB)
 

@@ -161,17 +161,20 @@ def test_resume_takes_the_model_flags_it_was_not_given(text_run, text_file):
 
 
 def test_resume_a_checkpoint_from_before_the_init_flag(text_run, text_file):
-    """Checkpoints written before --init existed have no "init" in their config: they were gpt2."""
+    """Checkpoints written before --init and --head_dropout existed have neither in their config:
+    they were gpt2, without head dropout."""
     path = text_run / "ckpt.npz"
     with np.load(path, allow_pickle=False) as f:
         arrays = {k: f[k] for k in f.files}
     meta = json.loads(str(arrays["meta"]))
-    del meta["config"]["init"], meta["args"]["init"]
+    for key in ("init", "head_dropout"):
+        del meta["config"][key], meta["args"][key]
     arrays["meta"] = np.array(json.dumps(meta))
     np.savez(path, **arrays)
     assert main(["--data", text_file, "--out_dir", str(text_run), "--resume", "--max_iters", "12", "--quiet",
                  "--sample_tokens", "0", "--eval_iters", "2"]) == 0
-    assert checkpoint.read_meta(str(path))["config"]["init"] == "gpt2"
+    config = checkpoint.read_meta(str(path))["config"]
+    assert (config["init"], config["head_dropout"]) == ("gpt2", 0.0)
 
 
 def test_resume_continues_with_the_runs_own_settings(text_run, text_file, capsys):

@@ -43,13 +43,13 @@ PRESETS = {
                   learning_rate=3e-3, min_lr=3e-4, warmup_iters=100, lr_decay_iters=1500, eval_interval=200,
                   eval_iters=10, out_dir="out-coref", init="default", head_dropout=0.25),
     # nanoGPT's CPU "baby" Shakespeare config
-    "text": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, max_iters=2000, init="gpt2",
+    "text": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, max_iters=2000,
                  learning_rate=1e-3, min_lr=1e-4, warmup_iters=100, lr_decay_iters=2000, eval_interval=250,
                  eval_iters=20, out_dir="out"),
 }
 PROFILE_STEPS = range(1, 6)   # --profile: step 0 warms up, these five are timed
-COMMON = dict(dropout=0.0, head_dropout=0.0, weight_decay=0.1, beta1=0.9, beta2=0.99, grad_clip=1.0, gradient_accumulation_steps=1,
-              bias=True, log_interval=10, sample_tokens=200, shared_batches=False)
+COMMON = dict(dropout=0.0, head_dropout=0.0, init="gpt2", weight_decay=0.1, beta1=0.9, beta2=0.99, grad_clip=1.0,
+              gradient_accumulation_steps=1, bias=True, log_interval=10, sample_tokens=200, shared_batches=False)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -373,7 +373,7 @@ def check_resume(args, meta, dataset):
         raise ValueError(f"--resume: the vocabulary of {args.data or dataset.name} ({dataset.tokenizer.vocab_size} "
                          f"tokens) differs from the one {where} was trained with ({n_theirs} tokens)")
     config, given = meta["config"], set(args._given)
-    config = {k: config.get(k, getattr(GPTConfig, k)) for k in MODEL_FLAGS}    # older checkpoints lack "init"
+    config = {k: config.get(k, getattr(GPTConfig, k)) for k in MODEL_FLAGS}    # older ones lack init, head_dropout
     conflicts = [f"--{k} {getattr(args, k)} (the checkpoint has {config[k]})" for k in MODEL_FLAGS
                  if k in given and getattr(args, k) != config[k]]
     if conflicts:

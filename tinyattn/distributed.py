@@ -25,6 +25,7 @@ holds the result afterwards.
 """
 import os
 import sys
+import time
 
 from .backend import get_backend, use_cuda_device
 from .tensor import Tensor, zeros_like
@@ -35,6 +36,8 @@ LAUNCHERS = (("PMI_SIZE", "PMI_RANK"),                            # MPICH's and 
              ("MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK"))      # MVAPICH
 OPS = ("sum", "mean", "max", "min")
 BUCKET_MB = 25          # PyTorch DDP's default bucket size
+ABORT_GRACE_S = 0.5     # abort() waits this long after its message: MPI_Abort can kill the job before
+                        # mpiexec has forwarded the last lines a process wrote
 
 _mpi = None             # the mpi4py.MPI module, once a launcher started this process with others
 _comm = None            # MPI.COMM_WORLD
@@ -112,6 +115,7 @@ def abort(message, code=1):
     the way out for one process that fails while the others wait in a collective."""
     print(message, file=sys.stderr, flush=True)
     if world_size() > 1:
+        time.sleep(ABORT_GRACE_S)      # let mpiexec pass the line on before the abort tears the job down
         _comm.Abort(code)
     sys.exit(code)
 

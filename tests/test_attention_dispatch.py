@@ -434,3 +434,19 @@ def test_the_dispatch_benchmark_runs():
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     assert [(r["B"], r["H"], r["T"]) for r in rows] == [(1, 2, 32), (2, 1, 16)]
     assert all(r["naive_ms"] > 0 and r["tiled_ms"] > 0 and r["auto"] == "naive" for r in rows)
+
+
+def test_the_dispatch_benchmark_says_in_one_line_when_torch_is_missing():
+    """--paths torch without PyTorch installed: one line on stderr and a non-zero exit, no traceback."""
+    import importlib.util
+    import subprocess
+    import sys
+    from pathlib import Path
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("PyTorch is installed here")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "bench/bench_dispatch.py", "--paths", "tiled", "torch", "--shapes", "1,1,8"],
+                          cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == ["bench_dispatch: --paths torch needs PyTorch in this Python "
+                                                "(pip install torch)"]

@@ -48,8 +48,11 @@ batched, in the same loops.
 """
 import math
 import os
+import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
 
 from ..autograd import Function
 from ..backend import host_rng
@@ -116,6 +119,22 @@ def _one_blas_thread():
 
 
 _warned = False                      # the slow-path warning is given once per process
+_blas_woken = threading.local()      # .done: this thread has run the product below
+
+
+def _wake_blas():
+    """Run one (512, 64) x (64, 512) float32 product, once in each thread that runs tiles.
+
+    Measured with numpy 2.4's OpenBLAS 0.3.31 on an AMD Zen CPU: until a thread
+    has run one product of about this size, OpenBLAS runs tile-sized products
+    ((256, 256) x (256, 64), one BLAS thread) in it about 3x slower (860
+    against 290 us), however many it runs. A training step's Linear layers run
+    such products first; a program that only calls attention may not, and the
+    pool's threads never do. It costs about a millisecond per thread, once.
+    """
+    if not getattr(_blas_woken, "done", False):
+        _blas_woken.done = True
+        np.ones((512, 64), np.float32) @ np.ones((64, 512), np.float32)
 
 
 def _warn_no_threadpoolctl(n_items):
@@ -143,12 +162,13 @@ def _for_each(fn, items, threads):
         return
     with limit:
         if threads == 1:
+            _wake_blas()
             for item in items:
                 fn(item)
             return
         if _pool is None or _pool[1] < threads:
             _pool = (ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tinyattn-attention"), threads)
-        for _ in _pool[0].map(fn, items):                         # re-raises a worker's error here
+        for _ in _pool[0].map(lambda item: (_wake_blas(), fn(item)), items):   # re-raises a worker's error here
             pass
 
 

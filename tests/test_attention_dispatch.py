@@ -420,16 +420,21 @@ def test_gpt_with_dropout_trains_through_the_tiled_path(count_tiled, monkeypatch
     assert all(np.all(np.isfinite(p.grad.numpy())) for p in model.parameters())
 
 
-def test_the_dispatch_benchmark_runs():
-    """bench/bench_dispatch.py on a tiny shape prints one JSON line per shape (no timing is checked:
-    that is the benchmark's job)."""
-    import json
+def _run_dispatch_benchmark(*args):
+    """bench/bench_dispatch.py with these arguments, from the repository root: the finished process."""
     import subprocess
     import sys
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "bench/bench_dispatch.py", "--shapes", "1,2,32", "2,1,16", "--repeats", "1"],
+    return subprocess.run([sys.executable, "bench/bench_dispatch.py", *args],
                           cwd=root, capture_output=True, text=True, timeout=120)
+
+
+def test_the_dispatch_benchmark_runs():
+    """bench/bench_dispatch.py on a tiny shape prints one JSON line per shape (no timing is checked:
+    that is the benchmark's job)."""
+    import json
+    done = _run_dispatch_benchmark("--shapes", "1,2,32", "2,1,16", "--repeats", "1")
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     assert [(r["B"], r["H"], r["T"]) for r in rows] == [(1, 2, 32), (2, 1, 16)]
@@ -439,14 +444,9 @@ def test_the_dispatch_benchmark_runs():
 def test_the_dispatch_benchmark_says_in_one_line_when_torch_is_missing():
     """--paths torch without PyTorch installed: one line on stderr and a non-zero exit, no traceback."""
     import importlib.util
-    import subprocess
-    import sys
-    from pathlib import Path
     if importlib.util.find_spec("torch") is not None:
         pytest.skip("PyTorch is installed here")
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "bench/bench_dispatch.py", "--paths", "tiled", "torch", "--shapes", "1,1,8"],
-                          cwd=root, capture_output=True, text=True, timeout=120)
+    done = _run_dispatch_benchmark("--paths", "tiled", "torch", "--shapes", "1,1,8")
     assert done.returncode != 0
     assert done.stderr.strip().splitlines() == ["bench_dispatch: --paths torch needs PyTorch in this Python "
                                                 "(pip install torch)"]

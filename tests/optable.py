@@ -308,6 +308,13 @@ def _with_minus_inf(x):
     return x
 
 
+def _heads_attention(x, n_head):
+    """Causal attention over heads that are views of one (B, T, 3C) qkv buffer, as in a GPT."""
+    B, T, C = x.shape[0], x.shape[1], x.shape[2] // 3
+    q, k, v = (t.view(B, T, n_head, C // n_head).transpose(1, 2) for t in x.split(C, dim=2))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 def _flash_mask(rng, t_q, t_k):
     m = rng.random((t_q, t_k)) > 0.3
     m[4] = False                                                  # a query that may see no key
@@ -333,8 +340,15 @@ KERNEL_CASES = [
                lambda r: [normal(r, 37, 1000), _targets(r, 37, 1000)],
                fn=lambda a, t: F.cross_entropy(a, t, ignore_index=-1)),
     KernelCase("masked_softmax causal T=64", {"masked_softmax", "softmax_backward"},
-               lambda r: [normal(r, 2, 3, 64, 16), normal(r, 2, 3, 64, 16), normal(r, 2, 3, 64, 16)],
-               fn=lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+               lambda r: [4 * normal(r, 2, 3, 64, 64), np.tril(np.ones((64, 64), bool))],
+               fn=lambda x, m: ops.MaskedSoftmax.apply(x, m)),
+    KernelCase("attention causal T=64, heads read from one qkv buffer", {"attention", "attention_backward"},
+               lambda r: [normal(r, 3, 64, 3 * 4 * 16)], fn=lambda x: _heads_attention(x, 4)),
+    KernelCase("attention Tq != Tk, Dv != D, a boolean mask with a fully masked row", {"attention",
+                                                                                     "attention_backward"},
+               lambda r: [3 * normal(r, 2, 3, 20, 8), normal(r, 2, 3, 37, 8), normal(r, 2, 3, 37, 5),
+                          _flash_mask(r, 20, 37)],
+               fn=lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.6)),
     KernelCase("masked_softmax, rows fully masked", {"masked_softmax", "softmax_backward"},
                lambda r: [4 * normal(r, 2, 5, 7), np.array([[True] * 7, [False] * 7, [True, False] * 3 + [True],
                                                             [False] * 6 + [True], [False] * 7])],

@@ -13,6 +13,7 @@ import pytest
 
 import tinyattn as ta
 import tinyattn.nn.functional as F
+from tinyattn import ops
 from tinyattn.backend import get_backend
 from conftest import count_kernel_calls
 
@@ -63,15 +64,16 @@ def test_float32_exp_is_within_a_float32_rounding():
 
 
 @needs_kernels
-@pytest.mark.parametrize("op", ["gelu", "softmax", "layer_norm", "cross_entropy", "flash_attention"])
+@pytest.mark.parametrize("op", ["gelu", "softmax", "attention", "layer_norm", "cross_entropy", "flash_attention"])
 def test_nan_in_nan_out(op, monkeypatch):
     """A NaN input must not be swallowed (detect_anomaly and the training loop look for it)."""
     calls = count_kernel_calls(get_backend("cpu"), monkeypatch)
     monkeypatch.setattr(get_backend("cpu"), "use_kernels", True)
     x = ta.tensor([[0.5, float("nan"), -1.0, 2.0]], requires_grad=True)
     fn = {"gelu": lambda: F.gelu(x, approximate="tanh"),
-          "softmax": lambda: F.scaled_dot_product_attention(x[None, None].mT, x[None, None].mT, x[None, None].mT,
-                                                           is_causal=True),
+          "softmax": lambda: ops.MaskedSoftmax.apply(x, ta.tensor(np.tril(np.ones((1, 4), bool), k=2), dtype="bool")),
+          "attention": lambda: F.scaled_dot_product_attention(x[None, None].mT, x[None, None].mT, x[None, None].mT,
+                                                             is_causal=True),
           "layer_norm": lambda: F.layer_norm(x, 4),
           "cross_entropy": lambda: F.cross_entropy(x, ta.tensor([0])),
           "flash_attention": lambda: F.flash_attention(x[None, None].mT, x[None, None].mT, x[None, None].mT,
@@ -80,6 +82,6 @@ def test_nan_in_nan_out(op, monkeypatch):
     assert np.isnan(out.numpy()).any()
     out.backward(ta.ones_like(out))
     assert np.isnan(x.grad.numpy()).any()
-    kernel = {"gelu": "gelu_tanh", "softmax": "masked_softmax", "layer_norm": "layer_norm",
+    kernel = {"gelu": "gelu_tanh", "softmax": "masked_softmax", "attention": "attention", "layer_norm": "layer_norm",
               "cross_entropy": "cross_entropy", "flash_attention": "attention_tile_softmax_"}[op]
     assert calls.get(kernel), f"the {kernel} kernel did not run: {calls}"

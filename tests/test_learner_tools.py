@@ -71,9 +71,11 @@ def test_graph_depth_folds_modules_into_boxes():
     model = tiny_gpt()
     loss = gpt_loss(model)
     full, one, two = (labels(ta.viz.graph(loss, depth=d)) for d in (None, 1, 2))
-    assert "MaskedSoftmax" in full and "h.0" not in full
+    # an op inside attention: one Attention op where the CPU kernels run it, else its softmax
+    inner = "Attention" if ta.backend.get_backend("cpu").kernel("attention") else "MaskedSoftmax"
+    assert inner in full and "h.0" not in full
     assert sorted(n for n in one if n.startswith("h.")) == ["h.0", "h.1"]
-    assert "MaskedSoftmax" not in one and "ln_f" in one and "wte" in one and "lm_head" in one
+    assert inner not in one and "ln_f" in one and "wte" in one and "lm_head" in one
     assert "wte.weight" in one             # tied to lm_head: used by two boxes, so drawn on its own
     assert "h.0.attn.c_attn.weight" not in one
     assert {"h.0.attn", "h.0.mlp", "h.0.ln_1", "h.1.attn"} <= set(two) and "h.0" not in two
@@ -202,7 +204,7 @@ def test_profile_table_and_chrome_trace(tmp_path):
     assert len(events) == len(p.events)
     assert {e["cat"] for e in events} == {"forward", "backward"}
     assert all(e["ph"] == "X" and e["dur"] >= 0 for e in events)
-    assert any(e["name"] == "MatMul.backward" for e in events)
+    assert any(e["name"] == "Linear.backward" for e in events)
     starts = [e["ts"] for e in events]
     assert starts == sorted(starts)
 
@@ -226,7 +228,7 @@ def test_train_profile_and_detect_anomaly_flags(tmp_path, capsys):
     from train.loop import main
     assert main(SMALL + ["--out_dir", str(tmp_path), "--profile", "--detect_anomaly"]) == 0
     out = capsys.readouterr().out
-    assert "profile of steps 1-5" in out and "MatMul" in out and "backward ms" in out
+    assert "profile of steps 1-5" in out and "Linear" in out and "backward ms" in out
     assert json.load(open(tmp_path / "trace.json"))["traceEvents"]
     assert ENGINE.hooks is None
 

@@ -165,19 +165,29 @@ class MatMul(Function):
 
     def forward(self, a, b):
         if b.ndim == 2 and a.ndim > 2:
-            flat = self.xp.matmul(self.xp.reshape(a, (-1, a.shape[-1])), b)     # (B*T, m)
+            flat = self.backend.matmul(self.xp.reshape(a, (-1, a.shape[-1])), b)     # (B*T, m)
             return self.xp.reshape(flat, a.shape[:-1] + b.shape[-1:])
-        return self.xp.matmul(a, b)
+        return self.backend.matmul(a, b)
 
     def backward(self, g):
         a, b = self.parents
         da, db = self.needs_input_grad
+        if not is_grad_enabled() and a.ndim == b.ndim > 2 and a.shape[:-2] == b.shape[:-2]:
+            return self._stacked_backward(g.data, a.data, b.data)
         grad_a = sum_to(g @ b.mT, a.shape) if da else None
         if not db:
             return grad_a, None
         if b.ndim == 2 and a.ndim > 2:                        # sum over B and T in one matmul
             return grad_a, a.reshape(-1, a.shape[-1]).mT @ g.reshape(-1, g.shape[-1])
         return grad_a, sum_to(a.mT @ g, b.shape)
+
+    def _stacked_backward(self, g, a, b):
+        """On arrays, for stacks of the same shape (attention's products): g @ b^T and a^T @ g,
+        the stacked products split over the CPU's threads."""
+        mT, matmul = self.xp.matrix_transpose, self.backend.matmul
+        da, db = self.needs_input_grad
+        return (self.constant(matmul(g, mT(b))) if da else None,
+                self.constant(matmul(mT(a), g)) if db else None)
 
 
 def check_same_kind(op, *tensors):

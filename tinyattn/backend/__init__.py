@@ -15,6 +15,7 @@ Devices:
     "strict"  array_api_strict on a non-CPU device: a test stand-in for a GPU
               that refuses implicit conversion to host arrays, as CuPy does.
 """
+import contextlib
 import ctypes
 import math
 import os
@@ -22,6 +23,8 @@ import sys
 import time
 
 import numpy as np
+
+from . import threads
 
 DTYPES = ("float16", "float32", "float64", "int32", "int64", "bool")
 float16, float32, float64 = np.dtype("float16"), np.dtype("float32"), np.dtype("float64")
@@ -132,6 +135,31 @@ class Backend:
 
     def seconds_between(self, start, end):
         return end - start
+
+    # --- products, split over tinyattn's threads (backend/threads.py) ------
+    def matmul(self, a, b, add=None):
+        """a @ b, plus ``add`` (broadcast over the rows) when given: (n, k) @ (k, m), or stacked
+        (S, ..., n, k) @ (S, ..., k, m). On the CPU the rows, or the S stacked products, are
+        split over tinyattn's threads (one BLAS thread each); other shapes run as numpy's matmul."""
+        stacked = a.ndim == b.ndim > 2 and a.shape[:-2] == b.shape[:-2]
+        if self.xp is not np or not (a.ndim == b.ndim == 2 or stacked):
+            out = self.xp.matmul(a, b)
+            return out if add is None else out + add
+        n = a.shape[0]                                            # rows of a, or the stack's first dim
+        out = np.empty(a.shape[:-1] + b.shape[-1:], dtype=np.result_type(a, b))
+
+        def rows(start, stop):
+            np.matmul(a[start:stop], b if a.ndim == 2 else b[start:stop], out=out[start:stop])
+            if add is not None:
+                out[start:stop] += add
+
+        threads.split(rows, n, work=a.size * b.shape[-1] // 32)
+        return out
+
+    def hold_blas(self):
+        """A context in which BLAS runs on one thread, while tinyattn's threads split the work
+        (the engine holds it for a whole backward pass); a no-op off the CPU."""
+        return threads.hold_blas() if self.xp is np else contextlib.nullcontext()
 
     # --- fused kernels ---------------------------------------------------
     # An op asks its backend for a fused kernel by name, in one line:

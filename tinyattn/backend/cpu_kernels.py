@@ -19,8 +19,12 @@ its own formula.
     masked_softmax, softmax_backward       one row at a time (the row's max, exp, sum in the row)
     cross_entropy, cross_entropy_backward  one row at a time
     adamw_                                 elementwise: p, m, v updated in place
+    attention, attention_backward          softmax(q k^T scale, masked) v: products and softmax per part
     attention_tile_softmax_                one tile of flash attention's online softmax, in place
     attention_tile_backward_               one tile of its backward: P and dS, in place
+
+Each wrapper splits its rows (or elements) over tinyattn's threads
+(``threads.split``): the kernels release the GIL, so the parts run at once.
 
 Why not numpy's ``exp``: numba calls the C library's scalar ``exp`` once per
 element, several times slower than numpy's SIMD loop. ``_exp`` below is
@@ -35,6 +39,8 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
+
+from .threads import split
 
 # Every kernel: compiled on first call and cached on disk; division by zero gives inf
 # as in numpy (no Python-style check, which would stop the loops from vectorising);
@@ -144,7 +150,8 @@ def gelu_tanh(x):
     real = x.dtype.type
     x1 = np.ascontiguousarray(x).reshape(-1)
     y = np.empty_like(x1)
-    _gelu_tanh_fwd(x1, y, real(-2 * _K0 * _K1), real(-2 * _K0))
+    a, b = real(-2 * _K0 * _K1), real(-2 * _K0)
+    split(lambda i, j: _gelu_tanh_fwd(x1[i:j], y[i:j], a, b), x1.size, work=x1.size)
     return y.reshape(x.shape)
 
 
@@ -154,7 +161,8 @@ def gelu_tanh_backward(x, g):
     real = x.dtype.type
     x1, g1 = (np.ascontiguousarray(a).reshape(-1) for a in (x, g))
     dx = np.empty_like(x1)
-    _gelu_tanh_bwd(x1, g1, dx, real(-2 * _K0 * _K1), real(-2 * _K0), real(6 * _K0 * _K1), real(2 * _K0))
+    consts = real(-2 * _K0 * _K1), real(-2 * _K0), real(6 * _K0 * _K1), real(2 * _K0)
+    split(lambda i, j: _gelu_tanh_bwd(x1[i:j], g1[i:j], dx[i:j], *consts), x1.size, work=x1.size)
     return dx.reshape(x.shape)
 
 
@@ -203,7 +211,8 @@ def layer_norm(x, weight, bias, eps):
     x2 = _rows(x)                                                   # (N, C)
     y, xhat = np.empty_like(x2), np.empty_like(x2)
     rstd = np.empty(x2.shape[0], dtype=x2.dtype)
-    _layer_norm_fwd(x2, np.ascontiguousarray(weight), np.ascontiguousarray(bias), y, xhat, rstd, x2.dtype.type(eps))
+    w, b, eps = np.ascontiguousarray(weight), np.ascontiguousarray(bias), x2.dtype.type(eps)
+    split(lambda i, j: _layer_norm_fwd(x2[i:j], w, b, y[i:j], xhat[i:j], rstd[i:j], eps), len(x2), work=x2.size)
     return y.reshape(x.shape), xhat.reshape(x.shape), rstd.reshape(x.shape[:-1] + (1,))
 
 
@@ -212,7 +221,8 @@ def layer_norm_backward(g, xhat, weight, rstd):
         return None
     g2 = _rows(g)                                                   # (N, C)
     dx = np.empty_like(g2)
-    _layer_norm_bwd(g2, _rows(xhat), np.ascontiguousarray(weight), np.ascontiguousarray(rstd).reshape(-1), dx)
+    xhat2, w, rstd1 = _rows(xhat), np.ascontiguousarray(weight), np.ascontiguousarray(rstd).reshape(-1)
+    split(lambda i, j: _layer_norm_bwd(g2[i:j], xhat2[i:j], w, rstd1[i:j], dx[i:j]), len(g2), work=g2.size)
     return dx.reshape(g.shape)
 
 
@@ -258,7 +268,8 @@ def masked_softmax(x, allowed):
         return None
     x3 = np.ascontiguousarray(x).reshape((-1,) + x.shape[-2:])     # (N, Tq, Tk)
     y = np.empty_like(x3)
-    _masked_softmax_fwd(x3, np.ascontiguousarray(allowed), y)
+    allowed = np.ascontiguousarray(allowed)
+    split(lambda i, j: _masked_softmax_fwd(x3[i:j], allowed, y[i:j]), len(x3), work=x3.size)
     return y.reshape(x.shape)
 
 
@@ -268,8 +279,70 @@ def softmax_backward(y, g):
         return None
     y2 = _rows(y)
     dx = np.empty_like(y2)
-    _softmax_bwd(y2, _rows(g), dx)
+    g2 = _rows(g)
+    split(lambda i, j: _softmax_bwd(y2[i:j], g2[i:j], dx[i:j]), len(y2), work=y2.size)
     return dx.reshape(y.shape)
+
+
+# --------------------------------------------------------------------------
+# attention, softmax(q k^T scale where allowed) v: the naive path as one op
+# --------------------------------------------------------------------------
+def _stacked(*arrays):
+    """True when every array is a stack (S, ..., n, m) over the same leading dims."""
+    lead = arrays[0].shape[:-2]
+    return all(a.ndim >= 3 and a.shape[:-2] == lead for a in arrays)
+
+
+def _mT(a):
+    return np.swapaxes(a, -1, -2)
+
+
+def attention(q, k, v, allowed, scale):
+    """(out, weights) for q (S, ..., Tq, D), k (S, ..., Tk, D), v (S, ..., Tk, Dv), allowed (Tq, Tk) bools.
+
+    Each thread takes some of the S leading rows and runs the scores, the masked
+    softmax (in place) and the second product on them, while they are in its
+    cache. ``out`` has q's memory order: heads that are a (B, T, H, D) buffer seen
+    as (B, H, T, D) give an output that merges back to (B, T, H * D) as a view.
+    """
+    if not (_floats(q, k, v) and _stacked(q, k, v) and allowed.dtype == np.bool_
+            and allowed.shape == (q.shape[-2], k.shape[-2]) and q.shape[-1] == k.shape[-1]):
+        return None
+    weights = np.empty(q.shape[:-1] + k.shape[-2:-1], dtype=q.dtype)     # (S, ..., Tq, Tk)
+    out = np.empty_like(q, shape=q.shape[:-1] + v.shape[-1:])             # (S, ..., Tq, Dv), q's order
+    allowed, scale = np.ascontiguousarray(allowed), q.dtype.type(scale)
+
+    def rows(i, j):
+        w = weights[i:j]
+        np.matmul(q[i:j], _mT(k[i:j]), out=w)                             # scores
+        w *= scale
+        w3 = w.reshape((-1,) + w.shape[-2:])
+        _masked_softmax_fwd(w3, allowed, w3)                              # weights, in place
+        np.matmul(w, v[i:j], out=out[i:j])
+
+    split(rows, len(q), work=weights.size * (q.shape[-1] + v.shape[-1]) // 32)
+    return out, weights
+
+
+def attention_backward(g, q, k, v, weights, scale):
+    """(dq, dk, dv) for the output gradient g, each in its input's memory order."""
+    if not (_floats(g, q, k, v, weights) and _stacked(g, q, k, v, weights)):
+        return None
+    dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+    scale = q.dtype.type(scale)
+
+    def rows(i, j):
+        w = weights[i:j]
+        np.matmul(_mT(w), g[i:j], out=dv[i:j])                            # dV = P^T dO
+        ds = np.matmul(g[i:j], _mT(v[i:j]))                               # dP = dO V^T
+        ds2 = ds.reshape(-1, ds.shape[-1])
+        _softmax_bwd(w.reshape(ds2.shape), ds2, ds2)                      # dS = P (dP - rowsum(dP P)), in place
+        ds *= scale
+        np.matmul(ds, k[i:j], out=dq[i:j])                                # dQ = dS K scale
+        np.matmul(_mT(ds), q[i:j], out=dk[i:j])                           # dK = dS^T Q scale
+
+    split(rows, len(q), work=weights.size * (2 * q.shape[-1] + 2 * v.shape[-1]) // 32)
+    return dq, dk, dv
 
 
 # --------------------------------------------------------------------------
@@ -309,7 +382,14 @@ def cross_entropy(logits, targets, ignore_index):
         return None
     x = np.ascontiguousarray(logits)
     lse = np.empty(x.shape[0], dtype=x.dtype)
-    total, count = _cross_entropy_fwd(x, np.ascontiguousarray(targets, dtype=np.int64), lse, np.int64(ignore_index))
+    t, ignore = np.ascontiguousarray(targets, dtype=np.int64), np.int64(ignore_index)
+    parts = {}                                                       # a part's first row -> (loss, count)
+
+    def rows(i, j):
+        parts[i] = _cross_entropy_fwd(x[i:j], t[i:j], lse[i:j], ignore)
+
+    split(rows, len(x), work=x.size)
+    total, count = (sum(parts[i][k] for i in sorted(parts)) for k in (0, 1))
     real = x.dtype.type
     scale = real(1.0 / max(count, 1))
     return np.asarray(real(total) * scale), lse, np.asarray(scale)
@@ -322,8 +402,8 @@ def cross_entropy_backward(g, logits, targets, lse, scale, ignore_index):
     x = np.ascontiguousarray(logits)
     dx = np.empty_like(x)
     real = x.dtype.type
-    _cross_entropy_bwd(x, np.ascontiguousarray(targets, dtype=np.int64), lse, real(g.reshape(()) * scale), dx,
-                       np.int64(ignore_index))
+    t, gscale, ignore = np.ascontiguousarray(targets, dtype=np.int64), real(g.reshape(()) * scale), np.int64(ignore_index)
+    split(lambda i, j: _cross_entropy_bwd(x[i:j], t[i:j], lse[i:j], gscale, dx[i:j], ignore), len(x), work=x.size)
     return dx
 
 
@@ -346,9 +426,10 @@ def adamw_(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step):
     if not all(a.flags.c_contiguous for a in (p, g, m, v)):
         return None
     real = p.dtype.type
-    _adamw(p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1), real(beta1), real(1 - beta1),
-           real(beta2), real(1 - beta2), real(eps), real(1 - lr * weight_decay), real(lr / (1 - beta1 ** step)),
-           real(1.0 / math.sqrt(1 - beta2 ** step)))
+    p1, g1, m1, v1 = (a.reshape(-1) for a in (p, g, m, v))
+    consts = (real(beta1), real(1 - beta1), real(beta2), real(1 - beta2), real(eps), real(1 - lr * weight_decay),
+              real(lr / (1 - beta1 ** step)), real(1.0 / math.sqrt(1 - beta2 ** step)))
+    split(lambda i, j: _adamw(p1[i:j], g1[i:j], m1[i:j], v1[i:j], *consts), p1.size, work=p1.size)
     return True
 
 
@@ -450,6 +531,8 @@ KERNELS = {
     "cross_entropy": cross_entropy,
     "cross_entropy_backward": cross_entropy_backward,
     "adamw_": adamw_,
+    "attention": attention,
+    "attention_backward": attention_backward,
     "attention_tile_softmax_": attention_tile_softmax_,
     "attention_tile_backward_": attention_tile_backward_,
 }

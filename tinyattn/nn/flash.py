@@ -48,14 +48,11 @@ batched, in the same loops.
 """
 import math
 import os
-import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
-
 from ..autograd import Function
-from ..backend import host_rng
+from ..backend import host_rng, threads as threads_
 from ..ops import causal_mask
 
 BLOCK_SIZE = 256                     # tile side: (256, 256) float32 scores are 256 KiB, in L2
@@ -99,13 +96,6 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
 
 
-def _cpu_count():
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:                                         # not on Linux
-        return os.cpu_count() or 1
-
-
 def _one_blas_thread():
     """A context that holds BLAS at one thread, or None without threadpoolctl."""
     global _blas
@@ -119,22 +109,6 @@ def _one_blas_thread():
 
 
 _warned = False                      # the slow-path warning is given once per process
-_blas_woken = threading.local()      # .done: this thread has run the product below
-
-
-def _wake_blas():
-    """Run one (512, 64) x (64, 512) float32 product, once in each thread that runs tiles.
-
-    Measured with numpy 2.4's OpenBLAS 0.3.31 on an AMD Zen CPU: until a thread
-    has run one product of about this size, OpenBLAS runs tile-sized products
-    ((256, 256) x (256, 64), one BLAS thread) in it about 3x slower (860
-    against 290 us), however many it runs. A training step's Linear layers run
-    such products first; a program that only calls attention may not, and the
-    pool's threads never do. It costs about a millisecond per thread, once.
-    """
-    if not getattr(_blas_woken, "done", False):
-        _blas_woken.done = True
-        np.ones((512, 64), np.float32) @ np.ones((64, 512), np.float32)
 
 
 def _warn_no_threadpoolctl(n_items):
@@ -162,13 +136,13 @@ def _for_each(fn, items, threads):
         return
     with limit:
         if threads == 1:
-            _wake_blas()
+            threads_.wake_blas()
             for item in items:
                 fn(item)
             return
         if _pool is None or _pool[1] < threads:
             _pool = (ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tinyattn-attention"), threads)
-        for _ in _pool[0].map(lambda item: (_wake_blas(), fn(item)), items):   # re-raises a worker's error here
+        for _ in _pool[0].map(lambda item: (threads_.wake_blas(), fn(item)), items):   # re-raises a worker's error here
             pass
 
 
@@ -349,7 +323,7 @@ def flash_attention(q, k, v, is_causal=False, scale=None, block_size=None, attn_
     attn_mask: boolean (True = may attend) or float (added to the scores),
     broadcastable to (B, H, Tq, Tk), with no gradient. dropout_p: dropout
     on the weights, each tile's mask drawn again in backward from a seed.
-    threads: how many threads share the heads on the CPU (default: one per core).
+    threads: how many threads share the heads on the CPU (default: ta.get_num_threads()).
     Its backward is fused: it cannot be differentiated twice.
     """
     if (q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or q.shape[:2] != k.shape[:2]
@@ -371,7 +345,7 @@ def flash_attention(q, k, v, is_causal=False, scale=None, block_size=None, attn_
                              f"(B, H, Tq, Tk) = {full}")
         mask = attn_mask.xp.reshape(attn_mask.data, shape)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    threads = _cpu_count() if threads is None else max(1, int(threads))
+    threads = threads_.get_num_threads() if threads is None else max(1, int(threads))
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"flash_attention: dropout_p must be in [0, 1), got {dropout_p}")
     seed = 0

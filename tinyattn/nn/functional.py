@@ -227,20 +227,33 @@ class Linear(Function):
 
     def forward(self, x, weight, bias=None):
         xp = self.xp
-        out = xp.reshape(x, (-1, x.shape[-1])) @ xp.permute_dims(weight, (1, 0))    # (N, out)
-        if bias is not None:
-            out += bias
+        x2 = xp.reshape(x, (-1, x.shape[-1]))                     # (N, in)
+        out = self.backend.matmul(x2, xp.permute_dims(weight, (1, 0)), add=bias)    # (N, out)
         return xp.reshape(out, tuple(x.shape[:-1]) + (weight.shape[0],))
 
     def backward(self, g):                                         # g (..., out)
         x, weight = self.parents[:2]
         need = self.needs_input_grad
+        if not is_grad_enabled():                                  # on arrays (no graph is recorded)
+            return self._backward_arrays(g.data, x.data, weight.data, need)
         g2 = g.reshape(-1, g.shape[-1])                            # (N, out)
         dx = g @ weight if need[0] else None                       # (..., in)
         dw = g2.mT @ x.reshape(-1, x.shape[-1]) if need[1] else None   # (out, in)
         if len(self.parents) == 2:
             return dx, dw
         return dx, dw, g2.sum(0) if need[2] else None              # (out,)
+
+    def _backward_arrays(self, g, x, weight, need):
+        """The same three products on arrays, each split over the CPU's threads (backend.matmul)."""
+        backend, xp = self.backend, self.xp
+        g2 = xp.reshape(g, (-1, g.shape[-1]))                      # (N, out)
+        x2 = xp.reshape(x, (-1, x.shape[-1]))                      # (N, in)
+        dx = xp.reshape(backend.matmul(g2, weight), x.shape) if need[0] else None          # (..., in)
+        dw = backend.matmul(xp.permute_dims(g2, (1, 0)), x2) if need[1] else None          # (out, in)
+        grads = [dx, dw]
+        if len(self.parents) == 3:
+            grads.append(leading_sums(backend, g2, 1) if need[2] else None)               # (out,)
+        return tuple(None if a is None else self.constant(a) for a in grads)
 
 
 def linear(x, weight, bias=None):
@@ -307,15 +320,16 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropo
                              "cannot return them; use impl='naive'")
         return flash_attention(q, k, v, is_causal=is_causal, scale=scale, attn_mask=attn_mask, dropout_p=dropout_p)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = (q * scale) @ k.mT                                    # (B, H, Tq, Tk); scaling q is cheaper
     allowed = None
     if is_causal:
         allowed = causal_mask(q.shape[-2], k.shape[-2], q.backend)
-    if attn_mask is not None:
-        if attn_mask.dtype.kind == "b":
-            allowed = attn_mask.data if allowed is None else allowed & attn_mask.data
-        else:
-            scores = scores + attn_mask
+    if attn_mask is not None and attn_mask.dtype.kind == "b":
+        allowed = attn_mask.data if allowed is None else allowed & attn_mask.data
+    if _fused_attention_fits(q, k, v, allowed, attn_mask, dropout_p, return_weights):
+        return Attention.apply(q, k, v, constant(q, allowed), scale=scale)
+    scores = (q * scale) @ k.mT                                    # (B, H, Tq, Tk); scaling q is cheaper
+    if attn_mask is not None and attn_mask.dtype.kind != "b":
+        scores = scores + attn_mask
     if allowed is None:
         weights = softmax(scores, -1)
     else:
@@ -329,6 +343,45 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropo
         weights_used = weights
     out = weights_used @ v                                          # (B, H, Tq, Dv)
     return (out, weights) if return_weights else out
+
+
+def _fused_attention_fits(q, k, v, allowed, attn_mask, dropout_p, return_weights):
+    """Whether the naive path can run as one Attention op: a backend with the "attention"
+    kernel, stacked q, k, v over the same leading dims, float32 or float64, and a boolean
+    (Tq, Tk) mask (causal, or given); no additive mask, dropout or returned weights."""
+    if allowed is None or allowed.ndim != 2 or dropout_p > 0.0 or return_weights:
+        return False
+    if attn_mask is not None and attn_mask.dtype.kind != "b":
+        return False
+    if q.backend.kernel("attention") is None or not q.dtype == k.dtype == v.dtype or q.dtype.itemsize < 4:
+        return False
+    return q.ndim >= 3 and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
+
+
+class Attention(Function):
+    """softmax(q k^T * scale where allowed) v as one op, where the backend has an "attention"
+    kernel (the CPU's: backend/cpu_kernels.py). The naive path's scores, weights and two
+    products, without a graph node and a pass over memory for each. Recorded
+    (create_graph=True), the backward is the same formulas in Tensor ops, so it
+    differentiates twice.
+    """
+
+    def forward(self, q, k, v, allowed, scale):                    # (B, H, Tq, D), (B, H, Tk, D), (B, H, Tk, Dv)
+        self.scale = scale
+        out, weights = self.backend.run_kernel("attention", q, k, v, allowed, scale)
+        self.save(weights)                                         # (B, H, Tq, Tk)
+        return out
+
+    def backward(self, g):                                         # g (B, H, Tq, Dv)
+        q, k, v, allowed = self.parents
+        if not is_grad_enabled():
+            (weights,) = self.saved
+            grads = self.backend.run_kernel("attention_backward", g.data, q.data, k.data, v.data, weights, self.scale)
+            return tuple(self.constant(a) for a in grads) + (None,)
+        p = MaskedSoftmax.apply((q * self.scale) @ k.mT, allowed)  # the weights again, recorded
+        dp = g @ v.mT
+        ds = p * (dp - (dp * p).sum(-1, keepdim=True))             # softmax's backward
+        return ds @ k * self.scale, ds.mT @ q * self.scale, p.mT @ g, None
 
 
 from .flash import flash_attention  # noqa: E402

@@ -4,7 +4,7 @@ from collections import OrderedDict
 
 from ..tensor import Tensor, ones, rand, randn, tensor, zeros
 from ..ops import cat, causal_mask, constant
-from ..backend import get_backend
+from ..backend import get_backend, threads
 from . import functional as F
 
 
@@ -63,7 +63,8 @@ class Module:
         raise NotImplementedError
 
     def __call__(self, *args, **kwargs):
-        out = self.forward(*args, **kwargs)
+        with threads.hold_blas():                 # BLAS on one thread while the CPU's threads split ops
+            out = self.forward(*args, **kwargs)
         _note_call(self, args, out)
         return out
 

@@ -1,0 +1,172 @@
+"""tinyattn's own CPU threads (tinyattn/backend/threads.py): ops split their rows over them."""
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import tinyattn as ta
+from tinyattn.backend import get_backend, threads
+from conftest import forward_and_backward, make_tensors
+from optable import KERNEL_CASES, OPS
+
+needs_threadpoolctl = pytest.mark.skipif(not threads.blas_controllers(),
+                                         reason="threadpoolctl is not installed (the fast extra)")
+SPLIT_OPS = [s for s in OPS if s.name.startswith(("F.linear", "Tensor.__matmul__", "F.scaled_dot_product_attention"))]
+
+
+@pytest.fixture
+def split_everything(monkeypatch):
+    """Every op splits, however small its work, in 3 parts (so some parts differ in size)."""
+    monkeypatch.setattr(threads, "MIN_WORK", 0)
+    monkeypatch.setattr(threads, "_num_threads", 3)
+
+
+def test_parts_cover_every_row_once():
+    for n in range(12):
+        for k in range(1, 5):
+            bounds = threads.parts(n, k)
+            assert len(bounds) == k and bounds[0][0] == 0 and bounds[-1][1] == n
+            assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+
+
+@needs_threadpoolctl
+def test_split_runs_the_parts_on_three_threads(split_everything):
+    seen = {}
+
+    def part(i, j):
+        seen[(i, j)] = threading.current_thread().name
+    threads.split(part, 10, work=1)
+    assert sorted(seen) == threads.parts(10, 3)
+    assert len(set(seen.values())) == 3
+
+
+def test_small_work_and_one_thread_run_in_the_caller(monkeypatch):
+    seen = []
+    threads.split(lambda i, j: seen.append((i, j, threading.current_thread())), 10, work=threads.MIN_WORK - 1)
+    monkeypatch.setattr(threads, "_num_threads", 1)
+    threads.split(lambda i, j: seen.append((i, j, threading.current_thread())), 10, work=10 ** 9)
+    assert seen == [(0, 10, threading.current_thread())] * 2
+
+
+@needs_threadpoolctl
+def test_an_error_in_a_part_reaches_the_caller_and_the_pool_still_works(split_everything):
+    def part(i, j):
+        if i > 0:
+            raise ValueError(f"rows {i}:{j} failed")
+    with pytest.raises(ValueError, match="rows .* failed"):
+        threads.split(part, 9, work=1)
+    out = np.zeros(9)
+    threads.split(lambda i, j: out.__setitem__(slice(i, j), out[i:j] + 1), 9, work=1)
+    assert (out == 1).all()
+
+
+@needs_threadpoolctl
+def test_a_split_inside_a_part_runs_in_that_part(split_everything):
+    out = np.zeros(12)
+
+    def outer(i, j):
+        def inner(a, b):
+            out[i + a:i + b] += 1
+        threads.split(inner, j - i, work=1)
+    threads.split(outer, 12, work=1)
+    assert (out == 1).all()
+
+
+@needs_threadpoolctl
+def test_two_user_threads_can_split_at_once(split_everything):
+    results = {}
+
+    def user(name):
+        a = np.arange(60.0).reshape(12, 5)
+        results[name] = [get_backend("cpu").matmul(a, a.T) for _ in range(50)]
+    workers = [threading.Thread(target=user, args=(n,)) for n in "ab"]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    a = np.arange(60.0).reshape(12, 5)
+    assert all(np.array_equal(r, a @ a.T) for rs in results.values() for r in rs)
+
+
+@needs_threadpoolctl
+def test_hold_blas_holds_one_thread_and_gives_back_what_was_there(split_everything):
+    libs = threads.blas_controllers()
+    before = [lib.get_num_threads() for lib in libs]
+    with threads.hold_blas():
+        with threads.hold_blas():
+            assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
+        assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
+    assert [lib.get_num_threads() for lib in libs] == before
+
+
+def test_hold_blas_leaves_blas_alone_with_one_thread(monkeypatch):
+    monkeypatch.setattr(threads, "_num_threads", 1)
+    libs = threads.blas_controllers()
+    before = [lib.get_num_threads() for lib in libs]
+    with threads.hold_blas():
+        assert [lib.get_num_threads() for lib in libs] == before
+
+
+def test_off_without_threadpoolctl(monkeypatch):
+    monkeypatch.setattr(threads, "_blas", ())
+    monkeypatch.setattr(threads, "MIN_WORK", 0)
+    monkeypatch.setattr(threads, "_num_threads", 3)
+    seen = []
+    threads.split(lambda i, j: seen.append((i, j, threading.current_thread())), 10, work=10 ** 9)
+    assert seen == [(0, 10, threading.current_thread())]
+
+
+@pytest.mark.parametrize("spec", SPLIT_OPS, ids=[s.name for s in SPLIT_OPS])
+def test_split_ops_give_the_numbers_of_one_thread(spec, split_everything, cpu_kernels, monkeypatch):
+    arrays = spec.inputs(np.random.default_rng(3))
+    split = forward_and_backward(spec, arrays, "cpu")
+    monkeypatch.setattr(threads, "_num_threads", 1)
+    one = forward_and_backward(spec, arrays, "cpu")
+    for a, b in zip(split, one):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("spec", SPLIT_OPS, ids=[s.name for s in SPLIT_OPS])
+def test_gradcheck_with_every_op_split(spec, split_everything, cpu_kernels):
+    assert ta.gradcheck(spec.fn, make_tensors(spec.inputs(np.random.default_rng(4))))
+
+
+@pytest.mark.parametrize("case", KERNEL_CASES, ids=[c.name for c in KERNEL_CASES])
+def test_split_kernels_give_the_numbers_of_one_thread(case, split_everything, monkeypatch):
+    cpu = get_backend("cpu")
+    if not cpu.kernels or not case.kernels <= set(cpu.kernels):
+        pytest.skip("not a CPU kernel here (numba is not installed, or TINYATTN_CPU_KERNELS=0)")
+    arrays = case.inputs(np.random.default_rng(6))
+    for dtype, rtol in (("float64", 1e-13), ("float32", 1e-6)):
+        split = case.run(arrays, "cpu", dtype)
+        monkeypatch.setattr(threads, "_num_threads", 1)
+        one = case.run(arrays, "cpu", dtype)
+        monkeypatch.setattr(threads, "_num_threads", 3)
+        for a, b in zip(split, one):
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * (np.abs(b).max() + 1e-30))
+
+
+def test_the_environment_sets_the_thread_count():
+    code = "import tinyattn as ta; print(ta.get_num_threads())"
+
+    def run(**env):
+        clean = {k: v for k, v in os.environ.items() if k not in (threads.NUM_THREADS_ENV, "OMP_NUM_THREADS")}
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**clean, **env})
+    assert run().stdout.strip() == str(threads.cpu_count())
+    assert run(TINYATTN_NUM_THREADS="3").stdout.strip() == "3"
+    assert run(OMP_NUM_THREADS="1").stdout.strip() == "1"                   # as PyTorch reads it
+    assert run(TINYATTN_NUM_THREADS="3", OMP_NUM_THREADS="1").stdout.strip() == "3"
+    bad = run(TINYATTN_NUM_THREADS="two")
+    assert bad.returncode == 0 and bad.stdout.strip() == str(threads.cpu_count())
+    assert "TINYATTN_NUM_THREADS must be a whole number, got 'two': ignored" in bad.stderr
+
+
+def test_set_num_threads_checks_its_argument(monkeypatch):
+    monkeypatch.setattr(threads, "_num_threads", threads._num_threads)
+    ta.set_num_threads(5)
+    assert ta.get_num_threads() == 5
+    with pytest.raises(ValueError, match="at least 1"):
+        ta.set_num_threads(0)

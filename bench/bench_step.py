@@ -14,6 +14,8 @@ backward, clip_grad_norm_(1.0), AdamW, zero_grad, on the same batch for every si
     tinyattn           train.loop.train_step, with the fused kernels (CuPy's on "cuda";
                        on "cpu" numba's, with the fast extra)
     tinyattn_unfused   the same, with the fused kernels off (what they save; skip it with --no_unfused)
+    tinyattn_1thread   with --one_thread: ta.set_num_threads(1), so BLAS splits the products with its
+                       own threads and every other pass runs on one core (what tinyattn's threads buy)
     torch              the same architecture in plain PyTorch (below): eager, no torch.compile
 
 Everything is float32 with plain float32 matmuls (no TF32, no autocast).
@@ -120,9 +122,10 @@ def make_torch_gpt(torch, cfg):
 
 # ---------------------------------------------------------------- the sides
 class TinyattnSide:
-    def __init__(self, cfg, device, x, y, fused=True):
+    def __init__(self, cfg, device, x, y, fused=True, threads=None):
         self.backend = get_backend(device)
         self.fused = fused
+        self.threads = ta.get_num_threads() if threads is None else threads
         ta.manual_seed(0)
         config = GPTConfig(**{k: cfg[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout")})
         self.model = GPT(config).to(device)
@@ -132,6 +135,7 @@ class TinyattnSide:
 
     def _set_fused(self):
         self.backend.use_kernels = self.fused
+        ta.set_num_threads(self.threads)
 
     def step(self):
         self._set_fused()
@@ -278,6 +282,9 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=10, help="steps per block")
     p.add_argument("--budget_s", type=float, default=90.0, help="no new block starts after this many seconds")
     p.add_argument("--no_unfused", action="store_true", help="skip the tinyattn side without fused kernels")
+    p.add_argument("--one_thread", action="store_true",
+                   help="also time tinyattn with ta.set_num_threads(1): numpy's BLAS threads instead of "
+                        "tinyattn's own (what tinyattn's threads buy)")
     p.add_argument("--sides", default="all", choices=["all", "tinyattn", "torch"],
                    help="all: every side in this process; tinyattn or torch: one side alone, without importing "
                         "the other framework (on a CPU, torch's threads slow numpy down once torch has run)")
@@ -311,6 +318,8 @@ def main(argv=None):
     sides = {"tinyattn": TinyattnSide(cfg, args.device, x, y, fused=True)} if args.sides != "torch" else {}
     if get_backend(args.device).kernels and not args.no_unfused and args.sides != "torch":
         sides["tinyattn_unfused"] = TinyattnSide(cfg, args.device, x, y, fused=False)
+    if args.one_thread and args.sides != "torch":
+        sides["tinyattn_1thread"] = TinyattnSide(cfg, args.device, x, y, fused=True, threads=1)
     if torch is not None:
         sides["torch"] = TorchSide(torch, cfg, args.device, x, y)
 

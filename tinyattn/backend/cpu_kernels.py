@@ -293,10 +293,6 @@ def _stacked(*arrays):
     return all(a.ndim >= 3 and a.shape[:-2] == lead for a in arrays)
 
 
-def _mT(a):
-    return np.swapaxes(a, -1, -2)
-
-
 def attention(q, k, v, allowed, scale):
     """(out, weights) for q (S, ..., Tq, D), k (S, ..., Tk, D), v (S, ..., Tk, Dv), allowed (Tq, Tk) bools.
 
@@ -314,7 +310,7 @@ def attention(q, k, v, allowed, scale):
 
     def rows(i, j):
         w = weights[i:j]
-        np.matmul(q[i:j], _mT(k[i:j]), out=w)                             # scores
+        np.matmul(q[i:j], np.matrix_transpose(k[i:j]), out=w)   # scores
         w *= scale
         w3 = w.reshape((-1,) + w.shape[-2:])
         _masked_softmax_fwd(w3, allowed, w3)                              # weights, in place
@@ -333,13 +329,13 @@ def attention_backward(g, q, k, v, weights, scale):
 
     def rows(i, j):
         w = weights[i:j]
-        np.matmul(_mT(w), g[i:j], out=dv[i:j])                            # dV = P^T dO
-        ds = np.matmul(g[i:j], _mT(v[i:j]))                               # dP = dO V^T
+        np.matmul(np.matrix_transpose(w), g[i:j], out=dv[i:j])   # dV = P^T dO
+        ds = np.matmul(g[i:j], np.matrix_transpose(v[i:j]))   # dP = dO V^T
         ds2 = ds.reshape(-1, ds.shape[-1])
         _softmax_bwd(w.reshape(ds2.shape), ds2, ds2)                      # dS = P (dP - rowsum(dP P)), in place
         ds *= scale
         np.matmul(ds, k[i:j], out=dq[i:j])                                # dQ = dS K scale
-        np.matmul(_mT(ds), q[i:j], out=dk[i:j])                           # dK = dS^T Q scale
+        np.matmul(np.matrix_transpose(ds), q[i:j], out=dk[i:j])   # dK = dS^T Q scale
 
     split(rows, len(q), work=weights.size * (2 * q.shape[-1] + 2 * v.shape[-1]) // 32)
     return dq, dk, dv

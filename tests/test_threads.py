@@ -119,6 +119,30 @@ def test_off_without_threadpoolctl(monkeypatch):
     assert seen == [(0, 10, threading.current_thread())]
 
 
+@needs_threadpoolctl
+@pytest.mark.parametrize("n_threads", [1, 2, 3, 5])
+def test_matmuls_runs_every_row_of_every_product_once(n_threads, monkeypatch):
+    monkeypatch.setattr(threads, "MIN_WORK", 0)
+    monkeypatch.setattr(threads, "_num_threads", n_threads)
+    r = np.random.default_rng(0)
+    g, w, x = r.standard_normal((37, 5)), r.standard_normal((5, 3)), r.standard_normal((37, 3))
+    pairs = [(g, w), (g.T, x), (x[:1], w.T)]                     # rows of cost 15, 111 and 15
+    for out, (a, b) in zip(get_backend("cpu").matmuls(pairs), pairs):
+        np.testing.assert_allclose(out, a @ b, rtol=1e-13)
+
+
+@needs_threadpoolctl
+def test_matmuls_on_two_threads_runs_two_products_of_equal_cost_whole_one_on_each(monkeypatch):
+    monkeypatch.setattr(threads, "MIN_WORK", 0)
+    monkeypatch.setattr(threads, "_num_threads", 2)
+    seen = []
+    monkeypatch.setattr(np, "matmul", lambda a, b, out: seen.append((a.shape, threading.current_thread())))
+    g, w, x = np.ones((12, 4)), np.ones((4, 6)), np.ones((12, 6))   # both products: 12 * 4 * 6 multiply-adds
+    get_backend("cpu").matmuls([(g, w), (g.T, x)])
+    assert sorted(shape for shape, _ in seen) == [(4, 12), (12, 4)]
+    assert len({thread for _, thread in seen}) == 2
+
+
 @pytest.mark.parametrize("spec", SPLIT_OPS, ids=[s.name for s in SPLIT_OPS])
 def test_split_ops_give_the_numbers_of_one_thread(spec, split_everything, cpu_kernels, monkeypatch):
     arrays = spec.inputs(np.random.default_rng(3))

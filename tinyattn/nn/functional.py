@@ -244,13 +244,15 @@ class Linear(Function):
         return dx, dw, g2.sum(0) if need[2] else None              # (out,)
 
     def _backward_arrays(self, g, x, weight, need):
-        """The same three products on arrays, each split over the CPU's threads (backend.matmul)."""
+        """The same products on arrays, in one split over the CPU's threads (backend.matmuls):
+        on two threads, dx on one and dW on the other (they cost the same)."""
         backend, xp = self.backend, self.xp
         g2 = xp.reshape(g, (-1, g.shape[-1]))                      # (N, out)
         x2 = xp.reshape(x, (-1, x.shape[-1]))                      # (N, in)
-        dx = xp.reshape(backend.matmul(g2, weight), x.shape) if need[0] else None          # (..., in)
-        dw = backend.matmul(xp.permute_dims(g2, (1, 0)), x2) if need[1] else None          # (out, in)
-        grads = [dx, dw]
+        products = {0: (g2, weight), 1: (xp.permute_dims(g2, (1, 0)), x2)}   # dx (N, in), dW (out, in)
+        wanted = [i for i in products if need[i]]
+        results = dict(zip(wanted, backend.matmuls([products[i] for i in wanted])))
+        grads = [xp.reshape(results[0], x.shape) if need[0] else None, results.get(1)]
         if len(self.parents) == 3:
             grads.append(leading_sums(backend, g2, 1) if need[2] else None)               # (out,)
         return tuple(None if a is None else self.constant(a) for a in grads)

@@ -85,3 +85,34 @@ def test_nan_in_nan_out(op, monkeypatch):
     kernel = {"gelu": "gelu_tanh", "softmax": "masked_softmax", "attention": "attention", "layer_norm": "layer_norm",
               "cross_entropy": "cross_entropy", "flash_attention": "attention_tile_softmax_"}[op]
     assert calls.get(kernel), f"the {kernel} kernel did not run: {calls}"
+
+
+@needs_kernels
+@pytest.mark.parametrize("mask", ["causal", "band", "random"])
+def test_masked_softmax_finds_each_rows_max_at_its_first_or_last_allowed_key(mask, monkeypatch):
+    """The kernels look for a row's max only between its first and last allowed key: a max just
+    inside either end must still be found, or exp overflows (softmax does not depend on which
+    max is subtracted, so only scores large enough to overflow float64's exp can tell)."""
+    calls = count_kernel_calls(get_backend("cpu"), monkeypatch)
+    r = np.random.default_rng(5)
+    t = 9
+    allowed = {"causal": np.tril(np.ones((t, t), bool)),
+               "band": np.tril(np.ones((t, t), bool)) & np.triu(np.ones((t, t), bool), k=-2),
+               "random": r.random((t, t)) < 0.5}[mask]
+    allowed[0] = False                                             # and a row with nothing allowed
+    scores = r.standard_normal((2, t, t))
+    for i in range(1, t):
+        keys = np.flatnonzero(allowed[i])
+        if len(keys):
+            scores[0, i, keys[0]] = scores[1, i, keys[-1]] = 1000.0   # exp(1000) is inf in float64
+    exact = np.where(allowed, np.exp(scores - np.where(allowed, scores, -np.inf).max(-1, keepdims=True)), 0)
+    exact /= np.maximum(exact.sum(-1, keepdims=True), 1e-300)
+    x = ta.tensor(scores, dtype="float64")
+    got = ops.MaskedSoftmax.apply(x, ta.tensor(allowed, dtype="bool")).numpy()
+    np.testing.assert_allclose(got, exact, atol=1e-12)
+    ones = ta.tensor(np.eye(t)[None], dtype="float64")             # k = I, v = I: the output is the weights
+    q = ta.tensor(scores * 2.0, dtype="float64").reshape(1, 2, t, t)
+    got = F.scaled_dot_product_attention(q, ones.expand(1, 2, t, t), ones.expand(1, 2, t, t),
+                                         attn_mask=ta.tensor(allowed, dtype="bool"), scale=0.5).numpy()
+    np.testing.assert_allclose(got[0], exact, atol=1e-12)
+    assert calls.get("masked_softmax") and calls.get("attention"), calls

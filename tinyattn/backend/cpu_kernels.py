@@ -230,36 +230,45 @@ def layer_norm_backward(g, xhat, weight, rstd):
 # softmax over the last dim, with a (Tq, Tk) mask (True = take part)
 # --------------------------------------------------------------------------
 @row_kernel
-def _masked_softmax_fwd(x, allowed, y):            # x, y (N, Tq, Tk); allowed (Tq, Tk)
-    N, Tq, Tk = x.shape
+def _masked_softmax_fwd(x, allowed, first, stop, scale, y):   # x, y (N, Tq, Tk); allowed (Tq, Tk); first, stop (Tq,)
+    N, Tq, Tk = x.shape                                         # y = softmax(x scale) where allowed
     zero, one = _real(0, x), _real(1, x)
     for n in range(N):
         for i in range(Tq):
             m = _real(-np.inf, x)
-            for j in range(Tk):
-                if allowed[i, j] and x[n, i, j] > m:
-                    m = x[n, i, j]
-            m = m if m > _real(-np.inf, x) else zero                   # every allowed entry -inf: zeros
+            for j in range(first[i], stop[i]):                  # the max: only where keys may be allowed
+                v = x[n, i, j] * scale
+                m = v if allowed[i, j] and v > m else m
+            m = m if m > _real(-np.inf, x) else zero            # every allowed entry -inf: zeros
             total = zero
-            for j in range(Tk):
-                e = _exp(x[n, i, j] - m)
+            for j in range(Tk):                                 # the whole row: a loop the compiler vectorises
+                e = _exp(x[n, i, j] * scale - m)
                 e = e if allowed[i, j] else zero
                 y[n, i, j] = e
                 total += e
-            scale = zero if total == zero else one / total             # a fully masked row: zeros
+            inv = zero if total == zero else one / total        # a fully masked row: zeros
             for j in range(Tk):
-                y[n, i, j] *= scale
+                y[n, i, j] *= inv
 
 
 @row_kernel
-def _softmax_bwd(y, g, dx):                        # dx = y (g - sum(g y)), rows of y, g, dx (N, C)
+def _softmax_bwd(y, g, scale, dx):                 # dx = y (g - sum(g y)) scale, rows of y, g, dx (N, C)
     N, C = y.shape
     for n in range(N):
         s = _real(0, y)
         for c in range(C):
             s += g[n, c] * y[n, c]
         for c in range(C):
-            dx[n, c] = y[n, c] * (g[n, c] - s)
+            dx[n, c] = y[n, c] * (g[n, c] - s) * scale
+
+
+def _row_bounds(allowed):
+    """(first, stop), (Tq,) int64 each: row i's allowed keys lie in first[i]..stop[i] - 1 (0, 0: none).
+    For a causal mask, 0 and i + 1: the max skips the masked half."""
+    some = allowed.any(axis=1)
+    first = np.where(some, allowed.argmax(axis=1), 0)
+    stop = np.where(some, allowed.shape[1] - allowed[:, ::-1].argmax(axis=1), 0)
+    return first.astype(np.int64), stop.astype(np.int64)
 
 
 def masked_softmax(x, allowed):
@@ -269,7 +278,8 @@ def masked_softmax(x, allowed):
     x3 = np.ascontiguousarray(x).reshape((-1,) + x.shape[-2:])     # (N, Tq, Tk)
     y = np.empty_like(x3)
     allowed = np.ascontiguousarray(allowed)
-    split(lambda i, j: _masked_softmax_fwd(x3[i:j], allowed, y[i:j]), len(x3), work=x3.size)
+    first, stop, one = *_row_bounds(allowed), x.dtype.type(1)
+    split(lambda i, j: _masked_softmax_fwd(x3[i:j], allowed, first, stop, one, y[i:j]), len(x3), work=x3.size)
     return y.reshape(x.shape)
 
 
@@ -280,7 +290,8 @@ def softmax_backward(y, g):
     y2 = _rows(y)
     dx = np.empty_like(y2)
     g2 = _rows(g)
-    split(lambda i, j: _softmax_bwd(y2[i:j], g2[i:j], dx[i:j]), len(y2), work=y2.size)
+    one = y.dtype.type(1)
+    split(lambda i, j: _softmax_bwd(y2[i:j], g2[i:j], one, dx[i:j]), len(y2), work=y2.size)
     return dx.reshape(y.shape)
 
 
@@ -307,13 +318,13 @@ def attention(q, k, v, allowed, scale):
     weights = np.empty(q.shape[:-1] + k.shape[-2:-1], dtype=q.dtype)     # (S, ..., Tq, Tk)
     out = np.empty_like(q, shape=q.shape[:-1] + v.shape[-1:])             # (S, ..., Tq, Dv), q's order
     allowed, scale = np.ascontiguousarray(allowed), q.dtype.type(scale)
+    first, stop = _row_bounds(allowed)
 
     def rows(i, j):
         w = weights[i:j]
-        np.matmul(q[i:j], np.matrix_transpose(k[i:j]), out=w)   # scores
-        w *= scale
+        np.matmul(q[i:j], np.matrix_transpose(k[i:j]), out=w)   # scores, unscaled
         w3 = w.reshape((-1,) + w.shape[-2:])
-        _masked_softmax_fwd(w3, allowed, w3)                              # weights, in place
+        _masked_softmax_fwd(w3, allowed, first, stop, scale, w3)          # weights, in place
         np.matmul(w, v[i:j], out=out[i:j])
 
     split(rows, len(q), work=weights.size * (q.shape[-1] + v.shape[-1]) // 32)
@@ -332,8 +343,7 @@ def attention_backward(g, q, k, v, weights, scale):
         np.matmul(np.matrix_transpose(w), g[i:j], out=dv[i:j])   # dV = P^T dO
         ds = np.matmul(g[i:j], np.matrix_transpose(v[i:j]))   # dP = dO V^T
         ds2 = ds.reshape(-1, ds.shape[-1])
-        _softmax_bwd(w.reshape(ds2.shape), ds2, ds2)                      # dS = P (dP - rowsum(dP P)), in place
-        ds *= scale
+        _softmax_bwd(w.reshape(ds2.shape), ds2, scale, ds2)               # dS = P (dP - rowsum(dP P)) scale, in place
         np.matmul(ds, k[i:j], out=dq[i:j])                                # dQ = dS K scale
         np.matmul(np.matrix_transpose(ds), q[i:j], out=dk[i:j])   # dK = dS^T Q scale
 

@@ -188,8 +188,8 @@ def _layer_norm_fwd(x, w, b, y, xhat, rstd, eps):  # x, y, xhat (N, C); w, b (C,
 
 
 @row_kernel
-def _layer_norm_bwd(g, xhat, w, rstd, dx):         # dx = rstd (gx - mean(gx) - xhat mean(gx xhat)), gx = g w
-    N, C = g.shape
+def _layer_norm_bwd(g, xhat, w, rstd, dx, dw, db):  # dx = rstd (gx - mean(gx) - xhat mean(gx xhat)), gx = g w
+    N, C = g.shape                                  # dw, db (C,): this part's sums of g xhat and g, added to
     inv_c = _real(1 / C, g)
     for n in range(N):
         s1, s2 = _real(0, g), _real(0, g)
@@ -197,6 +197,8 @@ def _layer_norm_bwd(g, xhat, w, rstd, dx):         # dx = rstd (gx - mean(gx) - 
             gx = g[n, c] * w[c]
             s1 += gx
             s2 += gx * xhat[n, c]
+            dw[c] += g[n, c] * xhat[n, c]
+            db[c] += g[n, c]
         s1 *= inv_c
         s2 *= inv_c
         r = rstd[n]
@@ -217,13 +219,25 @@ def layer_norm(x, weight, bias, eps):
 
 
 def layer_norm_backward(g, xhat, weight, rstd):
+    """(dx, dw, db): each thread sums its rows' share of dw and db; the parts are added at the end."""
     if not _floats(g, xhat, weight, rstd) or g.shape != xhat.shape:
         return None
     g2 = _rows(g)                                                   # (N, C)
     dx = np.empty_like(g2)
     xhat2, w, rstd1 = _rows(xhat), np.ascontiguousarray(weight), np.ascontiguousarray(rstd).reshape(-1)
-    split(lambda i, j: _layer_norm_bwd(g2[i:j], xhat2[i:j], w, rstd1[i:j], dx[i:j]), len(g2), work=g2.size)
-    return dx.reshape(g.shape)
+    sums = []                                                       # (dw, db) of each part
+
+    def rows(i, j):
+        dw, db = np.zeros_like(w), np.zeros_like(w)
+        _layer_norm_bwd(g2[i:j], xhat2[i:j], w, rstd1[i:j], dx[i:j], dw, db)
+        sums.append((dw, db))
+
+    split(rows, len(g2), work=g2.size)
+    dw, db = sums[0]
+    for more_dw, more_db in sums[1:]:
+        dw += more_dw
+        db += more_db
+    return dx.reshape(g.shape), dw, db
 
 
 # --------------------------------------------------------------------------

@@ -249,7 +249,8 @@ def layer_norm(x, weight, bias, eps):
 
 
 def layer_norm_backward(g, xhat, weight, rstd):
-    """d loss / dx of layer norm from the saved xhat and rstd; g and xhat (..., C), rstd (..., 1)."""
+    """(dx, dw, db) of layer norm from the saved xhat and rstd; g and xhat (..., C), rstd (..., 1).
+    The kernel gives dx; dw and db are CuPy's sums over the rows."""
     if not _floats(g, xhat, weight, rstd) or g.shape != xhat.shape:
         return None
     g2, xhat2 = _rows(g), _rows(xhat)                              # (N, C)
@@ -259,7 +260,7 @@ def layer_norm_backward(g, xhat, weight, rstd):
     kernel = _row_module(g2.dtype, threads).get_function("layer_norm_bwd")
     kernel((N,), (threads,), (g2, xhat2, cupy.ascontiguousarray(weight),
                               cupy.ascontiguousarray(rstd).reshape(-1), dx, np.int32(C)))
-    return dx.reshape(g.shape)
+    return dx.reshape(g.shape), (g2 * xhat2).sum(axis=0), g2.sum(axis=0)
 
 
 def cross_entropy(logits, targets, ignore_index):

@@ -165,16 +165,18 @@ class LayerNorm(Function):
         xhat, rstd = self.saved
         x, weight, bias = self.parents
         gd = g.data
-        dw = self._lead_sums(gd * xhat) if weight.requires_grad else None
-        db = self._lead_sums(gd) if bias.requires_grad else None
-        dx = self.backend.run_kernel("layer_norm_backward", gd, xhat, weight.data, rstd)
-        if dx is None:                                           # rstd (gx - mean(gx) - xhat mean(gx xhat))
+        fused = self.backend.run_kernel("layer_norm_backward", gd, xhat, weight.data, rstd)
+        if fused is not None:
+            dx, dw, db = fused
+        else:                                                    # rstd (gx - mean(gx) - xhat mean(gx xhat))
+            dw = self._lead_sums(gd * xhat) if weight.requires_grad else None
+            db = self._lead_sums(gd) if bias.requires_grad else None
             gx = gd * weight.data                                # d loss / d xhat
             dx = gx - self._row_means(gx)
             dx -= xhat * self._row_means(gx * xhat)
             dx *= rstd
-        wrap = lambda a: None if a is None else self.constant(a)    # noqa: E731
-        return wrap(dx), wrap(dw), wrap(db)
+        wrap = lambda a, need=True: self.constant(a) if need and a is not None else None    # noqa: E731
+        return wrap(dx), wrap(dw, weight.requires_grad), wrap(db, bias.requires_grad)
 
 
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, fused=True):

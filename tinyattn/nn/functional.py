@@ -247,17 +247,21 @@ class Linear(Function):
 
     def _backward_arrays(self, g, x, weight, need):
         """The same products on arrays, in one split over the CPU's threads (backend.matmuls):
-        on two threads, dx on one and dW on the other (they cost the same)."""
+        on two threads, dx and db on one and dW on the other (dx and dW cost the same)."""
         backend, xp = self.backend, self.xp
         g2 = xp.reshape(g, (-1, g.shape[-1]))                      # (N, out)
         x2 = xp.reshape(x, (-1, x.shape[-1]))                      # (N, in)
-        products = {0: (g2, weight), 1: (xp.permute_dims(g2, (1, 0)), x2)}   # dx (N, in), dW (out, in)
-        wanted = [i for i in products if need[i]]
+        ones = backend.full((1, g2.shape[0]), 1, backend.dtype_of(g2))
+        products = {0: (g2, weight),                               # dx (N, in)
+                    2: (ones, g2),                                 # db (1, out): the sum over rows
+                    1: (xp.permute_dims(g2, (1, 0)), x2)}          # dW (out, in)
+        wanted = [i for i in products if i < len(self.parents) and need[i]]
         results = dict(zip(wanted, backend.matmuls([products[i] for i in wanted])))
-        grads = [xp.reshape(results[0], x.shape) if need[0] else None, results.get(1)]
-        if len(self.parents) == 3:
-            grads.append(leading_sums(backend, g2, 1) if need[2] else None)               # (out,)
-        return tuple(None if a is None else self.constant(a) for a in grads)
+        if 0 in results:
+            results[0] = xp.reshape(results[0], x.shape)           # (..., in)
+        if 2 in results:
+            results[2] = xp.reshape(results[2], (g2.shape[1],))   # (out,)
+        return tuple(self.constant(results[i]) if i in results else None for i in range(len(self.parents)))
 
 
 def linear(x, weight, bias=None):

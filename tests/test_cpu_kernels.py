@@ -116,3 +116,37 @@ def test_masked_softmax_finds_each_rows_max_at_its_first_or_last_allowed_key(mas
                                          attn_mask=ta.tensor(allowed, dtype="bool"), scale=0.5).numpy()
     np.testing.assert_allclose(got[0], exact, atol=1e-12)
     assert calls.get("masked_softmax") and calls.get("attention"), calls
+
+
+@needs_kernels
+def test_q_k_v_gradients_from_one_qkv_buffer_join_without_a_copy(monkeypatch):
+    """The attention kernel writes dq, dk, dv where q, k, v sit in the qkv buffer, so the
+    split's backward has nothing to concatenate; the gradient is the same either way."""
+    r = np.random.default_rng(8)
+    x, g = r.standard_normal((2, 16, 3 * 12)), r.standard_normal((2, 3, 16, 4))
+    results = {}
+    for use_kernels in (True, False):
+        monkeypatch.setattr(get_backend("cpu"), "use_kernels", use_kernels)
+        concats = []
+        monkeypatch.setattr(ops.Cat, "forward", lambda self, *a, dim, f=ops.Cat.forward: concats.append(1)
+                            or f(self, *a, dim=dim))
+        xt = ta.tensor(x, dtype="float64", requires_grad=True)
+        q, k, v = (t.view(2, 16, 3, 4).transpose(1, 2) for t in xt.split(12, dim=2))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.backward(ta.tensor(g, dtype="float64"))
+        results[use_kernels] = (xt.grad.numpy(), len(concats))
+    np.testing.assert_allclose(results[True][0], results[False][0], rtol=1e-12, atol=1e-14)
+    assert results[True][1] == 0 < results[False][1]
+
+
+def test_joined_finds_the_array_whose_slices_the_pieces_are():
+    cpu = get_backend("cpu")
+    whole = np.arange(2 * 3 * 9.0).reshape(2, 3, 9)
+    pieces = [whole[:, :, 0:2], whole[:, :, 2:6], whole[:, :, 6:9]]
+    assert cpu.joined(pieces, (2, 3, 9), 2) is not None
+    np.testing.assert_array_equal(cpu.joined(pieces, (2, 3, 9), 2), whole)
+    assert cpu.joined([p.copy() for p in pieces], (2, 3, 9), 2) is None               # not views
+    assert cpu.joined(pieces[::-1], (2, 3, 9), 2) is None                             # out of order
+    assert cpu.joined(pieces[:2], (2, 3, 9), 2) is None                               # not all of it
+    assert cpu.joined([whole[:, :, 0:2], whole[:, :, 3:7], whole[:, :, 7:9]], (2, 3, 9), 2) is None   # a gap
+    assert cpu.joined([whole[:1], whole[1:]], (2, 3, 9), 0) is not None

@@ -620,7 +620,9 @@ class Split(Function):
 
     Backward gets one gradient per piece and joins them with one concat, so
     attention's q/k/v split costs one copy, not three zero buffers added up.
-    A piece that got no gradient contributes zeros.
+    A piece that got no gradient contributes zeros. On the CPU, when the pieces'
+    gradients are already the slices of one array (the attention kernel writes
+    dq, dk and dv so), that array is the gradient: no copy at all.
     """
 
     def forward(self, a, dim, sizes):
@@ -632,6 +634,10 @@ class Split(Function):
         return tuple(pieces)
 
     def backward(self, *grads):
+        if not is_grad_enabled() and all(g is not None for g in grads):   # (create_graph: Tensor ops only)
+            joined = self.backend.joined([g.data for g in grads], self.parents[0].shape, self.dim)
+            if joined is not None:
+                return self.constant(joined)
         dtype = self.parents[0].dtype
         return Cat.apply(*[self.constant(self.backend.zeros(shape, dtype)) if g is None else g
                            for g, shape in zip(grads, self.shapes)], dim=self.dim)

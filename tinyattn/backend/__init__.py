@@ -105,6 +105,22 @@ class Backend:
         out = self.zeros((n_rows,) + tuple(values.shape[1:]), self.dtype_of(values))
         return self.index_add(out, idx, values)
 
+    def joined(self, arrays, shape, dim):
+        """The array of ``shape`` whose consecutive slices along ``dim`` the ``arrays`` are,
+        exactly (views of it, in order, covering it): their concat without a copy. None
+        when they are anything else, and off the CPU."""
+        base = arrays[0].base if self.xp is np else None
+        if base is None or base.size != math.prod(shape) or not base.flags.c_contiguous:
+            return None
+        whole, start, lead = base.reshape(shape), 0, (slice(None),) * dim
+        for a in arrays:
+            piece = whole[lead + (slice(start, start + a.shape[dim]),)]
+            if a.base is not base or a.dtype != piece.dtype or a.shape != piece.shape \
+                    or a.strides != piece.strides or a.ctypes.data != piece.ctypes.data:
+                return None
+            start += a.shape[dim]
+        return whole if start == shape[dim] else None
+
     # --- random numbers --------------------------------------------------
     def seed(self, seed):
         self.rng = np.random.default_rng(seed)

@@ -345,11 +345,25 @@ def attention(q, k, v, allowed, scale):
     return out, weights
 
 
+def _empty_like_parts(*arrays):
+    """Empty arrays laid out as ``arrays``. When those are disjoint views that fill one array
+    (attention's q, k and v, cut from one qkv product), the new ones are views of one new
+    array at the same places, so their gradients join into qkv's without a copy (ops.Split)."""
+    base = arrays[0].base
+    if (base is not None and base.flags.c_contiguous and base.dtype == arrays[0].dtype
+            and all(a.base is base for a in arrays) and sum(a.size for a in arrays) == base.size
+            and not any(np.shares_memory(a, b) for i, a in enumerate(arrays) for b in arrays[i + 1:])):
+        whole, start = np.empty_like(base), base.ctypes.data
+        return [np.ndarray(a.shape, a.dtype, buffer=whole, offset=a.ctypes.data - start, strides=a.strides)
+                for a in arrays]
+    return [np.empty_like(a) for a in arrays]
+
+
 def attention_backward(g, q, k, v, weights, scale):
     """(dq, dk, dv) for the output gradient g, each in its input's memory order."""
     if not (_floats(g, q, k, v, weights) and _stacked(g, q, k, v, weights)):
         return None
-    dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+    dq, dk, dv = _empty_like_parts(q, k, v)
     scale = q.dtype.type(scale)
 
     def rows(i, j):

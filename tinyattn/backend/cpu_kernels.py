@@ -169,6 +169,12 @@ def gelu_tanh_backward(x, g):
 # --------------------------------------------------------------------------
 # layer norm over the last dim, one row at a time
 # --------------------------------------------------------------------------
+# Layer norm costs about half as much an element as the other kernels, so it splits from twice as
+# many elements (measured: the baby and default GPT steps were 0.6 and 0.4 ms faster with their
+# layer norms of 98k and 82k elements on one thread).
+_LIGHT = 2
+
+
 @row_kernel
 def _layer_norm_fwd(x, w, b, y, xhat, rstd, eps):  # x, y, xhat (N, C); w, b (C,); rstd (N,)
     N, C = x.shape
@@ -214,7 +220,8 @@ def layer_norm(x, weight, bias, eps):
     y, xhat = np.empty_like(x2), np.empty_like(x2)
     rstd = np.empty(x2.shape[0], dtype=x2.dtype)
     w, b, eps = np.ascontiguousarray(weight), np.ascontiguousarray(bias), x2.dtype.type(eps)
-    split(lambda i, j: _layer_norm_fwd(x2[i:j], w, b, y[i:j], xhat[i:j], rstd[i:j], eps), len(x2), work=x2.size)
+    split(lambda i, j: _layer_norm_fwd(x2[i:j], w, b, y[i:j], xhat[i:j], rstd[i:j], eps), len(x2),
+          work=x2.size // _LIGHT)
     return y.reshape(x.shape), xhat.reshape(x.shape), rstd.reshape(x.shape[:-1] + (1,))
 
 
@@ -232,7 +239,7 @@ def layer_norm_backward(g, xhat, weight, rstd):
         _layer_norm_bwd(g2[i:j], xhat2[i:j], w, rstd1[i:j], dx[i:j], dw, db)
         sums.append((dw, db))
 
-    split(rows, len(g2), work=g2.size)
+    split(rows, len(g2), work=g2.size // _LIGHT)
     dw, db = sums[0]
     for more_dw, more_db in sums[1:]:
         dw += more_dw

@@ -17,14 +17,15 @@ its own formula.
     gelu_tanh, gelu_tanh_backward          elementwise, one pass
     layer_norm, layer_norm_backward        one row at a time
     masked_softmax, softmax_backward       one row at a time (the row's max, exp, sum in the row)
+    index_add_rows                         embedding's backward: one pass over the rows
     cross_entropy, cross_entropy_backward  one row at a time
     adamw_                                 elementwise: p, m, v updated in place
     attention, attention_backward          softmax(q k^T scale, masked) v: products and softmax per part
     attention_tile_softmax_                one tile of flash attention's online softmax, in place
     attention_tile_backward_               one tile of its backward: P and dS, in place
 
-Each wrapper splits its rows (or elements) over tinyattn's threads
-(``threads.split``): the kernels release the GIL, so the parts run at once.
+Each wrapper but index_add_rows's splits its rows (or elements) over tinyattn's
+threads (``threads.split``): the kernels release the GIL, so the parts run at once.
 
 Why not numpy's ``exp``: numba calls the C library's scalar ``exp`` once per
 element, several times slower than numpy's SIMD loop. ``_exp`` below is
@@ -387,6 +388,29 @@ def attention_backward(g, q, k, v, weights, scale):
 
 
 # --------------------------------------------------------------------------
+# embedding backward: rows scattered and added into a table
+# --------------------------------------------------------------------------
+@kernel
+def _index_add_rows(idx, values, out):             # out[idx[i]] += values[i]; idx (N,), values (N, C)
+    N, C = values.shape
+    for i in range(N):
+        r = idx[i]
+        for c in range(C):
+            out[r, c] += values[i, c]
+
+
+def index_add_rows(n_rows, idx, values):
+    """(n_rows, C) zeros with out[idx[i]] += values[i] for (N, C) values: one pass over them,
+    on one thread (rows repeat). None for ids outside [0, n_rows) (the formula then decides)."""
+    if not _floats(values) or values.ndim != 2 or idx.shape != values.shape[:1] or idx.dtype.kind not in "iu" \
+            or int(idx.min()) < 0 or int(idx.max()) >= n_rows:
+        return None
+    out = np.zeros((n_rows, values.shape[1]), dtype=values.dtype)
+    _index_add_rows(np.ascontiguousarray(idx), np.ascontiguousarray(values), out)
+    return out
+
+
+# --------------------------------------------------------------------------
 # softmax cross-entropy: logits (N, C), targets (N,) ints
 # --------------------------------------------------------------------------
 @row_kernel
@@ -567,6 +591,7 @@ KERNELS = {
     "gelu_tanh_backward": gelu_tanh_backward,
     "layer_norm": layer_norm,
     "layer_norm_backward": layer_norm_backward,
+    "index_add_rows": index_add_rows,
     "masked_softmax": masked_softmax,
     "softmax_backward": softmax_backward,
     "cross_entropy": cross_entropy,

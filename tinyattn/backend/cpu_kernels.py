@@ -196,7 +196,7 @@ def _layer_norm_fwd(x, w, b, y, xhat, rstd, eps):  # x, y, xhat (N, C); w, b (C,
 
 @row_kernel
 def _layer_norm_bwd(g, xhat, w, rstd, dx, dw, db):  # dx = rstd (gx - mean(gx) - xhat mean(gx xhat)), gx = g w
-    N, C = g.shape                                  # dw, db (C,): this part's sums of g xhat and g, added to
+    N, C = g.shape                                  # dw += sum of g xhat over these rows, db += sum of g
     inv_c = _real(1 / C, g)
     for n in range(N):
         s1, s2 = _real(0, g), _real(0, g)

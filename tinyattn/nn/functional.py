@@ -255,7 +255,7 @@ class Linear(Function):
         ones = backend.full((1, g2.shape[0]), 1, backend.dtype_of(g2))
         products = {0: (g2, weight),                               # dx (N, in)
                     2: (ones, g2),                                 # db (1, out): the sum over rows
-                    1: (xp.permute_dims(g2, (1, 0)), x2)}          # dW (out, in)
+                    1: (xp.permute_dims(g2, (1, 0)), x2)}          # dW (out, in): last, a thread of its own
         wanted = [i for i in products if i < len(self.parents) and need[i]]
         results = dict(zip(wanted, backend.matmuls([products[i] for i in wanted])))
         if 0 in results:

@@ -252,11 +252,11 @@ class Linear(Function):
         backend, xp = self.backend, self.xp
         g2 = xp.reshape(g, (-1, g.shape[-1]))                      # (N, out)
         x2 = xp.reshape(x, (-1, x.shape[-1]))                      # (N, in)
-        ones = backend.full((1, g2.shape[0]), 1, backend.dtype_of(g2))
-        products = {0: (g2, weight),                               # dx (N, in)
-                    2: (ones, g2),                                 # db (1, out): the sum over rows
-                    1: (xp.permute_dims(g2, (1, 0)), x2)}          # dW (out, in): last, a thread of its own
-        wanted = [i for i in products if i < len(self.parents) and need[i]]
+        products = {0: (g2, weight)}                               # dx (N, in)
+        if len(self.parents) == 3 and need[2]:                     # db (1, out): the sum over rows
+            products[2] = (backend.full((1, g2.shape[0]), 1, backend.dtype_of(g2)), g2)
+        products[1] = (xp.permute_dims(g2, (1, 0)), x2)            # dW (out, in): last, a thread of its own
+        wanted = [i for i in products if need[i]]
         results = dict(zip(wanted, backend.matmuls([products[i] for i in wanted])))
         if 0 in results:
             results[0] = xp.reshape(results[0], x.shape)           # (..., in)

@@ -17,7 +17,7 @@ def clip_grad_norm_(parameters, max_norm):
         total_sq = sum(backend.sum_of_squares(g.data) for g in grads)
     norm = xp.sqrt(total_sq)
     coef = xp.minimum(max_norm / (norm + 1e-6), 1.0)
-    if grads[0].backend.on_host and float(coef) >= 1.0:      # on the host the read is free: no pass needed
+    if backend.on_host and float(coef) >= 1.0:      # on the host the read is free: no pass needed
         return constant(grads[0], norm)
     for g in grads:
         g.data = g.data * coef

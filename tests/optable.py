@@ -134,6 +134,7 @@ OPS = [
            lambda a: np.clip(a, -0.5, 0.7)),
     OpSpec("Tensor.clamp(min)", lambda a: a.clamp(min=0.1), lambda r: [distinct(r, 4, 5, gap=0.05) + 0.013],
            lambda a: np.maximum(a, 0.1)),
+    OpSpec("Tensor.clone", lambda a: a.clone(), lambda r: [normal(r, 3, 4)], lambda a: a.copy()),
     OpSpec("Tensor.float", lambda a: a.float().double(), lambda r: [normal(r, 3)],
            lambda a: a.astype(np.float32).astype(np.float64), atol=1e-6, eps=1e-2, keeps_dtype=False),  # linear: a wide step is exact
     # reductions

@@ -52,6 +52,18 @@ def test_float32_stays_float32(spec, cpu_kernels):
             assert t.grad.dtype == ta.float32, spec.name
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("spec", OPS, ids=IDS)
+def test_no_op_writes_into_its_inputs(spec, dtype, cpu_kernels):
+    """Every op, forward and backward, with its input arrays read-only (as a learner's own ops
+    get them): an op that wrote into an input would change the caller's tensor."""
+    inputs = make_tensors(spec.inputs(np.random.default_rng(6)), dtype=dtype)
+    for t in inputs:
+        t.data.flags.writeable = False
+    out = spec.fn(*inputs)
+    out.backward(ta.ones_like(out))
+
+
 @pytest.mark.skipif(not strict_available(), reason="needs array_api_strict")
 @pytest.mark.parametrize("spec", OPS, ids=IDS)
 def test_stand_in_device_matches_numpy(spec, cpu_kernels):
@@ -66,7 +78,7 @@ def test_stand_in_device_matches_numpy(spec, cpu_kernels):
 # ------------------------------------------------------------------ coverage
 TENSOR_OPS = ["__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__truediv__", "__rtruediv__",
               "__pow__", "__rpow__", "__neg__", "__matmul__", "exp", "log", "sqrt", "abs", "tanh", "sigmoid",
-              "relu", "erf", "clamp", "float", "sum", "mean", "max", "min", "var", "std", "reshape", "view",
+              "relu", "erf", "clamp", "clone", "float", "sum", "mean", "max", "min", "var", "std", "reshape", "view",
               "transpose", "permute", "T", "expand", "broadcast_to", "squeeze", "unsqueeze", "flatten",
               "__getitem__", "split", "chunk", "masked_fill", "tril", "triu"]
 

@@ -9,8 +9,9 @@ the gradients. Backward formulas use Tensor ops, so ``create_graph=True``
 records them and gradients of gradients work.
 
 This file knows nothing of the Tensor API: it only reads a tensor's
-``data``, ``backend``, ``requires_grad``, ``grad`` and ``grad_fn``, and builds
-outputs with the Tensor class that ``tinyattn/tensor.py`` hands it.
+``data``, ``backend``, ``requires_grad``, ``grad`` and ``grad_fn``, copies a
+gradient with ``clone()`` (a leaf owns its ``.grad``), and builds outputs
+with the Tensor class that ``tinyattn/tensor.py`` hands it.
 """
 import contextlib
 import threading
@@ -110,6 +111,10 @@ class Function:
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         Function.registry.append(cls)
+        # An op written outside the library (yours) gets its input arrays read-only where the
+        # device allows it (numpy), so a forward that writes into one (x -= m) fails at that
+        # line instead of changing the caller's tensor. The library's own ops are tested for it.
+        cls.guard_inputs = not cls.__module__.startswith("tinyattn.")
 
     def forward(self, *arrays, **params):
         raise NotImplementedError(f"{type(self).__name__} has no forward")
@@ -141,11 +146,14 @@ class Function:
         ctx.backend, ctx.xp = backend, backend.xp
         if Function.trace is not None:
             Function.trace.add(cls)
+        arrays = [t.data for t in inputs]
+        if cls.guard_inputs or hooks is not None:                 # (inside detect_anomaly: every op)
+            arrays = [backend.read_only(a) for a in arrays]
         try:
             if hooks is None:
-                data = ctx.forward(*[t.data for t in inputs], **params)
+                data = ctx.forward(*arrays, **params)
             else:
-                data = hooks.forward(ctx, inputs, params)
+                data = hooks.forward(ctx, inputs, arrays, params)
         except Exception as e:
             better = _explain_forward_error(cls, inputs, e)
             if better is None:
@@ -222,8 +230,12 @@ def broadcast_shape(op, *shapes):
 
 
 def _explain_forward_error(cls, inputs, error):
-    """A forward failed: if the inputs of a broadcasting op do not fit, an error that says so
-    in the library's words (else None: the original error stands)."""
+    """A forward failed: if it wrote into an input array, or if the inputs of a broadcasting op
+    do not fit, an error that says so in the library's words (else None: the original error stands)."""
+    if isinstance(error, ValueError) and "read-only" in str(error):
+        return RuntimeError(f"{cls.__name__}.forward wrote into one of its input arrays ({error}): those are "
+                            "the caller's tensors, and forward must leave them unchanged. Compute a new "
+                            "array instead (x = x - m, not x -= m)")
     if cls.broadcasts and isinstance(error, ValueError):
         try:
             broadcast_shape(cls.__name__.lower(), *[t.shape for t in inputs])
@@ -289,9 +301,11 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs=None):
                 continue
             if g is not None and wanted is not None:
                 if id(node) in wanted:
-                    wanted[id(node)] = g
+                    wanted[id(node)] = g.clone()         # its own array, as for .grad below
             elif g is not None and (ctx is None or node.retains_grad):
-                node.grad = g if node.grad is None else node.grad + g
+                # A leaf owns its .grad, as in PyTorch: the first gradient is copied (the same
+                # array may have gone to another input, or be the caller's), later ones added.
+                node.grad = g.clone() if node.grad is None else node.grad + g
             if ctx is None:
                 continue
             if several:                                  # backward once, when every output's gradient is in
@@ -346,6 +360,10 @@ def check_backward_grads(ctx, grads):
         if parent.requires_grad and pg.shape != parent.shape:
             raise RuntimeError(f"{name} returned a gradient of shape {pg.shape} for input {i} "
                                f"of shape {parent.shape}")
+        if parent.requires_grad and pg.dtype != parent.dtype:
+            raise RuntimeError(f"{name} returned a {pg.dtype} gradient for input {i}, which is {parent.dtype}: "
+                               "return each gradient in its input's dtype (a float64 array would "
+                               "silently turn float32 weights into float64)")
     return tuple(grads)
 
 
@@ -362,6 +380,11 @@ def initial_grad(output, gradient):
         gradient = _Tensor(gradient, dtype=output.dtype, device=output.device)
     if gradient.shape != output.shape:
         raise RuntimeError(f"gradient has shape {gradient.shape} but the output has shape {output.shape}")
+    if gradient.dtype != output.dtype:
+        raise RuntimeError(f"gradient has dtype {gradient.dtype} but the output has dtype {output.dtype} "
+                           f"(convert it with .to({str(output.dtype)!r}))")
+    if gradient.device != output.device:
+        raise RuntimeError(f"gradient is on {gradient.device} but the output is on {output.device}")
     return gradient
 
 

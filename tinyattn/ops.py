@@ -33,13 +33,36 @@ def constant(like, array):
 
 def lift(like, value, op="an op"):
     """``value`` as a Tensor on ``like``'s device: a Tensor as it is, a Python number
-    as a 0-d array (of like's dtype when like is floating). Anything that is not a
-    number is a TypeError naming ``op``."""
+    as a 0-d array. A number takes like's dtype when it fits in it (a float next to
+    a float tensor, an int next to an integer one): as in PyTorch, a number never
+    widens a tensor. Anything that is not a number is a TypeError naming ``op``."""
     if is_tensor(value):
         return value
-    check_operand(value, op)
-    dtype = like.dtype if like.dtype.kind == "f" else None
-    return wrap(like.backend.asarray(value, dtype), like.backend)
+    kind = check_operand(value, op)
+    fits = like.dtype.kind == "f" or (like.dtype.kind in "iu" and kind in "biu")
+    return wrap(like.backend.asarray(value, like.dtype if fits else None), like.backend)
+
+
+def operands(t, other, op, reverse=False, true_division=False):
+    """The two Tensors of ``t <op> other`` (``other <op> t`` with reverse=True), by PyTorch's
+    rules for Python numbers: a number never widens a tensor (float32 * 0.5 is float32),
+    and a float number with an integer or boolean tensor gives float32, the default float
+    dtype (ids * 0.5 is float32, not numpy's float64). So does true division of integers."""
+    if not is_tensor(other):
+        if t.dtype.kind != "f" and (true_division or check_operand(other, op) == "f"):
+            t = t.to("float32")
+        other = lift(t, other, op)
+    elif true_division and t.dtype.kind != "f" and other.dtype.kind != "f":
+        t, other = t.to("float32"), other.to("float32")
+    return (other, t) if reverse else (t, other)
+
+
+def unbroadcast(g, x):
+    """The gradient of a broadcasting op for its input ``x``: ``g`` summed down to x's shape
+    (sum_to), in x's dtype (float32 + float64 gives float64, and the float32 input's
+    gradient comes back as float32)."""
+    g = sum_to(g, x.shape)
+    return g if g.dtype == x.dtype else g.to(x.dtype)
 
 
 def normalize_dim(dim, ndim, op):
@@ -56,9 +79,10 @@ def normalize_dim(dim, ndim, op):
 
 
 def check_operand(value, op):
-    """A Python number, a numeric numpy value or a (nested) list of numbers; else a TypeError."""
+    """A Python number, a numeric numpy value or a (nested) list of numbers; else a TypeError.
+    Returns its kind: "b" (bool), "i" or "u" (integer) or "f" (float)."""
     if isinstance(value, (bool, int, float)):
-        return
+        return "b" if isinstance(value, bool) else "i" if isinstance(value, int) else "f"
     kind = getattr(getattr(value, "dtype", None), "kind", None)
     if kind is None and isinstance(value, (list, tuple)):
         try:
@@ -68,6 +92,7 @@ def check_operand(value, op):
     if kind is None or kind not in "biuf":
         raise TypeError(f"unsupported operand for {op}: Tensor and {describe(value)}; "
                         "use a number or a Tensor")
+    return kind
 
 
 # ---------------------------------------------------------------- arithmetic
@@ -79,7 +104,7 @@ class Add(Function):
 
     def backward(self, g):
         a, b = self.parents
-        return sum_to(g, a.shape), sum_to(g, b.shape)
+        return unbroadcast(g, a), unbroadcast(g, b)
 
 
 class Sub(Function):
@@ -90,7 +115,7 @@ class Sub(Function):
 
     def backward(self, g):
         a, b = self.parents
-        return sum_to(g, a.shape), sum_to(-g, b.shape)
+        return unbroadcast(g, a), unbroadcast(-g, b)
 
 
 class Mul(Function):
@@ -102,8 +127,8 @@ class Mul(Function):
     def backward(self, g):
         a, b = self.parents
         da, db = self.needs_input_grad
-        return (sum_to(g * b, a.shape) if da else None,
-                sum_to(g * a, b.shape) if db else None)
+        return (unbroadcast(g * b, a) if da else None,
+                unbroadcast(g * a, b) if db else None)
 
 
 class Div(Function):
@@ -115,8 +140,8 @@ class Div(Function):
     def backward(self, g):
         a, b = self.parents
         da, db = self.needs_input_grad
-        return (sum_to(g / b, a.shape) if da else None,
-                sum_to(-g * a / (b * b), b.shape) if db else None)
+        return (unbroadcast(g / b, a) if da else None,
+                unbroadcast(-g * a / (b * b), b) if db else None)
 
 
 class Neg(Function):
@@ -152,8 +177,8 @@ class Pow(Function):
     def backward(self, g):
         a, b = self.parents
         da, db = self.needs_input_grad
-        return (sum_to(g * b * a ** (b - 1.0), a.shape) if da else None,
-                sum_to(g * self.output * a.log(), b.shape) if db else None)
+        return (unbroadcast(g * b * a ** (b - 1.0), a) if da else None,
+                unbroadcast(g * self.output * a.log(), b) if db else None)
 
 
 class MatMul(Function):
@@ -191,12 +216,18 @@ class MatMul(Function):
 
 
 def check_same_kind(op, *tensors):
-    """Layers and matmul do not mix integer (or boolean) and float tensors, as in PyTorch:
-    ids fed to a Linear layer by mistake would otherwise give a float64 result silently."""
-    floats = [t.dtype.kind == "f" for t in tensors]
-    if any(floats) and not all(floats):
-        dtypes = " and ".join(str(t.dtype) for t in tensors)
-        raise TypeError(f"{op}: got {dtypes} tensors; convert the integer one with .float() "
+    """Layers and matmul do not mix dtypes, as in PyTorch: ids fed to a Linear layer by
+    mistake, or a float64 input to float32 weights, would otherwise give a float64 result
+    silently. (Elementwise ops promote instead: float32 + float64 is float64.)"""
+    dtypes = [t.dtype for t in tensors]
+    if all(d == dtypes[0] for d in dtypes):
+        return
+    names = " and ".join(str(d) for d in dict.fromkeys(dtypes))             # each dtype once, in order
+    if all(d.kind == "f" for d in dtypes):
+        raise TypeError(f"{op}: got {names} tensors; convert one so both match (.float() or .double()): "
+                        f"{op} does not mix float dtypes")
+    if any(d.kind == "f" for d in dtypes):
+        raise TypeError(f"{op}: got {names} tensors; convert the integer one with .float() "
                         "(token ids go through an Embedding first)")
 
 
@@ -403,6 +434,16 @@ class Clamp(Function):
         return g * self.constant(self.xp.astype(mask, g.data.dtype))
 
 
+class Clone(Function):
+    """A copy with its own array; the gradient passes through."""
+
+    def forward(self, a):
+        return self.backend.copy(a)
+
+    def backward(self, g):
+        return g
+
+
 class Cast(Function):
     def forward(self, a, dtype):
         return self.xp.astype(a, self.backend.native_dtype(dtype))
@@ -586,7 +627,8 @@ class Cat(Function):
         lead = (slice(None),) * self.dim
         for p in self.parents:
             stop = start + p.shape[self.dim]
-            grads.append(g[lead + (slice(start, stop),)])
+            piece = g[lead + (slice(start, stop),)]
+            grads.append(piece if piece.dtype == p.dtype else piece.to(p.dtype))   # cat promotes dtypes
             start = stop
         return tuple(grads)
 
@@ -677,8 +719,8 @@ class Where(Function):
         _, da, db = self.needs_input_grad
         zero = self.constant(self.backend.zeros((), g.dtype))
         return (None,
-                sum_to(where(cond, g, zero), a.shape) if da else None,
-                sum_to(where(cond, zero, g), b.shape) if db else None)
+                unbroadcast(where(cond, g, zero), a) if da else None,
+                unbroadcast(where(cond, zero, g), b) if db else None)
 
 
 def where(cond, a, b):

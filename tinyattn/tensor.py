@@ -124,6 +124,10 @@ class Tensor:
     def detach(self):
         return Tensor._make(self.data, self._backend)
 
+    def clone(self):
+        """A copy with an array of its own (differentiable, as in PyTorch)."""
+        return _ops.Clone.apply(self)
+
     def requires_grad_(self, mode=True):
         self.requires_grad = mode
         return self
@@ -179,41 +183,39 @@ class Tensor:
         g = autograd.initial_grad(self, gradient)
         autograd.run_backward([self], [g], retain_graph or create_graph, create_graph)
 
-    # --- arithmetic (Python scalars on either side) ---
-    _lift = _ops.lift
-
+    # --- arithmetic (Python numbers on either side, by PyTorch's rules: ops.operands) ---
     def __add__(self, other):
-        return _ops.Add.apply(self, self._lift(other, "+"))
+        return _ops.Add.apply(*_ops.operands(self, other, "+"))
 
     def __radd__(self, other):
-        return _ops.Add.apply(self._lift(other, "+"), self)
+        return _ops.Add.apply(*_ops.operands(self, other, "+", reverse=True))
 
     def __iadd__(self, other):
         return self._inplace(other, "+", Tensor.__add__)
 
     def __sub__(self, other):
-        return _ops.Sub.apply(self, self._lift(other, "-"))
+        return _ops.Sub.apply(*_ops.operands(self, other, "-"))
 
     def __rsub__(self, other):
-        return _ops.Sub.apply(self._lift(other, "-"), self)
+        return _ops.Sub.apply(*_ops.operands(self, other, "-", reverse=True))
 
     def __isub__(self, other):
         return self._inplace(other, "-", Tensor.__sub__)
 
     def __mul__(self, other):
-        return _ops.Mul.apply(self, self._lift(other, "*"))
+        return _ops.Mul.apply(*_ops.operands(self, other, "*"))
 
     def __rmul__(self, other):
-        return _ops.Mul.apply(self._lift(other, "*"), self)
+        return _ops.Mul.apply(*_ops.operands(self, other, "*", reverse=True))
 
     def __imul__(self, other):
         return self._inplace(other, "*", Tensor.__mul__)
 
     def __truediv__(self, other):
-        return _ops.Div.apply(self, self._lift(other, "/"))
+        return _ops.Div.apply(*_ops.operands(self, other, "/", true_division=True))
 
     def __rtruediv__(self, other):
-        return _ops.Div.apply(self._lift(other, "/"), self)
+        return _ops.Div.apply(*_ops.operands(self, other, "/", reverse=True, true_division=True))
 
     def __itruediv__(self, other):
         return self._inplace(other, "/", Tensor.__truediv__)
@@ -221,19 +223,19 @@ class Tensor:
     def __pow__(self, other):
         if isinstance(other, Tensor):
             return _ops.Pow.apply(self, other)
-        _ops.check_operand(other, "**")
-        if not isinstance(other, (int, float)):
-            return _ops.Pow.apply(self, self._lift(other, "**"))
-        return _ops.PowScalar.apply(self, exponent=other)
+        if not isinstance(other, (int, float)) or isinstance(other, bool):
+            return _ops.Pow.apply(*_ops.operands(self, other, "**"))
+        base = self if self.dtype.kind == "f" or isinstance(other, int) else self.to(float32)
+        return _ops.PowScalar.apply(base, exponent=other)
 
     def __rpow__(self, other):
-        return _ops.Pow.apply(self._lift(other, "**"), self)
+        return _ops.Pow.apply(*_ops.operands(self, other, "**", reverse=True))
 
     def __matmul__(self, other):
-        return _ops.matmul(self, self._lift(other, "@"))
+        return _ops.matmul(self, _ops.lift(self, other, "@"))
 
     def __rmatmul__(self, other):
-        return _ops.matmul(self._lift(other, "@"), self)
+        return _ops.matmul(_ops.lift(self, other, "@"), self)
 
     def _inplace(self, other, op, out_of_place):
         """``t += x`` and friends. A leaf that requires grad refuses (as in PyTorch): its

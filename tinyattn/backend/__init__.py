@@ -65,6 +65,18 @@ class Backend:
         """An explicit copy to the host: the only way data leaves a device."""
         return a
 
+    def copy(self, a):
+        """A new array with ``a``'s values, on this device."""
+        return a.copy()
+
+    def read_only(self, a):
+        """A view of ``a`` that refuses writes (numpy); ``a`` itself where the device has no such view."""
+        if not isinstance(a, np.ndarray):
+            return a
+        view = a.view()
+        view.flags.writeable = False
+        return view
+
     def native_dtype(self, dtype):
         return np.dtype(dtype)
 
@@ -372,6 +384,9 @@ class StrictBackend(Backend):
 
     def to_numpy(self, a):
         return np.asarray(a.to_device(self.xp.Device("CPU_DEVICE")))
+
+    def copy(self, a):
+        return self.xp.asarray(a, copy=True)
 
     def native_dtype(self, dtype):
         return self._from_np[np.dtype(dtype)]

@@ -267,7 +267,7 @@ class Linear(Function):
 
 def linear(x, weight, bias=None):
     """x @ weight.T + bias, with weight (out, in) as in PyTorch."""
-    check_same_kind("linear", x, weight)
+    check_same_kind("linear", x, weight, *([] if bias is None else [bias]))
     if x.ndim == 0 or weight.ndim != 2 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"linear: input {x.shape} and weight {weight.shape} do not fit "
                          "(expected (..., in) and (out, in))")
@@ -323,6 +323,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropo
     """
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise ValueError(f"scaled_dot_product_attention: q {q.shape}, k {k.shape} and v {v.shape} do not fit")
+    check_same_kind("scaled_dot_product_attention", q, k, v)
     if attention_impl(q, k, attn_mask, dropout_p, return_weights, impl) == "tiled":
         if return_weights:
             raise ValueError("scaled_dot_product_attention: impl='tiled' never builds the weights, so it "

@@ -172,6 +172,92 @@ def test_detect_anomaly_checks_learners_own_ops():
         Bad.apply(x).sum().backward()
 
 
+def test_detect_anomaly_lets_a_hand_written_causal_mask_through():
+    """masked_fill(mask, -inf) then softmax: the -inf is intended (an input of the op), and the
+    softmax of the row is finite, so nothing is an anomaly."""
+    scores = ta.randn(2, 4, 4, requires_grad=True)
+    mask = ta.tensor(np.triu(np.ones((4, 4), bool), 1))
+    with ta.detect_anomaly():
+        weights = F.softmax(scores.masked_fill(mask, float("-inf")), -1)
+        (weights * ta.randn(2, 4, 4)).sum().backward()
+    assert np.isfinite(scores.grad.numpy()).all()
+
+
+def test_detect_anomaly_still_stops_an_op_that_makes_inf_from_finite_inputs():
+    x = ta.tensor([1.0, 1000.0], requires_grad=True)
+    with pytest.raises(RuntimeError, match="Exp forward: its output .* holds Inf"):
+        with warnings.catch_warnings(), ta.detect_anomaly():
+            warnings.simplefilter("ignore")
+            x.exp()
+
+
+def test_detect_anomaly_names_the_parameter_that_already_holds_nan():
+    model = tiny_gpt()
+    weight = dict(model.named_parameters())["h.0.attn.c_attn.weight"]
+    weight.data[0, 0] = np.nan
+    with pytest.raises(RuntimeError, match=r"parameter 'h.0.attn.c_attn.weight' \(\d+, \d+\) holds NaN before GPT's forward"):
+        with ta.detect_anomaly():
+            gpt_loss(model)
+
+
+def test_detect_anomaly_blames_no_op_for_a_leaf_that_arrives_with_nan():
+    w = ta.tensor([1.0, float("nan")], requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"Mul forward: its input 0 \(2,\), a leaf tensor, already holds NaN"):
+        with ta.detect_anomaly():
+            w * 2.0
+
+
+def test_detect_anomaly_stops_a_forward_that_writes_into_a_library_input():
+    """Inside the block every op gets read-only inputs (on the CPU), the library's too."""
+    class Centre(ta.Function):
+        def forward(self, x):
+            x -= x.mean()
+            return x
+
+        def backward(self, g):
+            return g - g.mean()
+
+    Centre.guard_inputs = False                          # as if it were one of the library's ops
+    x = ta.randn(3)
+    before = x.numpy().copy()
+    Centre.apply(ta.tensor(before.copy()))               # outside the block: not checked
+    with pytest.raises(RuntimeError, match="Centre.forward wrote into one of its input arrays"):
+        with ta.detect_anomaly():
+            Centre.apply(x)
+    np.testing.assert_array_equal(x.numpy(), before)
+
+
+def test_gradgradcheck_explains_a_backward_on_raw_arrays():
+    class Cube(ta.Function):
+        def forward(self, x):
+            return x * x * x
+
+        def backward(self, g):                           # right first derivative, but no graph
+            return self.constant(3 * self.parents[0].data ** 2 * g.data)
+
+    x = ta.randn(3, dtype="float64", requires_grad=True)
+    assert ta.gradcheck(Cube.apply, (x,))
+    with pytest.raises(ta.GradcheckError, match="Cube.backward returned a gradient with no graph: it works on raw "
+                                                "arrays.*differentiable_backward = False"):
+        ta.gradgradcheck(Cube.apply, (x,))
+
+
+def test_gradcheck_puts_its_inputs_back_when_fn_raises():
+    calls = []
+
+    def fn(x):
+        calls.append(1)
+        if len(calls) > 2:                               # the value and the analytic pass work
+            raise ValueError("boom")
+        return x * 2.0
+
+    x = ta.randn(3, dtype="float64", requires_grad=True)
+    before = x.numpy().copy()
+    with pytest.raises(ValueError, match="boom"):
+        ta.gradcheck(fn, (x,))
+    np.testing.assert_array_equal(x.numpy(), before)
+
+
 # --- ta.profile -----------------------------------------------------------
 def test_profile_counts_ops_and_bytes():
     x = ta.randn(4, 3, requires_grad=True)
@@ -207,6 +293,23 @@ def test_profile_table_and_chrome_trace(tmp_path):
     assert any(e["name"] == "Linear.backward" for e in events)
     starts = [e["ts"] for e in events]
     assert starts == sorted(starts)
+
+
+def test_profile_table_row_limit_minus_one_shows_every_op():
+    """As in PyTorch, row_limit=-1 means no limit (it showed two rows of three and "... 4 more ops")."""
+    x = ta.randn(4, 3, requires_grad=True)
+    with ta.profile() as p:
+        (x * 2.0).exp().sum()
+    table = p.table(row_limit=-1)
+    assert all(name in table for name in ("Mul", "Exp", "Sum")) and "more ops" not in table
+    assert "1 more ops" in p.table(row_limit=2)
+
+
+def test_graph_calls_a_leaf_a_parameter_only_when_it_is_one():
+    x = ta.randn(3, requires_grad=True)                  # an input that needs a gradient
+    w = nn.Parameter(ta.randn(3))
+    dot = viz.graph((x * w).sum())
+    assert dot.count('label="parameter') == 1 and dot.count('label="input') == 1
 
 
 def test_profile_and_detect_anomaly_nest():

@@ -1,10 +1,21 @@
 """``with ta.detect_anomaly():`` stop at the first op that makes a NaN or an Inf.
 
 Inside the block every op's forward output and every gradient its backward
-returns is checked. The first one holding NaN or Inf raises a RuntimeError
-that names the op (its Function class), the pass (forward or backward), the
-input shapes and the line of your code that created the op. Outside the
-block nothing is checked and nothing is paid.
+returns is checked, and so is every parameter a Module is about to use.
+It raises a RuntimeError at the first of:
+
+- a parameter that already holds NaN or Inf when a Module is called (named by
+  its path, ``blocks.0.attn.c_attn.weight``: it went bad before this forward,
+  say by an optimizer step on a NaN gradient);
+- an op whose forward output holds NaN, or Inf when none of its inputs did
+  (a ``masked_fill(mask, float('-inf'))`` passes: its -inf is an input);
+- an op whose backward returns a gradient holding NaN or Inf.
+
+The message names the op (its Function class), the pass (forward or
+backward), the input shapes and the line of your code that created the op.
+Ops also get read-only input arrays inside the block (on the CPU), so one
+that writes into its input is stopped there. Outside the block nothing is
+checked and nothing is paid.
 
     with ta.detect_anomaly():
         loss = model(x, y)[1]
@@ -66,13 +77,39 @@ def _describe_inputs(shapes_dtypes):
 class _AnomalyTool(Tool):
     order = 0      # outermost: its checks are not timed by a profiler running alongside
 
+    def __init__(self):
+        self.names = {}           # id(parameter) -> its path in the first Module called that holds it
+
+    def before_module(self, module):
+        """Name the module's parameters (the outermost module is called first, so the paths are
+        full), and stop if one already holds NaN or Inf."""
+        for name, p in module.named_parameters():
+            name = self.names.setdefault(id(p), name)
+            bad = _bad_values(p.backend, p.data)
+            if bad:
+                raise RuntimeError(f"detect_anomaly: parameter '{name}' {p.shape} holds {bad} before "
+                                   f"{type(module).__name__}'s forward: it went bad earlier (an optimizer "
+                                   "step on a NaN gradient, a learning rate too high, or a NaN loaded)")
+
     def before_forward(self, ctx, inputs):
         ctx.anomaly_site = _creation_site()
         ctx.anomaly_inputs = [(t.shape, t.dtype) for t in inputs]
+        for i, t in enumerate(inputs):                  # made outside the block, or a parameter used bare
+            bad = _bad_values(ctx.backend, t.data)
+            if bad and (t.grad_fn is None or "NaN" in bad) and (t.requires_grad or "NaN" in bad):
+                what = f"the parameter '{self.names[id(t)]}'" if id(t) in self.names else \
+                    ("a leaf tensor" if t.grad_fn is None else f"made by {type(t.grad_fn).__name__} outside the block")
+                raise RuntimeError(self._message(ctx, "forward", f"its input {i} {t.shape}, {what}, already "
+                                                                 f"holds {bad} before this op"))
 
     def after_forward(self, ctx, inputs, data):
+        inputs_inf = None
         for array in data if type(data) is tuple else (data,):          # a tuple: several outputs
             bad = _bad_values(ctx.backend, array)
+            if bad == "Inf":                                 # Inf passed on (a -inf mask) is no anomaly
+                if inputs_inf is None:
+                    inputs_inf = any("Inf" in (_bad_values(ctx.backend, t.data) or "") for t in inputs)
+                bad = None if inputs_inf else bad
             if bad:
                 raise RuntimeError(self._message(ctx, "forward", f"its output {tuple(array.shape)} holds {bad}"))
 

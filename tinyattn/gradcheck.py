@@ -10,7 +10,8 @@ full per-element comparison runs to name the worst input and index.
 mode="full" compares every element of every input.
 """
 from .backend import get_backend, float64
-from .autograd import enable_grad, grad, no_grad
+from .autograd import enable_grad, grad, is_grad_enabled, no_grad
+from .hooks import Tool
 from .ops import constant
 from .tensor import Tensor
 
@@ -66,13 +67,15 @@ class _Objective:
         """(L(x + eps v) - L(x - eps v)) / (2 eps), with v given per input (host arrays)."""
         saved = {i: self.inputs[i].data for i in directions}
         values = []
-        for sign in (1.0, -1.0):
-            for i, v in directions.items():
-                t = self.inputs[i]
-                t.data = saved[i] + t.backend.asarray(sign * eps * v)
-            values.append(self.value())
-        for i in directions:
-            self.inputs[i].data = saved[i]
+        try:
+            for sign in (1.0, -1.0):
+                for i, v in directions.items():
+                    t = self.inputs[i]
+                    t.data = saved[i] + t.backend.asarray(sign * eps * v)
+                values.append(self.value())
+        finally:                                     # the inputs get their values back, even if fn raised
+            for i in directions:
+                self.inputs[i].data = saved[i]
         return (values[0] - values[1]) / (2 * eps)
 
 
@@ -134,6 +137,22 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, mode="fast", seed=0, r
     return False
 
 
+class _GraphlessBackwards(Tool):
+    """Records the ops whose backward, while create_graph records it, returned a gradient with no
+    graph although their inputs need one: a backward on raw arrays (``.data``, ``self.xp``)."""
+
+    def __init__(self):
+        self.ops = []
+
+    def after_backward(self, ctx, grad, grads):
+        if is_grad_enabled() and any(
+                g is not None and not g.requires_grad and p.requires_grad and g is not grad
+                for g, p in zip(grads, ctx.parents)):
+            name = type(ctx).__name__
+            if name not in self.ops:
+                self.ops.append(name)
+
+
 def gradgradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, mode="fast", seed=0, raise_exception=True):
     """Check fn's second derivatives: gradcheck of x -> d<u, fn(x)>/dx, built with create_graph."""
     inputs = _as_tuple(inputs)
@@ -148,4 +167,19 @@ def gradgradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, mode="fast", seed=
                          create_graph=True, allow_unused=True)
         return tuple(g if g is not None else xs[i] * 0.0 for g, i in zip(grads, diff))
 
-    return gradcheck(first_derivatives, inputs, eps, atol, rtol, mode, seed, raise_exception)
+    try:
+        return gradcheck(first_derivatives, inputs, eps, atol, rtol, mode, seed, raise_exception=True)
+    except GradcheckError as e:
+        with _GraphlessBackwards() as graphless:    # why: a backward that the engine cannot see through?
+            first_derivatives(*inputs)
+        message = str(e)
+        if graphless.ops:
+            names = " and ".join(f"{name}.backward" for name in graphless.ops)
+            message = (f"{names} returned a gradient with no graph: it works on raw arrays (.data, self.xp or "
+                       "numpy), so the engine cannot differentiate it again and the second derivatives "
+                       "through it come out as 0. Write it with Tensor ops on g, self.parents and "
+                       "self.output, or declare differentiable_backward = False on the Function "
+                       f"(then create_graph=True says so plainly). ({message})")
+        if raise_exception:
+            raise GradcheckError(message) from None
+        return False

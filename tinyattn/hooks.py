@@ -9,6 +9,7 @@ A tool is an object with four methods, each called around the op's own code:
 ``before_forward(ctx, inputs)``, ``after_forward(ctx, inputs, data)``,
 ``before_backward(ctx, grad)``, ``after_backward(ctx, grad, grads)``; and
 ``failed(ctx)`` when the op raised instead (its "after" hook never comes).
+``before_module(module)`` comes when a Module is called, before its forward.
 For an op with several outputs, ``data`` and ``grad`` are tuples (one per
 output; a gradient may be None). The engine's own checks of what forward and
 backward return run before the tools see it, so a broken op gets the same
@@ -24,8 +25,7 @@ class Hooks:
         self.tools = []          # outermost first: each tool's "before" runs before the next one's
         self.backward_depth = 0  # > 0 while an op's backward runs
 
-    def forward(self, ctx, inputs, params):
-        arrays = [t.data for t in inputs]
+    def forward(self, ctx, inputs, arrays, params):
         if self.backward_depth:                    # an op inside a backward formula
             return ctx.forward(*arrays, **params)
         for tool in self.tools:
@@ -57,6 +57,12 @@ class Hooks:
             tool.after_backward(ctx, grad, grads)
         return grads
 
+    def module_called(self, module):
+        """A Module is about to run its forward (Module.__call__)."""
+        if not self.backward_depth:
+            for tool in self.tools:
+                tool.before_module(module)
+
     def _failed(self, ctx):
         for tool in reversed(self.tools):
             tool.failed(ctx)
@@ -83,6 +89,9 @@ def uninstall(tool):
 class Tool:
     """A tool that does nothing; subclasses override what they need."""
     order = 0
+
+    def before_module(self, module):
+        pass
 
     def before_forward(self, ctx, inputs):
         pass

@@ -104,8 +104,11 @@ class profile(Tool):
         return dict(sorted(rows.items(), key=lambda kv: -kv[1]["total_s"]))
 
     def table(self, row_limit=15):
-        """The ``row_limit`` ops that took the most time, as a text table."""
+        """The ``row_limit`` ops that took the most time, as a text table (-1 or None: every op,
+        as in PyTorch)."""
         rows = self.key_averages()
+        if row_limit is None or row_limit < 0:
+            row_limit = len(rows)
         total = sum(r["total_s"] for r in rows.values())
         lines = [f"{'op':<22}{'calls':>7}{'forward ms':>12}{'backward ms':>13}{'total ms':>11}{'%':>7}{'MB out':>9}"]
         for name, r in list(rows.items())[:row_limit]:

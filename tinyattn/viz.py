@@ -22,6 +22,7 @@ import shutil
 import subprocess
 
 from .tensor import Tensor
+from .nn.modules import Parameter
 
 
 class _Node:
@@ -114,7 +115,7 @@ class _Graph:
         for key, node in self.nodes.items():
             if node.kind == "leaf":
                 t = self.tensors[key]
-                default = "parameter" if t.requires_grad else "input"
+                default = "parameter" if isinstance(t, Parameter) else "input"   # a name from params= wins
                 if t.numel() == 1 and not t.requires_grad:
                     default = f"constant {t.item():.4g}"           # e.g. the 1/sqrt(d) of attention
                 name = self.names.get(id(t), default)

@@ -123,8 +123,13 @@ def test_clicking_a_token_highlights_that_row_of_attention(browser, char_page):
     page.select_option("#layer", "max")
     page.select_option("#head", "2")
     np.testing.assert_allclose(shown_weights(page), weights[:, 2, [4, 7]].max(0).mean(0), atol=1e-6)
+    page.select_option("#head", "2")                   # rollout uses the head mean, whatever head was chosen
     page.select_option("#layer", "rollout")
+    np.testing.assert_allclose(shown_weights(page), explore.rollout(weights)[[4, 7]].mean(0), atol=1e-6)
+    assert page.locator("#head").is_disabled()
+    page.select_option("#layer", "0")
     page.select_option("#head", "mean")
+    page.select_option("#layer", "rollout")
     np.testing.assert_allclose(shown_weights(page), explore.rollout(weights)[[4, 7]].mean(0), atol=1e-6)
     # all heads at once: one heatmap per head
     page.select_option("#layer", "0")

@@ -25,5 +25,7 @@ def test_the_notebook_runs():
     assert "gradcheck: True  gradgradcheck: True" in text
     assert "detect_anomaly: Log forward" in text
     assert "Linear" in text and "perplexity" in text            # the profile table
+    assert "because it was too tired . it = animal <eos>" in text   # the trained model resolves "it"
+    assert "because it was too wide . it = street <eos>" in text
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
     assert len(images) >= 4            # the neuron, the head, the GPT's graph, the heatmaps

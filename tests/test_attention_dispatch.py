@@ -450,3 +450,38 @@ def test_the_dispatch_benchmark_says_in_one_line_when_torch_is_missing():
     assert done.returncode != 0
     assert done.stderr.strip().splitlines() == ["bench_dispatch: --paths torch needs PyTorch in this Python "
                                                 "(pip install torch)"]
+
+
+def _attention_formula(q, k, v, mask):
+    """softmax(q k^T / sqrt(D) + mask) v in numpy, float64; a boolean mask keeps what is True."""
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask.dtype == bool:
+        scores = np.where(mask, scores, -np.inf)
+    else:
+        scores = scores + mask
+    m = scores.max(-1, keepdims=True)
+    e = np.exp(scores - np.where(np.isfinite(m), m, 0))
+    total = e.sum(-1, keepdims=True)
+    return (e / np.where(total > 0, total, 1)) @ v
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+@pytest.mark.parametrize("shape", [(6,), (1, 6), (5, 6), (2, 1, 1, 6), (2, 3, 5, 6)],
+                         ids=["(Tk,)", "(1, Tk)", "(Tq, Tk)", "(B, 1, 1, Tk)", "(B, H, Tq, Tk)"])
+def test_every_mask_shape_the_docstring_allows_gives_the_formula(shape, kind, cpu_kernels):
+    """With the CPU kernels on, a (1, Tk) key-padding mask crashed (the fused path declined with no
+    fallback). Every broadcastable mask, boolean or additive, gives the formula, forward and backward."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal(s) for s in [(2, 3, 5, 4), (2, 3, 6, 4), (2, 3, 6, 4)])
+    keep = rng.random(shape) > 0.3
+    keep[..., 0] = True                                              # every query sees a key
+    mask = keep if kind == "bool" else np.where(keep, rng.standard_normal(shape), -np.inf)
+    for dtype, tol in (("float64", 1e-10), ("float32", 1e-5)):
+        qt, kt, vt = (ta.tensor(a, dtype=dtype, requires_grad=True) for a in (q, k, v))
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=ta.tensor(mask, dtype=None if kind == "bool" else dtype))
+        np.testing.assert_allclose(out.numpy(), _attention_formula(q, k, v, mask), rtol=tol, atol=tol)
+        out.backward(ta.ones_like(out))
+        assert all(np.isfinite(t.grad.numpy()).all() for t in (qt, kt, vt))
+    qt, kt, vt = (ta.tensor(a, dtype="float64", requires_grad=True) for a in (q, k, v))
+    m = ta.tensor(mask, dtype=None if kind == "bool" else "float64")
+    assert ta.gradcheck(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, attn_mask=m), (qt, kt, vt))

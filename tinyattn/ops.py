@@ -828,14 +828,17 @@ class MaskedSoftmax(Function):
 
     def forward(self, x, allowed):
         out = self.backend.run_kernel("masked_softmax", x, allowed)
-        if out is not None:
-            return out
-        xp = self.xp
+        return out if out is not None else self.forward_arrays(self.backend, x, allowed)
+
+    @staticmethod
+    def forward_arrays(backend, x, allowed):
+        """The formula on arrays: x (..., T), allowed broadcasting to it."""
+        xp = backend.xp
         x = xp.where(allowed, x, -xp.inf)
         m = xp.max(x, axis=-1, keepdims=True)
         m = xp.where(xp.isfinite(m), m, 0.0)                        # fully masked rows
         e = xp.exp(x - m)                                           # exp(-inf) = 0 where masked
-        total = row_sums(self.backend, e) if blas_sums(self.backend, e) else xp.sum(e, axis=-1, keepdims=True)
+        total = row_sums(backend, e) if blas_sums(backend, e) else xp.sum(e, axis=-1, keepdims=True)
         e /= xp.where(total > 0, total, 1.0)
         return e
 

@@ -335,6 +335,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropo
         allowed = causal_mask(q.shape[-2], k.shape[-2], q.backend)
     if attn_mask is not None and attn_mask.dtype.kind == "b":
         allowed = attn_mask.data if allowed is None else allowed & attn_mask.data
+    if allowed is not None and allowed.ndim <= 2:                  # (Tk,) or (1, Tk): one (Tq, Tk) table
+        allowed = q.xp.broadcast_to(allowed, (q.shape[-2], k.shape[-2]))
     if _fused_attention_fits(q, k, v, allowed, attn_mask, dropout_p, return_weights):
         return Attention.apply(q, k, v, constant(q, allowed), scale=scale)
     scores = (q * scale) @ k.mT                                    # (B, H, Tq, Tk); scaling q is cheaper
@@ -378,7 +380,13 @@ class Attention(Function):
 
     def forward(self, q, k, v, allowed, scale):                    # (B, H, Tq, D), (B, H, Tk, D), (B, H, Tk, Dv)
         self.scale = scale
-        out, weights = self.backend.run_kernel("attention", q, k, v, allowed, scale)
+        fused = self.backend.run_kernel("attention", q, k, v, allowed, scale)
+        if fused is None:                                          # the kernel declined: the formula
+            xp = self.xp
+            scores = xp.matmul(q * scale, xp.matrix_transpose(k))  # (B, H, Tq, Tk)
+            weights = MaskedSoftmax().forward_arrays(self.backend, scores, allowed)
+            fused = xp.matmul(weights, v), weights
+        out, weights = fused
         self.save(weights)                                         # (B, H, Tq, Tk)
         return out
 
@@ -387,7 +395,8 @@ class Attention(Function):
         if not is_grad_enabled():
             (weights,) = self.saved
             grads = self.backend.run_kernel("attention_backward", g.data, q.data, k.data, v.data, weights, self.scale)
-            return tuple(self.constant(a) for a in grads) + (None,)
+            if grads is not None:
+                return tuple(self.constant(a) for a in grads) + (None,)
         p = MaskedSoftmax.apply((q * self.scale) @ k.mT, allowed)  # the weights again, recorded
         dp = g @ v.mT
         ds = p * (dp - (dp * p).sum(-1, keepdim=True))             # softmax's backward

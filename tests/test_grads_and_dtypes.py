@@ -183,3 +183,32 @@ def test_a_forward_that_writes_into_its_input_is_stopped_and_named():
     with pytest.raises(RuntimeError, match=r"SoftmaxInPlace.forward wrote into one of its input arrays"):
         SoftmaxInPlace.apply(x)
     np.testing.assert_array_equal(x.numpy(), before)
+
+
+def test_an_integer_tensor_cannot_be_made_to_require_grad():
+    with pytest.raises(RuntimeError, match="only floating point tensors can require gradients, not int64"):
+        ta.tensor([1, 2, 3]).requires_grad_()
+
+
+def test_optimizer_state_of_another_shape_is_refused():
+    """A (3,) moment loaded for a (1,) parameter would broadcast into it silently."""
+    small, big = ta.randn(1, requires_grad=True), ta.randn(3, requires_grad=True)
+    source = ta.optim.AdamW([big])
+    big.grad = ta.ones(3)
+    source.step()
+    target = ta.optim.AdamW([small])
+    with pytest.raises(ValueError, match=r"'exp_avg' of parameter 0 has shape \(3,\), the parameter has shape \(1,\)"):
+        target.load_state_dict(source.state_dict())
+
+
+def test_optimizer_state_keeps_the_parameters_dtype():
+    p = ta.randn(3, requires_grad=True)
+    opt = ta.optim.AdamW([p])
+    p.grad = ta.ones(3)
+    opt.step()
+    saved = opt.state_dict()
+    saved["state"][0]["exp_avg"] = saved["state"][0]["exp_avg"].astype("float64")
+    opt.load_state_dict(saved)
+    assert all(v.dtype == np.float32 for k, v in opt.state[id(p)].items() if k != "step")
+    opt.step()
+    assert p.dtype == ta.float32 and all(v.dtype == np.float32 for k, v in opt.state[id(p)].items() if k != "step")

@@ -129,6 +129,9 @@ class Tensor:
         return _ops.Clone.apply(self)
 
     def requires_grad_(self, mode=True):
+        if mode and not _is_float(self.dtype):
+            raise RuntimeError(f"only floating point tensors can require gradients, not {self.dtype} "
+                               "(convert with .float() first)")
         self.requires_grad = mode
         return self
 

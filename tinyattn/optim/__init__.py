@@ -63,9 +63,16 @@ class Optimizer:
         for group, hyper in zip(self.param_groups, saved["param_groups"]):
             group.update(hyper)
         self.state = {}
+        if saved["state"] and max(int(i) for i in saved["state"]) >= len(params):
+            raise ValueError(f"optimizer state is for {max(int(i) for i in saved['state']) + 1} or more "
+                             f"parameters, this optimizer has {len(params)}")
         for i, values in saved["state"].items():
             p = params[int(i)]
-            self.state[id(p)] = {k: (v if isinstance(v, (int, float)) else p.backend.asarray(v))
+            for k, v in values.items():                  # a moment of another shape would broadcast silently
+                if not isinstance(v, (int, float)) and tuple(v.shape) != p.shape:
+                    raise ValueError(f"optimizer state {k!r} of parameter {i} has shape {tuple(v.shape)}, "
+                                     f"the parameter has shape {p.shape}: it is another model's state")
+            self.state[id(p)] = {k: (v if isinstance(v, (int, float)) else p.backend.asarray(v, p.dtype))
                                  for k, v in values.items()}
 
 

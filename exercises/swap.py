@@ -38,6 +38,21 @@ def _backward(module):
     return backward
 
 
+def _split_piece_by_piece(module):
+    """ta.split as one GetItem per piece: your engine calls backward once per output Tensor, so it
+    runs no op with several outputs (the library's Split makes all the pieces in one op)."""
+    from tinyattn.ops import split_sizes
+
+    def split(x, split_size_or_sections, dim=0):
+        dim, sizes = split_sizes(x, split_size_or_sections, dim)
+        pieces, start = [], 0
+        for size in sizes:
+            pieces.append(x[(slice(None),) * dim + (slice(start, start + size),)])
+            start += size
+        return tuple(pieces)
+    return split
+
+
 def _yours(name):
     return lambda module: getattr(module, name)
 
@@ -53,7 +68,7 @@ SWAPS = {
     "embedding": [("tinyattn.nn.functional", "embedding", _yours("embedding"))],
     # your engine runs one backward per output Tensor: split then makes one op per piece
     "engine": [("tinyattn.autograd", "_toposort", _yours("toposort")), ("tinyattn.tensor:Tensor", "backward", _backward),
-               ("tinyattn.autograd", "several_outputs", lambda module: False)],
+               ("tinyattn.ops", "split", _split_piece_by_piece)],
     "attention": [("tinyattn.nn.functional", "scaled_dot_product_attention", _attention)],
     "adamw": [("tinyattn.optim", "AdamW", _yours("AdamW"))],
     "kv_cache": [("tinyattn.nn", "KVCache", _yours("KVCache"))],

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 import tinyattn as ta
+from tinyattn.autograd import Function
 from tinyattn.backend import get_backend
 
 
@@ -78,3 +79,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def record_applied_ops(monkeypatch):
+    """A set that collects every Function class applied from now on (in backward formulas too)."""
+    applied, apply = set(), Function.apply.__func__
+
+    def recording(cls, *inputs, **params):
+        applied.add(cls)
+        return apply(cls, *inputs, **params)
+
+    monkeypatch.setattr(Function, "apply", classmethod(recording))
+    return applied
+
+
+def all_subclasses(cls):
+    """Every subclass of ``cls``, however deep."""
+    out = set()
+    for sub in cls.__subclasses__():
+        out |= {sub} | all_subclasses(sub)
+    return out

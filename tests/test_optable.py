@@ -8,7 +8,7 @@ import tinyattn as ta
 import tinyattn.nn.functional as F
 from tinyattn.autograd import Function
 from tinyattn.backend import get_backend
-from conftest import make_tensors, forward_and_backward, kernel_and_formula
+from conftest import make_tensors, forward_and_backward, kernel_and_formula, record_applied_ops, all_subclasses
 from optable import OPS, KERNEL_CASES, KernelCase
 
 IDS = [spec.name for spec in OPS]
@@ -83,21 +83,17 @@ TENSOR_OPS = ["__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__truedi
               "__getitem__", "split", "chunk", "masked_fill", "tril", "triu"]
 
 
-def test_every_function_is_exercised_by_the_table():
+def test_every_function_is_exercised_by_the_table(monkeypatch):
     """Each Function subclass in tinyattn runs (forward or backward) in some table entry."""
-    Function.trace = set()
-    try:
-        for spec in OPS:
-            inputs = make_tensors(spec.inputs(np.random.default_rng(0)))
-            if spec.gradgrad:
-                ta.gradgradcheck(spec.fn, inputs, eps=spec.eps, raise_exception=False)
-            else:
-                out = spec.fn(*inputs)
-                out.backward(ta.ones_like(out))
-        ran = Function.trace
-    finally:
-        Function.trace = None
-    ours = {cls for cls in Function.registry if cls.__module__.startswith("tinyattn.")}
+    ran = record_applied_ops(monkeypatch)
+    for spec in OPS:
+        inputs = make_tensors(spec.inputs(np.random.default_rng(0)))
+        if spec.gradgrad:
+            ta.gradgradcheck(spec.fn, inputs, eps=spec.eps, raise_exception=False)
+        else:
+            out = spec.fn(*inputs)
+            out.backward(ta.ones_like(out))
+    ours = {cls for cls in all_subclasses(Function) if cls.__module__.startswith("tinyattn.")}
     ours.discard(__import__("tinyattn.ops", fromlist=["ToDevice"]).ToDevice)  # needs two devices: tested below
     missing = sorted(cls.__name__ for cls in ours - ran)
     assert not missing, f"ops with no entry in tests/optable.py: {missing}"

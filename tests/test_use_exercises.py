@@ -17,6 +17,7 @@ from exercise_solutions import (attention, cross_entropy, embedding, engine, kv_
 from exercises.checks import SOLUTIONS
 from exercises.swap import SWAPS, use_exercises
 from test_train import TEXT, TINY
+from conftest import record_applied_ops
 
 SHORT = ["--max_iters", "6", "--eval_interval", "3", "--sample_tokens", "12"]
 
@@ -47,9 +48,9 @@ def test_with_every_solution_swapped_in_the_run_matches_the_library(text_file, t
     monkeypatch.setattr(engine, "backward", counting(calls, "engine", engine.backward))
     monkeypatch.setattr(adamw.AdamW, "step", counting(calls, "adamw", adamw.AdamW.step))
     monkeypatch.setattr(kv_cache.KVCache, "append", counting(calls, "kv_cache", kv_cache.KVCache.append))
-    applied, said = set(), []                     # every Function class applied during the run
+    said = []
     with use_exercises(SOLUTIONS, say=said.append) as swapped:
-        monkeypatch.setattr(ta.Function, "trace", applied)
+        applied = record_applied_ops(monkeypatch)      # every Function class applied during the run
         yours = short_run(text_file, tmp_path / "yours")
     assert swapped == list(SWAPS)
     assert "11 of 11 pieces are yours" in said[0]

@@ -25,7 +25,6 @@ class _GradMode(threading.local):
 
 
 _grad_mode = _GradMode()
-several_outputs = True  # False: ops make only single-output Functions (for an engine that runs no others)
 hooks = None   # while ta.detect_anomaly or ta.profile runs: their hooks (tinyattn/hooks.py); else None
 _Tensor = None          # the Tensor class: set once by tinyattn/tensor.py (use_tensor_class)
 
@@ -101,8 +100,6 @@ class Function:
     (None for an output that got none), after every output's gradient is in.
     """
 
-    registry = []                  # every Function subclass, for the op-table coverage test
-    trace = None                   # a set that records applied ops, while the coverage test runs
     differentiable_backward = True  # False: backward works on raw arrays (a fused kernel)
     broadcasts = False             # True: the inputs broadcast against each other (add, mul, ...)
     saved = ()
@@ -110,7 +107,6 @@ class Function:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        Function.registry.append(cls)
         # An op written outside the library (yours) gets its input arrays read-only where the
         # device allows it (numpy), so a forward that writes into one (x -= m) fails at that
         # line instead of changing the caller's tensor. The library's own ops are tested for it.
@@ -144,8 +140,6 @@ class Function:
         backend = _common_backend(inputs, cls.__name__)
         ctx = cls()
         ctx.backend, ctx.xp = backend, backend.xp
-        if Function.trace is not None:
-            Function.trace.add(cls)
         arrays = [t.data for t in inputs]
         if cls.guard_inputs or hooks is not None:                 # (inside detect_anomaly: every op)
             arrays = [backend.read_only(a) for a in arrays]

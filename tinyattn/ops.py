@@ -12,7 +12,6 @@ answer is None (no kernel on this device, or one that declines these inputs).
 import functools
 import math
 
-from . import autograd as _engine
 from .autograd import Function, describe, is_grad_enabled, is_tensor, wrap
 from .backend import get_backend
 
@@ -687,6 +686,12 @@ class Split(Function):
 
 def split(x, split_size_or_sections, dim=0):
     """Pieces along ``dim``: of one size (the last may be smaller) or of the listed sizes."""
+    dim, sizes = split_sizes(x, split_size_or_sections, dim)
+    return Split.apply(x, dim=dim, sizes=sizes)
+
+
+def split_sizes(x, split_size_or_sections, dim):
+    """(dim as an index, the pieces' sizes) for split's arguments; a ValueError when they do not fit."""
     dim = normalize_dim(dim, x.ndim, "split")
     n = x.shape[dim]
     if isinstance(split_size_or_sections, int):
@@ -697,13 +702,7 @@ def split(x, split_size_or_sections, dim=0):
         sizes = list(split_size_or_sections)
         if sum(sizes) != n or any(s < 0 for s in sizes):
             raise ValueError(f"split: sections {sizes} do not add up to {n} (dim {dim} of shape {x.shape})")
-    if _engine.several_outputs:
-        return Split.apply(x, dim=dim, sizes=tuple(sizes))
-    pieces, start, lead = [], 0, (slice(None),) * dim            # one GetItem per piece
-    for size in sizes:
-        pieces.append(x[lead + (slice(start, start + size),)])
-        start += size
-    return tuple(pieces)
+    return dim, tuple(sizes)
 
 
 class Where(Function):

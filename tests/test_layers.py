@@ -4,6 +4,7 @@ Each module's imports are read with ``ast`` (lazy imports inside functions
 too); a module may import its own layer or lower ones, never a higher one.
 """
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,16 @@ def test_the_programs_import_from_this_checkout(package):
     """Installed with tinyattn, so another installed package of that name cannot shadow them."""
     module = __import__(package)
     assert Path(module.__file__).resolve().parent == ROOT / package
+
+
+DEVICE_NAME_COMPARISON = re.compile(r"""(\.name|\bdevice)\s*[!=]=\s*["'](cuda|cpu|strict)|startswith\(\s*["'](cuda|cpu|strict)|["'](cuda|cpu|strict)["']\s*[!=]=""")
+
+
+def test_nothing_above_the_backend_compares_a_device_name():
+    """What differs between devices is a backend's capability (on_host, has_nccl, clock...), never
+    its name: a new backend then works everywhere without a search for "cuda"."""
+    files = [p for folder in ("tinyattn", "train") for p in (ROOT / folder).rglob("*.py")
+             if "backend" not in p.relative_to(ROOT).parts]
+    found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in files
+             for n, line in enumerate(p.read_text().splitlines(), 1) if DEVICE_NAME_COMPARISON.search(line)]
+    assert not found, "device names compared above the backend:\n" + "\n".join(found)

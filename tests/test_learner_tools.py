@@ -54,7 +54,7 @@ def test_graph_marks_inputs_that_get_no_gradient():
     dot = ta.viz.graph((x * w).sum())
     assert "input\\n(2,) float32\\nno grad" in dot
     assert dot.count("[style=dashed]") == 1                    # x -> Mul
-    assert "parameter\\n(2,) float32\\nrequires grad" in dot
+    assert "input\\n(2,) float32\\nrequires grad" in dot        # not an nn.Parameter: an input
 
 
 def test_graph_names_leaves_after_the_module_parameters():

@@ -27,7 +27,7 @@ import os
 import sys
 import time
 
-from .backend import get_backend, use_cuda_device
+from .backend import get_backend, use_cuda_device, uses_nccl
 from .tensor import Tensor, zeros_like
 
 # Environment variables that an MPI launcher sets in each process it starts: (size, rank)
@@ -75,7 +75,7 @@ def init(device="cpu"):
     before the first CUDA tensor). Calling it again does nothing more."""
     global _nccl
     _start_mpi()
-    if str(device).startswith("cuda") and world_size() > 1 and _nccl is None:
+    if uses_nccl(device) and world_size() > 1 and _nccl is None:
         _nccl = _start_nccl()
     return world_size()
 
@@ -162,7 +162,7 @@ def _all_reduce_array(a, backend, op):
     if backend.on_host:                                  # numpy: MPI reads and writes the array itself
         buf = _contiguous(a, backend)
         _comm.Allreduce(_mpi.IN_PLACE, buf, op=_mpi_op(op))
-    elif _nccl is not None and backend.name == "cuda":   # CuPy: NCCL, queued on the current stream
+    elif _nccl is not None and backend.has_nccl:         # CuPy: NCCL, queued on the current stream
         buf = _contiguous(a, backend)
         _nccl.allReduce(buf.data.ptr, buf.data.ptr, buf.size, _nccl_type(backend, buf), _nccl_op(backend, op),
                         backend.stream_ptr())
@@ -182,7 +182,7 @@ def _broadcast_array(a, backend, root):
     if backend.on_host:
         buf = _contiguous(a, backend)
         _comm.Bcast(buf, root=root)
-    elif _nccl is not None and backend.name == "cuda":
+    elif _nccl is not None and backend.has_nccl:
         buf = _contiguous(a, backend)
         _nccl.bcast(buf.data.ptr, buf.size, _nccl_type(backend, buf), root, backend.stream_ptr())
     else:

@@ -85,8 +85,9 @@ class profile(Tool):
     # --- the results ---
     @property
     def timer(self):
-        """'CUDA events' when any op ran on a GPU, else 'host clock'."""
-        return "CUDA events" if any(b.name.startswith("cuda") for b in self._origins) else "host clock"
+        """The clock of the devices the ops ran on: 'CUDA events' when any ran on a GPU, else 'host clock'."""
+        clocks = {b.clock for b in self._origins} - {"host clock"}
+        return clocks.pop() if clocks else "host clock"
 
     def _seconds(self, event):
         return event.backend.seconds_between(event.start, event.end)

@@ -82,7 +82,7 @@ class Tensor:
 
     def __repr__(self):
         body = repr(self.numpy()).replace("array(", "tensor(", 1)
-        extra = "" if self.device == get_backend().name else f", device='{self.device}'"
+        extra = "" if self._backend is get_backend() else f", device='{self.device}'"
         extra += ", requires_grad=True" if self.requires_grad else ""
         return body[:-1] + extra + ")" if extra else body
 

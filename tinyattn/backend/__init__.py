@@ -50,6 +50,8 @@ class Backend:
     ufunc_out = True        # elementwise functions take out= (write into an existing array)
     setitem_basic = True    # a[index] = v works for basic indices (ints, slices, None, Ellipsis)
     use_kernels = True      # False: every op runs its own formula (to compare against the kernels)
+    has_nccl = False        # its arrays can go through NCCL's collectives (tinyattn.distributed)
+    clock = "host clock"    # what ta.profile times ops with (time_mark, seconds_between)
     _kernels = None
 
     def __init__(self):
@@ -278,6 +280,8 @@ def _erf(xp, x):
 class CupyBackend(Backend):
     name = "cuda"
     on_host = False
+    has_nccl = True
+    clock = "CUDA events"
 
     def __init__(self):
         import cupy
@@ -538,6 +542,11 @@ def use_cuda_device(index):
         raise RuntimeError("the GPU of a process is chosen before its first CUDA tensor: "
                            "call tinyattn.distributed.init(device=\"cuda\") first")
     cupy.cuda.Device(index).use()
+
+
+def uses_nccl(device):
+    """True for a device whose processes talk through NCCL (each takes a GPU of its own)."""
+    return str(device).startswith("cuda")
 
 
 def is_device(name):

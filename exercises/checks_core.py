@@ -21,6 +21,33 @@ from .checks import ExerciseFailure, NotStarted, compare, need, rand, unwritten
 STRICT = "the stand-in device 'strict' (array_api_strict, standing in for a GPU)"
 NOT_NUMPY = ("Code that works only on numpy fails there: use self.xp or t.xp (the array namespace of the "
              "inputs' device) and Tensor ops, never numpy by name, and make new arrays on the inputs' device.")
+OTHER_DEVICE = ("An array made without device= lands on the CPU: make new arrays from the inputs "
+                "(xp.zeros_like(a), self.backend.arange(n)) or with device=a.device.")
+BOOL_RULE = ("The array API does no arithmetic on booleans (numpy turns them into 0 and 1): choose with "
+             "xp.where(mask, a, b), or convert with xp.astype(mask, a.dtype) first.")
+DTYPE_RULE = ("The array API does not mix dtypes as numpy does (integers with floats, float32 with float64 in "
+              "place): convert first with xp.astype(a, x.dtype).")
+TAKE_RULE = ("The array API's take wants 1-d indices: reshape the ids to 1-d (xp.reshape(idx, (-1,))), "
+             "take along axis 0, then reshape the rows back to (..., C).")
+INDEX_RULE = ("The array API does not index as numpy does (no a[ids] with an array of ids on a table): pick "
+              "rows with xp.take(a, ids, axis=0), the ids reshaped to 1-d, then reshape the rows back.")
+
+
+def strict_advice(error):
+    """Which array-API rule the code under test broke on the stand-in device, as advice."""
+    text = str(error)
+    if "Only numeric dtypes" in text or ("boolean" in text and isinstance(error, TypeError)):
+        return BOOL_RULE
+    if isinstance(error, TypeError) and ("dtypes are allowed" in text or "type promoted" in text
+                                         or "mismatched dtypes" in text):
+        return DTYPE_RULE
+    if "Only 1-dim indices" in text:
+        return TAKE_RULE
+    if isinstance(error, IndexError) and "must be array_api_strict arrays" not in text:
+        return INDEX_RULE
+    if "different devices" in text:
+        return OTHER_DEVICE
+    return NOT_NUMPY
 
 
 def rng_(seed=0):
@@ -119,7 +146,7 @@ def on_strict(what, run, tol=1e-9):
         raise
     except Exception as e:
         raise ExerciseFailure(f"{what} on {STRICT}: your code raised {type(e).__name__}: {e} (in {unwritten(e)}). "
-                              f"{NOT_NUMPY}") from None
+                              f"{strict_advice(e)}") from None
     for i, (g, e) in enumerate(zip(got, expected)):
         if g is None or g.device != "strict":
             raise ExerciseFailure(f"{what} on {STRICT}: result {i} is on {getattr(g, 'device', None)!r}, "

@@ -12,7 +12,7 @@ import numpy as np
 import tinyattn as ta
 
 from exercise_solutions import (adamw, attention, cross_entropy, elementwise, embedding, engine, kv_cache,
-                                layernorm, matmul, online_softmax, softmax, sum_to)
+                                layernorm, matmul, online_softmax, rmsnorm, softmax, sum_to)
 
 
 def answer(base, **pieces):
@@ -21,6 +21,19 @@ def answer(base, **pieces):
     module.__dict__.update({k: v for k, v in vars(base).items() if not k.startswith("__")})
     module.__dict__.update(pieces)
     return module
+
+
+# ---------------------------------------------------------------- 1. RMSNorm
+def rms_norm_without_eps(x, weight=None, eps=1e-6):
+    y = x / (x * x).mean(-1, keepdim=True).sqrt()
+    return y if weight is None else y * weight
+
+
+class RMSNormDefaultEps(rmsnorm.RMSNorm):
+    """Keeps eps, but calls rms_norm with its default."""
+
+    def forward(self, x):
+        return rmsnorm.rms_norm(x, self.weight)
 
 
 # ---------------------------------------------------------------- 5. sum_to
@@ -114,6 +127,25 @@ class SoftmaxOverflows(softmax.Softmax):
         return e / self.xp.sum(e, axis=dim, keepdims=True)
 
 
+class SoftmaxGlobalMax(softmax.Softmax):
+    """Subtracts the max of the whole tensor: a row far below it underflows to 0 / 0."""
+
+    def forward(self, x, dim):
+        self.dim = dim
+        e = self.xp.exp(x - self.xp.max(x))
+        return e / self.xp.sum(e, axis=dim, keepdims=True)
+
+
+class SoftmaxInPlace(softmax.Softmax):
+    """x -= max writes into the array forward was handed: the caller's tensor."""
+
+    def forward(self, x, dim):
+        self.dim = dim
+        x -= self.xp.max(x, axis=dim, keepdims=True)
+        e = self.xp.exp(x)
+        return e / self.xp.sum(e, axis=dim, keepdims=True)
+
+
 # ---------------------------------------------------------------- 9. LayerNorm
 def layer_norm_from(cls):
     return lambda x, weight, bias, eps=1e-5: cls.apply(x, weight, bias, eps=eps)
@@ -144,6 +176,31 @@ class LayerNormNumpy(layernorm.LayerNorm):
         xhat = (x - mu) * rstd
         self.save(xhat, rstd)
         return xhat * weight + bias
+
+
+class LayerNormCentersInPlace(layernorm.LayerNorm):
+    """x -= mean: right values, but the caller's x is now centred."""
+
+    def forward(self, x, weight, bias, eps):
+        xp = self.xp
+        x -= xp.mean(x, axis=-1, keepdims=True)
+        rstd = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps)
+        xhat = x * rstd
+        self.save(xhat, rstd)
+        return xhat * weight + bias
+
+
+class LayerNormScalesGInPlace(layernorm.LayerNorm):
+    """Right gradients, but g *= weight writes into the gradient it was given (which other ops share)."""
+
+    def backward(self, g):
+        xp, (xhat, rstd) = self.xp, self.saved
+        gd = g.data
+        lead = tuple(range(gd.ndim - 1))
+        dw, db = xp.sum(gd * xhat, axis=lead), xp.sum(gd, axis=lead)
+        gd *= self.parents[1].data
+        dx = rstd * (gd - xp.mean(gd, axis=-1, keepdims=True) - xhat * xp.mean(gd * xhat, axis=-1, keepdims=True))
+        return tuple(self.constant(a) for a in (dx, dw, db))
 
 
 # ---------------------------------------------------------------- 10. cross-entropy
@@ -184,6 +241,31 @@ class EmbeddingAssigns(embedding.Embedding):
         dw = np.zeros(weight.shape)
         dw[self.saved[0]] += g.data.reshape(-1, weight.shape[1])
         return ta.tensor(dw, dtype=g.dtype), None
+
+
+class EmbeddingFloat64Grad(embedding.Embedding):
+    """A one-hot made in float64: the gradient of a float32 table comes back float64."""
+
+    def backward(self, g):
+        xp, weight, (flat,) = self.xp, self.parents[0], self.saved
+        onehot = xp.astype(self.backend.arange(weight.shape[0])[:, None] == flat[None, :], xp.float64)
+        return self.constant(onehot) @ g.reshape(-1, weight.shape[1]), None
+
+
+class EmbeddingTakeNd(embedding.Embedding):
+    """take with the (B, T) ids as they are: numpy accepts it, the array API wants 1-d indices."""
+
+    def forward(self, weight, idx):
+        self.save(self.xp.reshape(idx, (-1,)))
+        return self.xp.take(weight, idx, axis=0)
+
+
+class EmbeddingFancyIndex(embedding.Embedding):
+    """weight[idx], numpy's fancy indexing."""
+
+    def forward(self, weight, idx):
+        self.save(self.xp.reshape(idx, (-1,)))
+        return weight[idx]
 
 
 # ---------------------------------------------------------------- 12. the engine
@@ -228,6 +310,37 @@ def backward_resets_grad(root, gradient=None):
     engine.backward(root, gradient)
 
 
+def backward_in_place(first, add):
+    """A backward that keeps the first gradient as first(g) (no copy) and then adds to it with add(t, g)."""
+    def backward(root, gradient=None):
+        pending = {id(root): ta.ones_like(root) if gradient is None else gradient}
+        with ta.no_grad():
+            for t in engine.toposort([root]):
+                g = pending.pop(id(t), None)
+                if g is None:
+                    continue
+                if t.grad_fn is None:
+                    if t.grad is None:
+                        t.grad = first(g)
+                    else:
+                        add(t, g)
+                    continue
+                grads = t.grad_fn.backward(g)
+                grads = grads if isinstance(grads, tuple) else (grads,)
+                for parent, pg in zip(t.grad_fn.parents, grads):
+                    if pg is not None and parent.requires_grad:
+                        pending[id(parent)] = pg if id(parent) not in pending else pending[id(parent)] + pg
+    return backward
+
+
+def _add_to_array(t, g):
+    t.grad.data += g.data               # writes into the array .grad holds
+
+
+def _add_to_tensor(t, g):
+    t.grad += g                         # under no_grad: the same Tensor object takes the new values
+
+
 # ---------------------------------------------------------------- 13. attention
 def attention_from(cls):
     return lambda q, k, v, is_causal=False, scale=None: cls.apply(
@@ -260,6 +373,21 @@ class AttentionNumpyMask(attention.Attention):
         p = e / e.sum(-1, keepdims=True)
         self.save(q_scaled, p)
         return p @ v
+
+
+class AttentionMaskByProduct(attention.Attention):
+    """The causal mask as a product with booleans: numpy casts them, the array API refuses."""
+
+    def forward(self, q, k, v, scale, is_causal):
+        xp = self.xp
+        self.scale, q_scaled = scale, q * scale
+        s = xp.matmul(q_scaled, xp.matrix_transpose(k))
+        e = xp.exp(s - xp.max(s, axis=-1, keepdims=True))
+        if is_causal:
+            e = e * (self.backend.arange(k.shape[-2])[None, :] <= self.backend.arange(q.shape[-2])[:, None])
+        p = e / xp.sum(e, axis=-1, keepdims=True)
+        self.save(q_scaled, p)
+        return xp.matmul(p, v)
 
 
 # ---------------------------------------------------------------- 14. online softmax
@@ -336,6 +464,32 @@ class AdamWFirstLr(adamw.AdamW):
             group["lr"] = lr
 
 
+class AdamWFloat64State(AdamVariant):
+    """m and v made in float64: a float32 parameter comes out float64."""
+
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    zeros = p.xp.zeros_like(p.data, dtype=p.xp.float64)
+                    state = self.state.setdefault(id(p), {"step": 0, "exp_avg": zeros, "exp_avg_sq": zeros})
+                    state["step"] += 1
+                    p.data = self.update(p.data, p.grad.data, state, group, p.xp)
+
+    def update(self, p, g, state, group, xp):
+        lr, (b1, b2), eps, t = group["lr"], group["betas"], group["eps"], state["step"]
+        state["exp_avg"] = m = b1 * state["exp_avg"] + (1 - b1) * g
+        state["exp_avg_sq"] = v = b2 * state["exp_avg_sq"] + (1 - b2) * g * g
+        return p * (1 - lr * group["weight_decay"]) - lr * (m / (1 - b1 ** t)) / (xp.sqrt(v / (1 - b2 ** t)) + eps)
+
+
+class AdamWFloat64Moments(AdamWFloat64State):
+    """Casts the parameter back to its dtype, but keeps m and v in float64 (twice the memory, slower)."""
+
+    def update(self, p, g, state, group, xp):
+        return xp.astype(super().update(p, g, state, group, xp), p.dtype)
+
+
 # ---------------------------------------------------------------- 16. KV cache
 class CacheReturnsNewOnly(kv_cache.KVCache):
     def append(self, k, v):
@@ -404,6 +558,10 @@ WRONG = {
     "embedding": [
         ("dw[idx] += g", answer(embedding, embedding=lambda idx, w: EmbeddingAssigns.apply(w, idx)),
          "id 3 is looked up three times"),
+        ("take with (B, T) ids", answer(embedding, embedding=lambda idx, w: EmbeddingTakeNd.apply(w, idx)),
+         ("1-d", "reshape")),
+        ("weight[idx]", answer(embedding, embedding=lambda idx, w: EmbeddingFancyIndex.apply(w, idx)),
+         ("xp.take", "1-d")),
     ],
     "engine": [
         ("toposort without a visited set", answer(engine, toposort=toposort_without_visited),
@@ -419,6 +577,8 @@ WRONG = {
          "miss the scale"),
         ("numpy causal mask", answer(attention, scaled_dot_product_attention=attention_from(AttentionNumpyMask)),
          "works only on numpy"),
+        ("mask times booleans", answer(attention, scaled_dot_product_attention=attention_from(AttentionMaskByProduct)),
+         ("booleans", "xp.where")),
     ],
     "online_softmax": [
         ("l and acc never rescaled", answer(online_softmax, tiled_attention=tiled_without_rescale),

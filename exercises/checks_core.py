@@ -70,6 +70,20 @@ def attempt(what, fn, hint=""):
                               f"{hint}".strip()) from None
 
 
+IN_PLACE = ("forward's arrays are the caller's own tensors, and `x -= m` writes into them: make new arrays "
+            "(x = x - m)")
+
+
+def writes_no_input(what, fn, inputs, names):
+    """fn(*inputs), once its inputs are seen to hold what they held before (a forward must not write to them)."""
+    before = [t.numpy().copy() if isinstance(t, ta.Tensor) else None for t in inputs]
+    out = attempt(what, lambda: fn(*inputs))
+    for name, t, kept in zip(names, inputs, before):
+        if kept is not None and not np.array_equal(t.numpy(), kept):
+            raise ExerciseFailure(f"{what} changed its input {name} in place: {IN_PLACE}")
+    return out
+
+
 def vjp(fn, inputs, seed=11):
     """fn(*inputs) and the gradients of <u, fn(inputs)> for a random cotangent u (host arrays)."""
     out = fn(*inputs)
@@ -108,8 +122,27 @@ def known_mistake(fn, inputs, wrong):
     return None
 
 
+def writes_no_gradient(what, fn, inputs, hint=""):
+    """Backward must leave g, the gradient it is given, and the inputs as they were: other ops share them."""
+    out = attempt(what, lambda: fn(*inputs))
+    u = ta.tensor(rng_(13).standard_normal(out.shape), dtype=out.dtype, device=out.device)
+    kept, before = u.numpy().copy(), [t.numpy().copy() for t in inputs]
+    diff = [t for t in inputs if t.requires_grad]
+    attempt(what, lambda: ta.grad(out, diff, grad_outputs=u, allow_unused=True), hint)
+    if not np.array_equal(u.numpy(), kept):
+        raise ExerciseFailure(f"{what}: your backward changed g, the gradient it was given, in place (`g.data *= w` "
+                              "writes into it); other ops may hold that array too (x + f(x) gives both the same g): "
+                              "make new arrays (gx = g.data * w)")
+    for i, (t, b) in enumerate(zip(inputs, before)):
+        if not np.array_equal(t.numpy(), b):
+            raise ExerciseFailure(f"{what}: your backward changed input {i} in place: the inputs are the caller's "
+                                  "own tensors; make new arrays")
+
+
 def gradcheck(what, fn, inputs, wrong=(), hint=""):
-    """ta.gradcheck of fn (float64, random cotangent); on failure say which typical mistake it is."""
+    """ta.gradcheck of fn (float64, random cotangent); on failure say which typical mistake it is.
+    First, backward must write into neither g nor the inputs."""
+    writes_no_gradient(what, fn, inputs, hint)
     try:
         attempt(what, lambda: ta.gradcheck(fn, inputs), hint)
     except GradcheckError as e:
@@ -228,7 +261,7 @@ def mul_gradients(mod):
     for sa, sb in MUL_SHAPES:
         a, b = rand(rng, *sa, grad=True), rand(rng, *sb, grad=True)
         what = f"Mul.apply(a {sa}, b {sb})"
-        compare(attempt(what, lambda: Mul.apply(a, b)), a.numpy() * b.numpy(), f"{what}, forward")
+        compare(writes_no_input(what, Mul.apply, [a, b], ["a", "b"]), a.numpy() * b.numpy(), f"{what}, forward")
         gradcheck(f"the gradients of {what}", Mul.apply, (a, b), MUL_WRONG,
                   hint="Each gradient is g times the other input, then sum_to(..., that input's shape).")
 
@@ -266,8 +299,8 @@ def matmul_forward(mod):
     MatMul, rng = need(mod, "MatMul"), rng_()
     for sa, sb in MATMUL_SHAPES:
         a, b = rand(rng, *sa), rand(rng, *sb)
-        compare(attempt(f"MatMul.apply(a {sa}, b {sb})", lambda: MatMul.apply(a, b)), a.numpy() @ b.numpy(),
-                f"MatMul.apply(a {sa}, b {sb})")
+        what = f"MatMul.apply(a {sa}, b {sb})"
+        compare(writes_no_input(what, MatMul.apply, [a, b], ["a", "b"]), a.numpy() @ b.numpy(), what)
 
 
 def matmul_gradients(mod):
@@ -317,7 +350,7 @@ def elementwise_forward(mod):
     for name, (formula, make, _) in ELEMENTWISE.items():
         op = need(mod, name)
         x = make(rng, 3, 5, grad=False)
-        compare(attempt(f"{name}.apply(x)", lambda: op.apply(x)), formula(x.numpy()), f"{name}.apply(x)")
+        compare(writes_no_input(f"{name}.apply(x)", op.apply, [x], ["x"]), formula(x.numpy()), f"{name}.apply(x)")
 
 
 def elementwise_gradcheck(mod):
@@ -370,11 +403,17 @@ def softmax_forward(mod):
     softmax, rng = need(mod, "softmax"), rng_()
     x = rand(rng, 3, 4, 5)
     for dim in (-1, 0, 1):
-        compare(attempt(f"softmax(x (3, 4, 5), dim={dim})", lambda: softmax(x, dim)), np_softmax(x.numpy(), dim),
-                f"softmax(x (3, 4, 5), dim={dim})", hint="exp(x) / sum(exp(x)), both along dim.")
+        what = f"softmax(x (3, 4, 5), dim={dim})"
+        compare(writes_no_input(what, lambda x: softmax(x, dim), [x], ["x"]), np_softmax(x.numpy(), dim), what,
+                hint="exp(x) / sum(exp(x)), both along dim.")
     big = ta.tensor(rng.standard_normal((2, 6)) * 3 + 1000.0, dtype="float64")
     compare(attempt("softmax of inputs near 1000", lambda: softmax(big)), np_softmax(big.numpy()),
             "softmax of inputs near 1000", hint="exp(1000) overflows: subtract the max along dim before exp.")
+    apart = ta.tensor(rng.standard_normal((2, 6)) * 3 + np.array([[1000.0], [-1000.0]]), dtype="float64")
+    compare(attempt("softmax of a row near 1000 and a row near -1000", lambda: softmax(apart)),
+            np_softmax(apart.numpy()), "softmax of a row near 1000 and a row near -1000",
+            hint="Subtract each row's max along dim (keepdims=True), not the max of the whole tensor: "
+                 "exp of a row far below it underflows to 0, and 0 / 0 is nan.")
 
 
 def softmax_gradcheck(mod):
@@ -457,7 +496,8 @@ def layernorm_forward(mod):
     x, w, b = rand(rng, 2, 3, 8) * 2.0 + 1.0, rand(rng, 8), rand(rng, 8)
     for eps in (1e-5, 0.5):
         what = f"layer_norm(x (2, 3, 8), weight, bias, eps={eps})"
-        compare(attempt(what, lambda: layer_norm(x, w, b, eps)), np_layer_norm(x.numpy(), w.numpy(), b.numpy(), eps),
+        got = writes_no_input(what, lambda x, w, b: layer_norm(x, w, b, eps), [x, w, b], ["x", "weight", "bias"])
+        compare(got, np_layer_norm(x.numpy(), w.numpy(), b.numpy(), eps),
                 what, hint="(x - mean) / sqrt(var + eps) * weight + bias; var is the mean of (x - mean)^2.")
 
 
@@ -536,7 +576,8 @@ def cross_entropy_forward(mod):
     cross_entropy, rng = need(mod, "cross_entropy"), rng_()
     logits, targets = ce_inputs(rng)
     what = "cross_entropy(logits (6, 5), targets with two rows ignored)"
-    compare(attempt(what, lambda: cross_entropy(logits, targets)), np_cross_entropy(logits.numpy(), targets.numpy()),
+    got = writes_no_input(what, cross_entropy, [logits, targets], ["logits", "targets"])
+    compare(got, np_cross_entropy(logits.numpy(), targets.numpy()),
             what, hint="The mean over the rows that count of -log softmax(logits)[target].")
     big = ta.tensor(rng.standard_normal((3, 4)) * 3 + 1000.0, dtype="float64")
     t = ta.tensor(np.array([0, 3, 1]))
@@ -587,7 +628,8 @@ EMBEDDING_WRONG = [("id 3 is looked up three times, but its row of dweight holds
 def embedding_forward(mod):
     embedding, rng = need(mod, "embedding"), rng_()
     w = rand(rng, 6, 4)
-    compare(attempt("embedding(idx (2, 3), weight (6, 4))", lambda: embedding(ta.tensor(IDS), w)), w.numpy()[IDS],
+    got = writes_no_input("embedding(idx (2, 3), weight (6, 4))", embedding, [ta.tensor(IDS), w], ["idx", "weight"])
+    compare(got, w.numpy()[IDS],
             "embedding(idx (2, 3), weight (6, 4))", hint="Row idx[b, t] of weight, for every position.")
 
 
@@ -768,7 +810,7 @@ def attention_forward(mod):
     sdpa, rng = need(mod, "scaled_dot_product_attention"), rng_()
     q, k, v = rand(rng, 2, 2, 4, 8), rand(rng, 2, 2, 6, 8), rand(rng, 2, 2, 6, 3)
     what = "attention(q (2, 2, 4, 8), k (2, 2, 6, 8), v (2, 2, 6, 3))"
-    compare(attempt(what, lambda: sdpa(q, k, v)), np_attention(q.numpy(), k.numpy(), v.numpy()), what,
+    compare(writes_no_input(what, sdpa, [q, k, v], "qkv"), np_attention(q.numpy(), k.numpy(), v.numpy()), what,
             hint="softmax(q k^T / sqrt(D)) v, the softmax over the keys (last dim).")
     q, k, v = rand(rng, 2, 2, 5, 8), rand(rng, 2, 2, 5, 8), rand(rng, 2, 2, 5, 8)
     what = "causal attention (T = 5)"
@@ -840,7 +882,8 @@ def online_softmax_rescales(mod):
     q = ta.tensor(np.abs(rng.standard_normal((1, 1, 4, 8))) + 0.5, dtype="float64")
     k = ta.tensor(np.linspace(0.1, 3.0, 12)[:, None] * np.ones((1, 1, 12, 8)), dtype="float64")   # growing scores
     v = rand(rng, 1, 1, 12, 3)
-    out = attempt("tiled_attention with growing scores", lambda: tiled(q, k, v, block_size=4))
+    out = writes_no_input("tiled_attention with growing scores", lambda q, k, v: tiled(q, k, v, block_size=4),
+                          [q, k, v], "qkv")
     expected = np_attention(q.numpy(), k.numpy(), v.numpy())
     if np.allclose(out.numpy(), np_tiled_without_rescale(q.numpy(), k.numpy(), v.numpy(), 4), atol=1e-9):
         raise ExerciseFailure("tiled_attention is wrong when a later key block raises a row's max: when m grows "

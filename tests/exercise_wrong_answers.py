@@ -178,16 +178,16 @@ class LayerNormNumpy(layernorm.LayerNorm):
         return xhat * weight + bias
 
 
-class LayerNormCentersInPlace(layernorm.LayerNorm):
-    """x -= mean: right values, but the caller's x is now centred."""
+class LayerNormInPlace(layernorm.LayerNorm):
+    """x -= mean, x *= rstd: right values, but the caller's x is now xhat."""
 
     def forward(self, x, weight, bias, eps):
         xp = self.xp
         x -= xp.mean(x, axis=-1, keepdims=True)
         rstd = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps)
-        xhat = x * rstd
-        self.save(xhat, rstd)
-        return xhat * weight + bias
+        x *= rstd
+        self.save(x, rstd)
+        return x * weight + bias
 
 
 class LayerNormScalesGInPlace(layernorm.LayerNorm):
@@ -539,6 +539,9 @@ WRONG = {
          "returns the gradient of sum(y)"),
         ("the full Jacobian", answer(softmax, softmax=softmax_from(SoftmaxJacobian)), "builds the (C, C) Jacobian"),
         ("no max subtracted", answer(softmax, softmax=softmax_from(SoftmaxOverflows)), "exp(1000) overflows"),
+        ("the max of the whole tensor", answer(softmax, softmax=softmax_from(SoftmaxGlobalMax)),
+         "each row's max along dim"),
+        ("x -= max, in place", answer(softmax, softmax=softmax_from(SoftmaxInPlace)), ("changed its input x", "in place")),
     ],
     "layernorm": [
         ("the variance treated as a constant", answer(layernorm, layer_norm=layer_norm_from(LayerNormConstantVariance)),
@@ -546,6 +549,10 @@ WRONG = {
         ("dweight summed over dim 0 only", answer(layernorm, layer_norm=layer_norm_from(LayerNormSumsDimZero)),
          "the sums over every leading dim"),
         ("np.mean in forward", answer(layernorm, layer_norm=layer_norm_from(LayerNormNumpy)), "works only on numpy"),
+        ("x -= mean, x *= rstd, in place", answer(layernorm, layer_norm=layer_norm_from(LayerNormInPlace)),
+         ("changed its input x", "in place")),
+        ("g *= weight, in place", answer(layernorm, layer_norm=layer_norm_from(LayerNormScalesGInPlace)),
+         ("changed g", "in place")),
     ],
     "cross_entropy": [
         ("no 1/N in backward", answer(cross_entropy, cross_entropy=cross_entropy_from(CrossEntropySum)),

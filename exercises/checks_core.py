@@ -725,7 +725,7 @@ def engine_backward_accumulates(mod):
     backward((x * 5.0).sum())
     compare(x.grad, np.full(3, 7.0), "x.grad after backward(sum(x * 2)) then backward(sum(x * 5))",
             hint="As in PyTorch, .grad adds up across backward calls (the training loop accumulates "
-                 "micro-batches this way): grad = g if grad is None else grad + g.")
+                 "micro-batches this way): the first gradient (a copy), then grad = grad + g.")
     y = x * 4.0
     backward(y, ta.tensor([1.0, 0.0, 2.0], dtype="float64"))
     compare(x.grad, np.array([11.0, 7.0, 15.0]), "x.grad after backward(y, gradient) for y = x * 4 (not a scalar)",
@@ -734,6 +734,41 @@ def engine_backward_accumulates(mod):
     backward((x * w).sum())
     if w.grad is not None:
         raise ExerciseFailure("backward gave a .grad to a tensor that does not require grad")
+
+
+def _shares(a, b):
+    """Do two Tensors share memory (the same Tensor, or arrays that overlap)?"""
+    return a is b or np.shares_memory(a.data, b.data)
+
+
+OWN_GRAD = ("a leaf's .grad must be its own array, as in PyTorch: code that scales one gradient in place "
+            "(clip_grad_norm_, an optimizer) would change the other. Copy the first gradient that reaches a leaf "
+            "(ta.tensor(g, dtype=g.dtype) is a copy), then add: t.grad = t.grad + g")
+
+
+def engine_grads_are_their_own(mod):
+    """After backward, no two leaves share a .grad array, nor a leaf and the caller's gradient; accumulating
+    does not write into an array that another tensor holds."""
+    backward, rng = need(mod, "backward"), rng_()
+    a, b = rand(rng, 3, grad=True), rand(rng, 3, grad=True)
+    u = ta.tensor(rng.standard_normal(3), dtype="float64")
+    kept = u.numpy().copy()
+    attempt("backward(a + b, gradient)", lambda: backward(a + b, u))
+    if _shares(a.grad, b.grad):
+        raise ExerciseFailure(f"after backward(a + b, gradient), a.grad and b.grad are the same array: {OWN_GRAD}")
+    if _shares(a.grad, u) or _shares(b.grad, u):
+        raise ExerciseFailure("after backward(a + b, gradient), a.grad is the gradient array you were given: "
+                              f"{OWN_GRAD}")
+    held = b.grad.numpy().copy()
+    attempt("a second backward, of sum(a * 2)", lambda: backward((a * 2.0).sum()))
+    if not np.array_equal(u.numpy(), kept) or not np.array_equal(b.grad.numpy(), held):
+        raise ExerciseFailure("a second backward, of sum(a * 2), added a's gradient into an array that another "
+                              f"tensor holds (b.grad, or the gradient given to the first backward): {OWN_GRAD}")
+    x = rand(rng, 3, grad=True)
+    attempt("backward(x, gradient) with x a leaf", lambda: backward(x, u))
+    if _shares(x.grad, u):
+        raise ExerciseFailure(f"after backward(x, gradient) with x a leaf, x.grad is the gradient array you were "
+                              f"given, which the caller still holds and may change: {OWN_GRAD}")
 
 
 def _mlp_grads(backward_fn, device):
@@ -766,8 +801,8 @@ def engine_on_strict(mod):
     on_strict("your backward on a small MLP", lambda d: _mlp_grads(backward, d))
 
 
-ENGINE = [engine_toposort, engine_backward_sums_paths, engine_backward_accumulates, engine_matches_the_library,
-          engine_on_strict]
+ENGINE = [engine_toposort, engine_backward_sums_paths, engine_backward_accumulates, engine_grads_are_their_own,
+          engine_matches_the_library, engine_on_strict]
 
 
 # ---------------------------------------------------------------- 13. attention

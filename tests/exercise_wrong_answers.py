@@ -576,6 +576,12 @@ WRONG = {
         ("gradients overwritten, not summed", answer(engine, backward=backward_overwrites),
          "kept one path's gradient"),
         (".grad replaced across calls", answer(engine, backward=backward_resets_grad), "adds up across backward calls"),
+        ("t.grad = g, then t.grad.data += g.data",
+         answer(engine, backward=backward_in_place(lambda g: g, _add_to_array)), "its own array"),
+        ("t.grad = g, then t.grad += g", answer(engine, backward=backward_in_place(lambda g: g, _add_to_tensor)),
+         "its own array"),
+        ("t.grad = g.detach(), then t.grad.data += g.data",
+         answer(engine, backward=backward_in_place(lambda g: g.detach(), _add_to_array)), "its own array"),
     ],
     "attention": [
         ("dS = P * dP", answer(attention, scaled_dot_product_attention=attention_from(AttentionNoSubtraction)),

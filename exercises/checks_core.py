@@ -187,6 +187,31 @@ def on_strict(what, run, tol=1e-9):
         compare(g.numpy(), e, f"{what} on {STRICT} (result {i}, against the CPU)", tol=tol)
 
 
+DTYPE_RULE_OF_OPS = ("an op's output and each gradient have the dtype of the input they belong to (one float64 "
+                     "array turns a whole float32 model into float64, at half the speed): make new arrays in "
+                     "that dtype (xp.zeros_like(a), xp.astype(m, g.data.dtype)), never float64 by default")
+
+
+def keeps_float32(what, fn, arrays, names, ints=()):
+    """fn on float32 inputs (then int ones): the output is float32, and so is every gradient its backward returns."""
+    rng = rng_(17)
+    inputs = [ta.tensor(a, dtype="float32", requires_grad=True) for a in arrays] + [ta.tensor(i) for i in ints]
+    out = attempt(f"{what} in float32", lambda: fn(*inputs))
+    if out.dtype != np.float32:
+        raise ExerciseFailure(f"{what} on float32 inputs returned {out.dtype}: {DTYPE_RULE_OF_OPS}")
+    ctx = out.grad_fn
+    u = ta.tensor(rng.standard_normal(out.shape), dtype="float32")
+    with ta.no_grad():
+        grads = attempt(f"the backward of {what} in float32", lambda: ctx.backward(u))
+    grads = grads if isinstance(grads, (tuple, list)) else (grads,)
+    by_parent = {id(t): name for t, name in zip(inputs, names)}
+    for parent, g in zip(ctx.parents, grads):
+        if isinstance(g, ta.Tensor) and g.dtype != parent.dtype:
+            name = by_parent.get(id(parent), "an input")
+            raise ExerciseFailure(f"the backward of {what} returns a {g.dtype} gradient for {name}, a {parent.dtype} "
+                                  f"tensor: {DTYPE_RULE_OF_OPS}")
+
+
 def tensors(device, *arrays, grad=True):
     return [ta.tensor(a, dtype="float64", device=device, requires_grad=grad) for a in arrays]
 
@@ -279,7 +304,14 @@ def sum_to_on_strict(mod):
               + grads_on(d, Mul.apply, [a, b]))
 
 
-SUM_TO = [sum_to_undoes_broadcasting, sum_to_gradcheck, mul_gradients, mul_gradgradcheck, sum_to_on_strict]
+def mul_keeps_float32(mod):
+    Mul, rng = need(mod, "Mul"), rng_()
+    keeps_float32("Mul.apply(a (2, 3, 4), b (3, 1))", Mul.apply, [rng.standard_normal((2, 3, 4)),
+                                                                  rng.standard_normal((3, 1))], "ab")
+
+
+SUM_TO = [sum_to_undoes_broadcasting, sum_to_gradcheck, mul_gradients, mul_gradgradcheck, mul_keeps_float32,
+          sum_to_on_strict]
 
 
 # ---------------------------------------------------------------- 6. matmul
@@ -323,7 +355,13 @@ def matmul_on_strict(mod):
     on_strict("MatMul, forward and backward", lambda d: grads_on(d, MatMul.apply, [a, b]))
 
 
-MATMUL = [matmul_forward, matmul_gradients, matmul_gradgradcheck, matmul_on_strict]
+def matmul_keeps_float32(mod):
+    MatMul, rng = need(mod, "MatMul"), rng_()
+    keeps_float32("MatMul.apply(a (2, 3, 4), b (4, 5))", MatMul.apply, [rng.standard_normal((2, 3, 4)),
+                                                                        rng.standard_normal((4, 5))], "ab")
+
+
+MATMUL = [matmul_forward, matmul_gradients, matmul_gradgradcheck, matmul_keeps_float32, matmul_on_strict]
 
 
 # ---------------------------------------------------------------- 7. exp, log, tanh
@@ -373,7 +411,14 @@ def elementwise_on_strict(mod):
               lambda d: [r for op in ops for r in grads_on(d, op.apply, [x])])
 
 
-ELEMENTWISE_CHECKS = [elementwise_forward, elementwise_gradcheck, elementwise_gradgradcheck, elementwise_on_strict]
+def elementwise_keeps_float32(mod):
+    x = np.abs(rng_().standard_normal((3, 5))) + 0.5
+    for name in ELEMENTWISE:
+        keeps_float32(f"{name}.apply(x)", need(mod, name).apply, [x], "x")
+
+
+ELEMENTWISE_CHECKS = [elementwise_forward, elementwise_gradcheck, elementwise_gradgradcheck, elementwise_keeps_float32,
+                      elementwise_on_strict]
 
 
 # ---------------------------------------------------------------- 8. softmax
@@ -448,7 +493,12 @@ def softmax_on_strict(mod):
     on_strict("softmax, forward and backward", lambda d: grads_on(d, softmax, [x]))
 
 
-SOFTMAX = [softmax_forward, softmax_gradcheck, softmax_gradgradcheck, softmax_builds_no_jacobian, softmax_on_strict]
+def softmax_keeps_float32(mod):
+    keeps_float32("softmax(x (3, 5))", need(mod, "softmax"), [rng_().standard_normal((3, 5))], "x")
+
+
+SOFTMAX = [softmax_forward, softmax_gradcheck, softmax_gradgradcheck, softmax_builds_no_jacobian,
+           softmax_keeps_float32, softmax_on_strict]
 
 
 # ---------------------------------------------------------------- 9. LayerNorm
@@ -530,7 +580,15 @@ def layernorm_on_strict(mod):
     on_strict("LayerNorm, forward and backward", lambda d: grads_on(d, lambda x, w, b: layer_norm(x, w, b), arrays))
 
 
-LAYERNORM = [layernorm_forward, layernorm_matches_composite, layernorm_gradcheck, layernorm_on_strict]
+def layernorm_keeps_float32(mod):
+    layer_norm, rng = need(mod, "layer_norm"), rng_()
+    arrays = [rng.standard_normal((2, 3, 8)), rng.standard_normal(8), rng.standard_normal(8)]
+    keeps_float32("layer_norm(x (2, 3, 8), weight, bias)", lambda x, w, b: layer_norm(x, w, b), arrays,
+                  ["x", "weight", "bias"])
+
+
+LAYERNORM = [layernorm_forward, layernorm_matches_composite, layernorm_gradcheck, layernorm_keeps_float32,
+             layernorm_on_strict]
 
 
 # ---------------------------------------------------------------- 10. cross-entropy
@@ -601,7 +659,14 @@ def cross_entropy_on_strict(mod):
               lambda d: grads_on(d, cross_entropy, [logits.numpy()], ints=[targets.numpy()]))
 
 
-CROSS_ENTROPY = [cross_entropy_forward, cross_entropy_gradcheck, cross_entropy_on_strict]
+def cross_entropy_keeps_float32(mod):
+    cross_entropy, rng = need(mod, "cross_entropy"), rng_()
+    logits, targets = ce_inputs(rng)
+    keeps_float32("cross_entropy(logits (6, 5), targets)", cross_entropy, [logits.numpy()], ["logits"],
+                  ints=[targets.numpy()])
+
+
+CROSS_ENTROPY = [cross_entropy_forward, cross_entropy_gradcheck, cross_entropy_keeps_float32, cross_entropy_on_strict]
 
 
 # ---------------------------------------------------------------- 11. embedding
@@ -654,7 +719,13 @@ def embedding_on_strict(mod):
               lambda d: grads_on(d, lambda w, idx: embedding(idx, w), [w], ints=[IDS]))
 
 
-EMBEDDING = [embedding_forward, embedding_gradients, embedding_on_strict]
+def embedding_keeps_float32(mod):
+    embedding = need(mod, "embedding")
+    keeps_float32("embedding(idx (2, 3), weight (6, 4))", lambda w, idx: embedding(idx, w),
+                  [rng_().standard_normal((6, 4))], ["weight"], ints=[IDS])
+
+
+EMBEDDING = [embedding_forward, embedding_gradients, embedding_keeps_float32, embedding_on_strict]
 
 
 # ---------------------------------------------------------------- 12. the engine
@@ -881,7 +952,13 @@ def attention_on_strict(mod):
               lambda d: grads_on(d, lambda q, k, v: sdpa(q, k, v, is_causal=True), arrays))
 
 
-ATTENTION = [attention_forward, attention_gradients, attention_on_strict]
+def attention_keeps_float32(mod):
+    sdpa, rng = need(mod, "scaled_dot_product_attention"), rng_()
+    keeps_float32("causal attention(q, k, v (1, 2, 5, 4))", lambda q, k, v: sdpa(q, k, v, is_causal=True),
+                  [rng.standard_normal((1, 2, 5, 4)) for _ in range(3)], "qkv")
+
+
+ATTENTION = [attention_forward, attention_gradients, attention_keeps_float32, attention_on_strict]
 
 
 # ---------------------------------------------------------------- 14. online softmax
@@ -948,7 +1025,17 @@ def online_softmax_on_strict(mod):
               lambda d: [tiled(*tensors(d, *arrays, grad=False), block_size=3, is_causal=True)])
 
 
+def online_softmax_keeps_float32(mod):
+    tiled, rng = need(mod, "tiled_attention"), rng_()
+    q, k, v = (ta.tensor(rng.standard_normal((1, 2, 7, 4)), dtype="float32") for _ in range(3))
+    out = attempt("tiled_attention in float32", lambda: tiled(q, k, v, block_size=3, is_causal=True))
+    if out.dtype != np.float32:
+        raise ExerciseFailure(f"tiled_attention on float32 q, k, v returned {out.dtype}: {DTYPE_RULE_OF_OPS} "
+                              "(backend.full(shape, value, q.dtype) makes m, l and acc in q's dtype)")
+
+
 ONLINE_SOFTMAX = [online_softmax_rescales, online_softmax_matches_naive, online_softmax_memory,
+                  online_softmax_keeps_float32,
                   online_softmax_on_strict]
 
 
@@ -1047,7 +1134,28 @@ def adamw_on_strict(mod):
                                                                                             ADAM_HYPER) for a in state])
 
 
-ADAMW = [adamw_matches_the_library, adamw_skips_missing_gradients, adamw_on_strict]
+def adamw_keeps_float32(mod):
+    """A float32 parameter stays float32, and so do the arrays AdamW keeps for it (m and v)."""
+    AdamW, rng = need(mod, "AdamW"), rng_()
+    p = ta.tensor(rng.standard_normal((3, 4)), dtype="float32", requires_grad=True)
+    opt = AdamW([p], lr=0.1, weight_decay=0.1)
+    for step in (1, 2):
+        p.grad = ta.tensor(rng.standard_normal((3, 4)), dtype="float32")
+        attempt(f"AdamW step {step} on a float32 parameter", opt.step)
+        if p.dtype != np.float32:
+            raise ExerciseFailure(f"after step {step}, your AdamW turned a float32 parameter into {p.dtype}: keep "
+                                  "the moments m and v in the parameter's dtype (xp.zeros_like(p.data)), and every "
+                                  "parameter stays float32 (float64 state doubles the memory and slows every step)")
+        for state in opt.state.values():
+            for key, value in (state.items() if isinstance(state, dict) else ()):
+                dtype = getattr(value, "dtype", None)
+                if getattr(value, "shape", None) == p.shape and np.dtype(dtype).kind == "f" and dtype != p.dtype:
+                    raise ExerciseFailure(f"your AdamW keeps state[{key!r}] of a float32 parameter in {dtype}: the "
+                                          "moments m and v have the parameter's dtype (xp.zeros_like(p.data)), float32 "
+                                          "here: float64 state doubles the memory and slows every step")
+
+
+ADAMW = [adamw_matches_the_library, adamw_skips_missing_gradients, adamw_keeps_float32, adamw_on_strict]
 
 
 # ---------------------------------------------------------------- 16. KV cache

@@ -569,6 +569,8 @@ WRONG = {
          ("1-d", "reshape")),
         ("weight[idx]", answer(embedding, embedding=lambda idx, w: EmbeddingFancyIndex.apply(w, idx)),
          ("xp.take", "1-d")),
+        ("a float64 gradient for a float32 table",
+         answer(embedding, embedding=lambda idx, w: EmbeddingFloat64Grad.apply(w, idx)), ("float64", "dtype")),
     ],
     "engine": [
         ("toposort without a visited set", answer(engine, toposort=toposort_without_visited),
@@ -603,6 +605,9 @@ WRONG = {
         ("weight decay added to the gradient", answer(adamw, AdamW=AdamL2), "Adam with L2"),
         ("no bias correction", answer(adamw, AdamW=AdamWNoBiasCorrection), "no bias correction"),
         ("the learning rate read once", answer(adamw, AdamW=AdamWFirstLr), "read group['lr'] at every step"),
+        ("float64 moments for float32 parameters", answer(adamw, AdamW=AdamWFloat64State), ("float32", "float64")),
+        ("float64 moments, the parameter cast back", answer(adamw, AdamW=AdamWFloat64Moments),
+         ("float32", "moments")),
     ],
     "kv_cache": [
         ("append returns the new keys only", answer(kv_cache, KVCache=CacheReturnsNewOnly), "returned only the new one"),

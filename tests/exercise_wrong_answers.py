@@ -29,6 +29,11 @@ def rms_norm_without_eps(x, weight=None, eps=1e-6):
     return y if weight is None else y * weight
 
 
+def rms_norm_eps_outside(x, weight=None, eps=1e-6):
+    y = x / ((x * x).mean(-1, keepdim=True).sqrt() + eps)
+    return y if weight is None else y * weight
+
+
 class RMSNormDefaultEps(rmsnorm.RMSNorm):
     """Keeps eps, but calls rms_norm with its default."""
 
@@ -513,8 +518,15 @@ class CacheTopLeftMask(kv_cache.KVCache):
 
 
 # exercise: [(what the learner did, the wrong module, words the first failure must contain), ...]
+# (every exercise of part two, and those of part one whose mistakes once passed)
 # (several words: a tuple, each of them in the message)
 WRONG = {
+    "rmsnorm": [
+        ("rms_norm without eps", answer(rmsnorm, rms_norm=rms_norm_without_eps), "eps under the square root"),
+        ("eps added to the root mean square", answer(rmsnorm, rms_norm=rms_norm_eps_outside),
+         "goes under the square root"),
+        ("RMSNorm calls rms_norm without self.eps", answer(rmsnorm, RMSNorm=RMSNormDefaultEps), "self.eps"),
+    ],
     "sum_to": [
         ("sum_to sums only the dims added in front", answer(sum_to, sum_to=sum_leading_only),
          "not the dims where shape has 1"),

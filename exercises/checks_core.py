@@ -729,6 +729,16 @@ EMBEDDING = [embedding_forward, embedding_gradients, embedding_keeps_float32, em
 
 
 # ---------------------------------------------------------------- 12. the engine
+class SharedGradient(ta.Function):
+    """a + b, whose backward hands both inputs the same gradient Tensor (as an addition may)."""
+
+    def forward(self, a, b):
+        return a + b
+
+    def backward(self, g):
+        return g, g
+
+
 def _diamond(x):
     """a = x * 2, b = a * a, c = b + a: a is used twice. Returns (c, the tensors by name)."""
     a = x * 2.0
@@ -787,6 +797,15 @@ def engine_backward_sums_paths(mod):
     backward(c.sum())
     compare(x2.grad, 8.0 * x2.numpy() + 2.0, "x.grad for c = a * a + a, a = x * 2 (a used twice)",
             hint="dc/dx = (2a + 1) * 2 = 8x + 2: wait until both of a's users have given their gradient.")
+    x3 = rand(rng, 3, grad=True)
+    p, q = x3 * 2.0, x3 * 3.0
+    what = "x.grad for t = (p + q) + p, p = x * 2, q = x * 3, each + giving both its inputs the same g"
+    attempt(what, lambda: backward(SharedGradient.apply(SharedGradient.apply(p, q), p).sum()))
+    if np.allclose(x3.grad.numpy(), 10.0):
+        raise ExerciseFailure(f"{what}: you give 10, expected 7: adding p's second gradient in place "
+                              "(pending[k] += g) also changed q's, the same Tensor. Make a new one: "
+                              "pending[k] = pending[k] + g")
+    compare(x3.grad, np.full(3, 7.0), what)
 
 
 def engine_backward_accumulates(mod):
@@ -824,7 +843,7 @@ def engine_grads_are_their_own(mod):
     a, b = rand(rng, 3, grad=True), rand(rng, 3, grad=True)
     u = ta.tensor(rng.standard_normal(3), dtype="float64")
     kept = u.numpy().copy()
-    attempt("backward(a + b, gradient)", lambda: backward(a + b, u))
+    attempt("backward(a + b, gradient)", lambda: backward(SharedGradient.apply(a, b), u))
     if _shares(a.grad, b.grad):
         raise ExerciseFailure(f"after backward(a + b, gradient), a.grad and b.grad are the same array: {OWN_GRAD}")
     if _shares(a.grad, u) or _shares(b.grad, u):

@@ -338,6 +338,27 @@ def backward_in_place(first, add):
     return backward
 
 
+def backward_adds_pending_in_place(root, gradient=None):
+    """pending[k] += g: the in-place add also changes every tensor that was handed the same g."""
+    pending = {id(root): ta.ones_like(root) if gradient is None else gradient}
+    with ta.no_grad():
+        for t in engine.toposort([root]):
+            g = pending.pop(id(t), None)
+            if g is None:
+                continue
+            if t.grad_fn is None:
+                t.grad = ta.tensor(g, dtype=g.dtype) if t.grad is None else t.grad + g
+                continue
+            grads = t.grad_fn.backward(g)
+            grads = grads if isinstance(grads, tuple) else (grads,)
+            for parent, pg in zip(t.grad_fn.parents, grads):
+                if pg is not None and parent.requires_grad:
+                    if id(parent) in pending:
+                        pending[id(parent)] += pg
+                    else:
+                        pending[id(parent)] = pg
+
+
 def _add_to_array(t, g):
     t.grad.data += g.data               # writes into the array .grad holds
 
@@ -596,6 +617,7 @@ WRONG = {
          "its own array"),
         ("t.grad = g.detach(), then t.grad.data += g.data",
          answer(engine, backward=backward_in_place(lambda g: g.detach(), _add_to_array)), "its own array"),
+        ("pending[k] += g", answer(engine, backward=backward_adds_pending_in_place), "pending[k] = pending[k] + g"),
     ],
     "attention": [
         ("dS = P * dP", answer(attention, scaled_dot_product_attention=attention_from(AttentionNoSubtraction)),

@@ -572,6 +572,9 @@ def layernorm_gradcheck(mod):
     x, w, b = rand(rng, 4, 6, grad=True), rand(rng, 6, grad=True), rand(rng, 6, grad=True)
     gradcheck("the gradients of your LayerNorm", lambda x, w, b: layer_norm(x, w, b, 1e-5), (x, w, b),
               LAYERNORM_WRONG, LAYERNORM_HINT)
+    gradcheck("the gradients of your LayerNorm with eps=0.5", lambda x, w, b: layer_norm(x, w, b, 0.5), (x, w, b),
+              hint="They are right with eps=1e-5: backward must use the eps given to forward, through the rstd "
+                   "that forward saved.")
 
 
 def layernorm_on_strict(mod):
@@ -696,6 +699,11 @@ def embedding_forward(mod):
     got = writes_no_input("embedding(idx (2, 3), weight (6, 4))", embedding, [ta.tensor(IDS), w], ["idx", "weight"])
     compare(got, w.numpy()[IDS],
             "embedding(idx (2, 3), weight (6, 4))", hint="Row idx[b, t] of weight, for every position.")
+    for ids in (IDS[0], IDS.reshape(2, 1, 3)):                        # positions are 1-d ids (T,)
+        what = f"embedding(idx {ids.shape}, weight (6, 4))"
+        hint = ("The ids may have any shape (GPT looks up positions (T,) and tokens (B, T)): the output is "
+                "idx.shape + (C,).")
+        compare(attempt(what, lambda: embedding(ta.tensor(ids), w), hint), w.numpy()[ids], what, hint=hint)
 
 
 def embedding_gradients(mod):
@@ -942,6 +950,10 @@ def attention_forward(mod):
     compare(attempt(what, lambda: sdpa(q, k, v, is_causal=True)),
             np_attention(q.numpy(), k.numpy(), v.numpy(), True), what,
             hint="Set the scores of keys j > i to -inf before the softmax.")
+    what = "causal attention (T = 5) with scale=0.3"
+    compare(attempt(what, lambda: sdpa(q, k, v, is_causal=True, scale=0.3)),
+            np_attention(q.numpy(), k.numpy(), v.numpy(), True, scale=0.3), what,
+            hint="Use the scale forward is given (1 / sqrt(D) is only its default).")
 
 
 def attention_gradients(mod):
@@ -962,6 +974,8 @@ def attention_gradients(mod):
                 raise ExerciseFailure(f"{name} of {label}: {mistake}" if mistake else
                                       f"{failure} {ATTENTION_HINT}") from None
         gradcheck(f"the gradients of {label}", fn, (q, k, v), ATTENTION_WRONG[causal], ATTENTION_HINT)
+    gradcheck(f"the gradients of {label}, scale=0.3", lambda q, k, v: sdpa(q, k, v, is_causal=True, scale=0.3),
+              (q, k, v), hint="Use self.scale, the scale forward was given (1 / sqrt(D) is only its default).")
 
 
 def attention_on_strict(mod):
@@ -1005,6 +1019,11 @@ def online_softmax_matches_naive(mod):
             raise ExerciseFailure(f"{what} returned a {type(out).__name__}, not a Tensor")
         compare(out, np_attention(q.numpy(), k.numpy(), v.numpy(), causal), f"{what} (against naive attention)",
                 hint="At the end of the key blocks, out = acc / l.")
+    q, k, v = rand(rng, 1, 2, 7, 8), rand(rng, 1, 2, 13, 8), rand(rng, 1, 2, 13, 3)
+    what = "tiled_attention(Tq=7, Tk=13, block_size=5, scale=0.3)"
+    compare(attempt(what, lambda: tiled(q, k, v, block_size=5, scale=0.3)),
+            np_attention(q.numpy(), k.numpy(), v.numpy(), scale=0.3), f"{what} (against naive attention)",
+            hint="Use the scale you are given (1 / sqrt(D) is only its default).")
 
 
 def online_softmax_rescales(mod):
@@ -1144,6 +1163,14 @@ def adamw_skips_missing_gradients(mod):
             hint="Skip parameters with no gradient (p.grad is None): they were not used.")
     compare(q, np.ones(3), "a parameter with no gradient, after a step",
             hint="Skip it: no decay and no update without a gradient, as in PyTorch.")
+    q.grad = ta.tensor(np.full(3, 0.5), dtype="float64")              # q's first step is the optimizer's second
+    attempt("a second AdamW.step(), with both gradients", opt.step)
+    q_lib = ta.tensor(np.ones(3), dtype="float64", requires_grad=True)
+    q_lib.grad = q.grad
+    ta.optim.AdamW([q_lib], lr=0.1, weight_decay=0.1).step()
+    compare(q, q_lib.numpy(), "a parameter after its first step, taken at the optimizer's second step "
+            "(against ta.optim.AdamW)", tol=1e-9, hint="Count steps per parameter (t in the state of p, "
+            "from 1): a parameter skipped before takes its first step with t = 1.")
 
 
 def adamw_on_strict(mod):

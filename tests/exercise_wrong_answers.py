@@ -208,6 +208,16 @@ class LayerNormScalesGInPlace(layernorm.LayerNorm):
         return tuple(self.constant(a) for a in (dx, dw, db))
 
 
+class LayerNormBackwardDefaultEps(layernorm.LayerNorm):
+    """Backward recomputes rstd with eps = 1e-5, whatever eps forward was given."""
+
+    def backward(self, g):
+        x = self.parents[0].data
+        xhat, _ = self.saved
+        self.saved = (xhat, 1.0 / self.xp.sqrt(self.xp.var(x, axis=-1, keepdims=True) + 1e-5))
+        return super().backward(g)
+
+
 # ---------------------------------------------------------------- 10. cross-entropy
 def cross_entropy_from(cls):
     return lambda logits, targets, ignore_index=-100: cls.apply(logits, targets, ignore_index=ignore_index)
@@ -271,6 +281,16 @@ class EmbeddingFancyIndex(embedding.Embedding):
     def forward(self, weight, idx):
         self.save(self.xp.reshape(idx, (-1,)))
         return weight[idx]
+
+
+class EmbeddingTwoDimIds(embedding.Embedding):
+    """Right for (B, T) ids only: B, T = idx.shape."""
+
+    def forward(self, weight, idx):
+        B, T = idx.shape
+        flat = self.xp.reshape(idx, (-1,))
+        self.save(flat)
+        return self.xp.reshape(self.xp.take(weight, flat, axis=0), (B, T, weight.shape[1]))
 
 
 # ---------------------------------------------------------------- 12. the engine
@@ -416,6 +436,21 @@ class AttentionMaskByProduct(attention.Attention):
         return xp.matmul(p, v)
 
 
+class AttentionDefaultScale(attention.Attention):
+    """Forward and backward with 1 / sqrt(D), whatever scale they are given."""
+
+    def forward(self, q, k, v, scale, is_causal):
+        return super().forward(q, k, v, 1.0 / math.sqrt(q.shape[-1]), is_causal)
+
+
+class AttentionBackwardDefaultScale(attention.Attention):
+    """Forward with the scale it is given, backward with 1 / sqrt(D)."""
+
+    def backward(self, g):
+        self.scale = 1.0 / math.sqrt(self.parents[0].shape[-1])
+        return super().backward(g)
+
+
 # ---------------------------------------------------------------- 14. online softmax
 def tiled_without_rescale(q, k, v, block_size=16, is_causal=False, scale=None):
     xp, backend = q.xp, q.backend
@@ -442,6 +477,10 @@ def tiled_all_at_once(q, k, v, block_size=16, is_causal=False, scale=None):
     """Right values, but with the whole (T, T) score matrix."""
     with ta.no_grad():
         return attention.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+
+
+def tiled_default_scale(q, k, v, block_size=16, is_causal=False, scale=None):
+    return online_softmax.tiled_attention(q, k, v, block_size=block_size, is_causal=is_causal)
 
 
 # ---------------------------------------------------------------- 15. AdamW
@@ -488,6 +527,24 @@ class AdamWFirstLr(adamw.AdamW):
         super().step()
         for group, lr in zip(self.param_groups, now):
             group["lr"] = lr
+
+
+class AdamWOneStepCount(adamw.AdamW):
+    """One step count for the optimizer, not one per parameter: a parameter skipped before starts at t > 1."""
+
+    def step(self):
+        self.t = getattr(self, "t", 0) + 1
+        for group in self.param_groups:
+            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g, xp = p.grad.data, p.xp
+                state = self.state.setdefault(id(p), {"m": xp.zeros_like(p.data), "v": xp.zeros_like(p.data)})
+                state["m"] = m = b1 * state["m"] + (1 - b1) * g
+                state["v"] = v = b2 * state["v"] + (1 - b2) * g * g
+                p.data = p.data * (1 - lr * wd)
+                p.data = p.data - lr * (m / (1 - b1 ** self.t)) / (xp.sqrt(v / (1 - b2 ** self.t)) + eps)
 
 
 class AdamWFloat64State(AdamVariant):
@@ -586,6 +643,8 @@ WRONG = {
          ("changed its input x", "in place")),
         ("g *= weight, in place", answer(layernorm, layer_norm=layer_norm_from(LayerNormScalesGInPlace)),
          ("changed g", "in place")),
+        ("backward with eps = 1e-5", answer(layernorm, layer_norm=layer_norm_from(LayerNormBackwardDefaultEps)),
+         ("eps=0.5", "the eps given to forward")),
     ],
     "cross_entropy": [
         ("no 1/N in backward", answer(cross_entropy, cross_entropy=cross_entropy_from(CrossEntropySum)),
@@ -602,6 +661,8 @@ WRONG = {
          ("1-d", "reshape")),
         ("weight[idx]", answer(embedding, embedding=lambda idx, w: EmbeddingFancyIndex.apply(w, idx)),
          ("xp.take", "1-d")),
+        ("(B, T) ids only", answer(embedding, embedding=lambda idx, w: EmbeddingTwoDimIds.apply(w, idx)),
+         "may have any shape"),
         ("a float64 gradient for a float32 table",
          answer(embedding, embedding=lambda idx, w: EmbeddingFloat64Grad.apply(w, idx)), ("float64", "dtype")),
     ],
@@ -628,17 +689,26 @@ WRONG = {
          "works only on numpy"),
         ("mask times booleans", answer(attention, scaled_dot_product_attention=attention_from(AttentionMaskByProduct)),
          ("booleans", "xp.where")),
+        ("1 / sqrt(D) whatever the scale",
+         answer(attention, scaled_dot_product_attention=attention_from(AttentionDefaultScale)),
+         ("scale=0.3", "Use the scale forward is given")),
+        ("backward with 1 / sqrt(D)",
+         answer(attention, scaled_dot_product_attention=attention_from(AttentionBackwardDefaultScale)),
+         ("scale=0.3", "Use self.scale")),
     ],
     "online_softmax": [
         ("l and acc never rescaled", answer(online_softmax, tiled_attention=tiled_without_rescale),
          "multiply them by exp(m - m_new)"),
         ("the whole score matrix", answer(online_softmax, tiled_attention=tiled_all_at_once),
          "keep one (block, block) tile"),
+        ("1 / sqrt(D) whatever the scale", answer(online_softmax, tiled_attention=tiled_default_scale),
+         ("scale=0.3", "Use the scale you are given")),
     ],
     "adamw": [
         ("weight decay added to the gradient", answer(adamw, AdamW=AdamL2), "Adam with L2"),
         ("no bias correction", answer(adamw, AdamW=AdamWNoBiasCorrection), "no bias correction"),
         ("the learning rate read once", answer(adamw, AdamW=AdamWFirstLr), "read group['lr'] at every step"),
+        ("one step count for all parameters", answer(adamw, AdamW=AdamWOneStepCount), "Count steps per parameter"),
         ("float64 moments for float32 parameters", answer(adamw, AdamW=AdamWFloat64State), ("float32", "float64")),
         ("float64 moments, the parameter cast back", answer(adamw, AdamW=AdamWFloat64Moments),
          ("float32", "moments")),

@@ -549,6 +549,12 @@ def layernorm_forward(mod):
         got = writes_no_input(what, lambda x, w, b: layer_norm(x, w, b, eps), [x, w, b], ["x", "weight", "bias"])
         compare(got, np_layer_norm(x.numpy(), w.numpy(), b.numpy(), eps),
                 what, hint="(x - mean) / sqrt(var + eps) * weight + bias; var is the mean of (x - mean)^2.")
+    far = x + 1e5
+    what = "layer_norm(x + 100000, weight, bias), rows whose mean is far larger than their spread"
+    compare(attempt(what, lambda: layer_norm(far, w, b, 1e-5)), np_layer_norm(x.numpy(), w.numpy(), b.numpy(), 1e-5),
+            what, tol=1e-9, hint="Take var as mean((x - mean)^2): mean(x^2) - mean^2 subtracts two numbers near "
+                                 "10^10 and loses the digits that make var (in float32, rows with a mean of 1000 "
+                                 "come out 50% off).")
 
 
 def layernorm_matches_composite(mod):
@@ -645,6 +651,18 @@ def cross_entropy_forward(mod):
     compare(attempt("cross_entropy of logits near 1000", lambda: cross_entropy(big, t)),
             np_cross_entropy(big.numpy(), t.numpy()), "cross_entropy of logits near 1000",
             hint="Subtract each row's max before exp (log softmax = x - max - log sum exp(x - max)).")
+    far = ta.tensor(rng.standard_normal((2, 4)) * 3 + np.array([[1000.0], [-1000.0]]), dtype="float64")
+    t = ta.tensor(np.array([1, 2]))
+    what = "cross_entropy of a row of logits near 1000 and a row near -1000"
+    compare(attempt(what, lambda: cross_entropy(far, t)), np_cross_entropy(far.numpy(), t.numpy()), what,
+            hint="Subtract each row's own max (axis=1, keepdims=True), not the max of all the logits: "
+                 "exp of a row far below it is 0, and log(0) is -inf.")
+    logits, targets = ce_inputs(rng)
+    targets = ta.tensor(np.where(targets.numpy() == -100, -1, targets.numpy()))
+    what = "cross_entropy(logits (6, 5), targets, ignore_index=-1), two rows ignored (GPT pads with -1)"
+    compare(attempt(what, lambda: cross_entropy(logits, targets, ignore_index=-1)),
+            np_cross_entropy(logits.numpy(), targets.numpy(), -1), what,
+            hint="Leave out the rows whose target is the ignore_index you are given (-100 is only its default).")
 
 
 def cross_entropy_gradcheck(mod):
@@ -653,6 +671,10 @@ def cross_entropy_gradcheck(mod):
     fn = lambda lg: cross_entropy(lg, targets)                               # noqa: E731
     gradcheck("the gradient of cross_entropy(logits (6, 5), targets)", fn, (logits,),
               [(m, lambda u, lg, f=f: f(u, lg, targets.numpy())) for m, f in CE_WRONG], CE_HINT)
+    padded = ta.tensor(np.where(targets.numpy() == -100, -1, targets.numpy()))
+    gradcheck("the gradient of cross_entropy(logits (6, 5), targets, ignore_index=-1)",
+              lambda lg: cross_entropy(lg, padded, ignore_index=-1), (logits,),
+              hint="Leave out the rows whose target is the ignore_index you are given (-100 is only its default).")
 
 
 def cross_entropy_on_strict(mod):

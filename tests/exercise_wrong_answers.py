@@ -218,6 +218,18 @@ class LayerNormBackwardDefaultEps(layernorm.LayerNorm):
         return super().backward(g)
 
 
+class LayerNormOnePassVariance(layernorm.LayerNorm):
+    """var = mean(x^2) - mean^2: right for small means, cancels when the mean is large next to the spread."""
+
+    def forward(self, x, weight, bias, eps):
+        xp = self.xp
+        mu = xp.mean(x, axis=-1, keepdims=True)
+        rstd = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) - mu * mu + eps)
+        xhat = (x - mu) * rstd
+        self.save(xhat, rstd)
+        return xhat * weight + bias
+
+
 # ---------------------------------------------------------------- 10. cross-entropy
 def cross_entropy_from(cls):
     return lambda logits, targets, ignore_index=-100: cls.apply(logits, targets, ignore_index=ignore_index)
@@ -245,6 +257,28 @@ class CrossEntropyKeepsIgnoredRows(cross_entropy.CrossEntropy):
         onehot = xp.astype(xp.reshape(targets, (-1, 1)) == self.backend.arange(logits.shape[1])[None, :],
                            logits.data.dtype)
         return g * (logits.softmax(1) - ta.tensor(onehot, dtype=g.dtype)) * (1.0 / float(count)), None
+
+
+class CrossEntropyIgnoresMinus100(cross_entropy.CrossEntropy):
+    """Compares the targets with -100, whatever ignore_index it is given."""
+
+    def forward(self, logits, targets, ignore_index):
+        return super().forward(logits, targets, -100)
+
+
+class CrossEntropyGlobalMax(cross_entropy.CrossEntropy):
+    """Subtracts the max of all the logits: a row far below it gives log(0)."""
+
+    def forward(self, logits, targets, ignore_index):
+        xp = self.xp
+        valid = xp.astype(targets != ignore_index, logits.dtype)
+        weight = valid / xp.maximum(xp.sum(valid), 1.0)
+        targets = xp.where(targets != ignore_index, targets, xp.zeros_like(targets))
+        self.save(weight, targets)
+        m = xp.max(logits)
+        logp = logits - m - xp.log(xp.sum(xp.exp(logits - m), axis=1, keepdims=True))
+        picked = xp.take_along_axis(logp, xp.reshape(targets, (-1, 1)), axis=1)[:, 0]
+        return -xp.sum(picked * weight)
 
 
 # ---------------------------------------------------------------- 11. embedding
@@ -631,7 +665,8 @@ WRONG = {
         ("no max subtracted", answer(softmax, softmax=softmax_from(SoftmaxOverflows)), "exp(1000) overflows"),
         ("the max of the whole tensor", answer(softmax, softmax=softmax_from(SoftmaxGlobalMax)),
          "each row's max along dim"),
-        ("x -= max, in place", answer(softmax, softmax=softmax_from(SoftmaxInPlace)), ("changed its input x", "in place")),
+        ("x -= max, in place", answer(softmax, softmax=softmax_from(SoftmaxInPlace)),
+         ("changed its input x", "in place")),
     ],
     "layernorm": [
         ("the variance treated as a constant", answer(layernorm, layer_norm=layer_norm_from(LayerNormConstantVariance)),
@@ -645,6 +680,8 @@ WRONG = {
          ("changed g", "in place")),
         ("backward with eps = 1e-5", answer(layernorm, layer_norm=layer_norm_from(LayerNormBackwardDefaultEps)),
          ("eps=0.5", "the eps given to forward")),
+        ("var = mean(x^2) - mean^2", answer(layernorm, layer_norm=layer_norm_from(LayerNormOnePassVariance)),
+         "mean((x - mean)^2)"),
     ],
     "cross_entropy": [
         ("no 1/N in backward", answer(cross_entropy, cross_entropy=cross_entropy_from(CrossEntropySum)),
@@ -653,6 +690,11 @@ WRONG = {
         ("ignored rows get a gradient",
          answer(cross_entropy, cross_entropy=cross_entropy_from(CrossEntropyKeepsIgnoredRows)),
          "rows whose target is ignore_index"),
+        ("ignore_index taken as -100",
+         answer(cross_entropy, cross_entropy=cross_entropy_from(CrossEntropyIgnoresMinus100)),
+         "the ignore_index you are given"),
+        ("the max of all the logits", answer(cross_entropy, cross_entropy=cross_entropy_from(CrossEntropyGlobalMax)),
+         "each row's own max"),
     ],
     "embedding": [
         ("dw[idx] += g", answer(embedding, embedding=lambda idx, w: EmbeddingAssigns.apply(w, idx)),

@@ -29,6 +29,10 @@ DTYPE_RULE = ("The array API does not mix dtypes as numpy does (integers with fl
               "place): convert first with xp.astype(a, x.dtype).")
 TAKE_RULE = ("The array API's take wants 1-d indices: reshape the ids to 1-d (xp.reshape(idx, (-1,))), "
              "take along axis 0, then reshape the rows back to (..., C).")
+SLICE_RULE = ("The array API does not cut slices short at the end as numpy does: a slice must stay inside the "
+              "array (x[..., i:min(i + block, T), :]).")
+SETITEM_RULE = ("The array API has no writes through an array of ids (a[ids] = ..., a[ids] += ...): build the "
+                "result instead (a one-hot matrix @ g adds up rows).")
 INDEX_RULE = ("The array API does not index as numpy does (no a[ids] with an array of ids on a table): pick "
               "rows with xp.take(a, ids, axis=0), the ids reshaped to 1-d, then reshape the rows back.")
 
@@ -43,6 +47,10 @@ def strict_advice(error):
         return DTYPE_RULE
     if "Only 1-dim indices" in text:
         return TAKE_RULE
+    if isinstance(error, IndexError) and "out-of-bounds" in text:
+        return SLICE_RULE
+    if isinstance(error, IndexError) and "__setitem__" in text:
+        return SETITEM_RULE
     if isinstance(error, IndexError) and "must be array_api_strict arrays" not in text:
         return INDEX_RULE
     if "different devices" in text:
@@ -1076,6 +1084,14 @@ def online_softmax_memory(mod):
         raise ExerciseFailure(f"tiled_attention(T = 512, block_size=32) held {used / 2**20:.1f} MB at once; the "
                               f"whole (T, T) score matrix is {full / 2**20:.0f} MB: keep one (block, block) tile "
                               "of scores at a time, and per query row only m, l and acc")
+    q, k, v = rand(rng, 1, 1, 32, 8), rand(rng, 1, 1, 4096, 8), rand(rng, 1, 1, 4096, 8)
+    used = peak_bytes(lambda: attempt("tiled_attention(Tq = 32, Tk = 4096, block_size=32)",
+                                      lambda: tiled(q, k, v, block_size=32)))
+    strip = 32 * 4096 * 8
+    if used >= strip / 4:
+        raise ExerciseFailure(f"tiled_attention(Tq = 32, Tk = 4096, block_size=32) held {used / 2**20:.1f} MB at "
+                              f"once; a block of queries against every key is {strip / 2**20:.0f} MB: go through the "
+                              "keys one block at a time too, with the running m, l and acc of the online softmax")
 
 
 def online_softmax_on_strict(mod):
@@ -1267,6 +1283,10 @@ def kv_cache_mask(mod):
         if got is None or got.shape != expected.shape:
             raise ExerciseFailure(f"{what} should be a ({t_new}, {t_total}) boolean Tensor, got "
                                   f"{getattr(got, 'shape', type(mask).__name__)}")
+        if got.dtype != bool:
+            raise ExerciseFailure(f"{what} is {got.dtype}, not boolean: attention adds a float mask to the scores "
+                                  "(0 and 1 would change them, not hide keys); return the comparison itself, "
+                                  "True where a query may see the key")
         if np.array_equal(got, np.tril(np.ones((t_new, t_total), bool))) and t_new != t_total:
             raise ExerciseFailure(f"{what} lines the new queries up at the top left (query i sees keys <= i); they "
                                   f"are the last {t_new} of {t_total} positions: query i sits at position "

@@ -513,6 +513,44 @@ def tiled_all_at_once(q, k, v, block_size=16, is_causal=False, scale=None):
         return attention.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
 
 
+def tiled_query_blocks_only(q, k, v, block_size=16, is_causal=False, scale=None):
+    """Blocks of queries, each against every key at once: no online softmax, a (block, Tk) strip of scores."""
+    xp, backend = q.xp, q.backend
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    qd, kd, vd = q.data, k.data, v.data
+    rows = []
+    for i0 in range(0, qd.shape[-2], block_size):
+        q_i = qd[..., i0:min(i0 + block_size, qd.shape[-2]), :]
+        s = xp.matmul(q_i, xp.matrix_transpose(kd)) * scale                # (B, H, bq, Tk): every key at once
+        if is_causal:
+            query = backend.arange(q_i.shape[-2])[:, None] + i0
+            s = xp.where(backend.arange(kd.shape[-2])[None, :] <= query, s, -math.inf)
+        p = xp.exp(s - xp.max(s, axis=-1, keepdims=True))
+        rows.append(xp.matmul(p / xp.sum(p, axis=-1, keepdims=True), vd))
+    return ta.tensor(xp.concat(rows, axis=-2), dtype=q.dtype, device=q.device)
+
+
+def tiled_unclipped_slices(q, k, v, block_size=16, is_causal=False, scale=None):
+    """The online softmax, with key blocks sliced k[..., j:j + block]: numpy cuts the last one short."""
+    xp, backend = q.xp, q.backend
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    qd, kd, vd = q.data, k.data, v.data
+    m = backend.full(qd.shape[:-1] + (1,), -math.inf, q.dtype)
+    l = backend.zeros(qd.shape[:-1] + (1,), q.dtype)
+    acc = backend.zeros(qd.shape[:-1] + (vd.shape[-1],), q.dtype)
+    rows = backend.arange(qd.shape[-2])[:, None]
+    for j0 in range(0, kd.shape[-2], block_size):
+        s = xp.matmul(qd, xp.matrix_transpose(kd[..., j0:j0 + block_size, :])) * scale
+        if is_causal:
+            s = xp.where(backend.arange(s.shape[-1])[None, :] + j0 <= rows, s, -math.inf)
+        m_new = xp.maximum(m, xp.max(s, axis=-1, keepdims=True))
+        p = xp.exp(s - m_new)
+        l = l * xp.exp(m - m_new) + xp.sum(p, axis=-1, keepdims=True)
+        acc = acc * xp.exp(m - m_new) + xp.matmul(p, vd[..., j0:j0 + block_size, :])
+        m = m_new
+    return ta.tensor(acc / l, dtype=q.dtype, device=q.device)
+
+
 def tiled_default_scale(q, k, v, block_size=16, is_causal=False, scale=None):
     return online_softmax.tiled_attention(q, k, v, block_size=block_size, is_causal=is_causal)
 
@@ -627,6 +665,12 @@ class CacheTopLeftMask(kv_cache.KVCache):
     def causal_mask(t_new, t_total, like):
         rows = ta.arange(t_new, device=like.device).reshape(t_new, 1)
         return ta.arange(t_total, device=like.device).reshape(1, t_total) <= rows
+
+
+class CacheFloatMask(kv_cache.KVCache):
+    @staticmethod
+    def causal_mask(t_new, t_total, like):
+        return kv_cache.KVCache.causal_mask(t_new, t_total, like).to(like.dtype)
 
 
 # exercise: [(what the learner did, the wrong module, words the first failure must contain), ...]
@@ -745,6 +789,10 @@ WRONG = {
          "keep one (block, block) tile"),
         ("1 / sqrt(D) whatever the scale", answer(online_softmax, tiled_attention=tiled_default_scale),
          ("scale=0.3", "Use the scale you are given")),
+        ("blocks of queries against all keys", answer(online_softmax, tiled_attention=tiled_query_blocks_only),
+         "go through the keys one block at a time too"),
+        ("k[..., j:j + block] past the end", answer(online_softmax, tiled_attention=tiled_unclipped_slices),
+         "min(i + block, T)"),
     ],
     "adamw": [
         ("weight decay added to the gradient", answer(adamw, AdamW=AdamL2), "Adam with L2"),
@@ -759,5 +807,6 @@ WRONG = {
         ("append returns the new keys only", answer(kv_cache, KVCache=CacheReturnsNewOnly), "returned only the new one"),
         ("concatenated along the heads", answer(kv_cache, KVCache=CacheOnHeads), "along the time dim"),
         ("the mask aligned at the top left", answer(kv_cache, KVCache=CacheTopLeftMask), "at the top left"),
+        ("a float mask", answer(kv_cache, KVCache=CacheFloatMask), "not boolean"),
     ],
 }

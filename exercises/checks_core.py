@@ -25,8 +25,8 @@ OTHER_DEVICE = ("An array made without device= lands on the CPU: make new arrays
                 "(xp.zeros_like(a), self.backend.arange(n)) or with device=a.device.")
 BOOL_RULE = ("The array API does no arithmetic on booleans (numpy turns them into 0 and 1): choose with "
              "xp.where(mask, a, b), or convert with xp.astype(mask, a.dtype) first.")
-DTYPE_RULE = ("The array API does not mix dtypes as numpy does (integers with floats, float32 with float64 in "
-              "place): convert first with xp.astype(a, x.dtype).")
+DTYPE_RULE = ("The array API does not mix or convert dtypes as numpy does (integers with floats, exp of "
+              "integers, a float64 array written into a float32 one): convert first with xp.astype(a, x.dtype).")
 TAKE_RULE = ("The array API's take wants 1-d indices: reshape the ids to 1-d (xp.reshape(idx, (-1,))), "
              "take along axis 0, then reshape the rows back to (..., C).")
 SLICE_RULE = ("The array API does not cut slices short at the end as numpy does: a slice must stay inside the "
@@ -40,7 +40,7 @@ INDEX_RULE = ("The array API does not index as numpy does (no a[ids] with an arr
 def strict_advice(error):
     """Which array-API rule the code under test broke on the stand-in device, as advice."""
     text = str(error)
-    if "Only numeric dtypes" in text or ("boolean" in text and isinstance(error, TypeError)):
+    if isinstance(error, TypeError) and "Only numeric dtypes" in text:       # bool * float, bool + int, ...
         return BOOL_RULE
     if isinstance(error, TypeError) and ("dtypes are allowed" in text or "type promoted" in text
                                          or "mismatched dtypes" in text):

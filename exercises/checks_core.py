@@ -138,9 +138,9 @@ def writes_no_gradient(what, fn, inputs, hint=""):
     diff = [t for t in inputs if t.requires_grad]
     attempt(what, lambda: ta.grad(out, diff, grad_outputs=u, allow_unused=True), hint)
     if not np.array_equal(u.numpy(), kept):
-        raise ExerciseFailure(f"{what}: your backward changed g, the gradient it was given, in place (`g.data *= w` "
-                              "writes into it); other ops may hold that array too (x + f(x) gives both the same g): "
-                              "make new arrays (gx = g.data * w)")
+        raise ExerciseFailure(f"{what}: your backward changed g, the gradient it was given, in place (`g -= s` and "
+                              "`g.data *= w` write into it); other ops may hold it too (x + f(x) gives both the same "
+                              "g): make new ones (g = g - s, gx = g.data * w)")
     for i, (t, b) in enumerate(zip(inputs, before)):
         if not np.array_equal(t.numpy(), b):
             raise ExerciseFailure(f"{what}: your backward changed input {i} in place: the inputs are the caller's "

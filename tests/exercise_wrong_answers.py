@@ -151,6 +151,15 @@ class SoftmaxInPlace(softmax.Softmax):
         return e / self.xp.sum(e, axis=dim, keepdims=True)
 
 
+class SoftmaxSubtractsFromG(softmax.Softmax):
+    """Right gradient, but g -= sum(g * y) changes the gradient it was given (under no_grad, in place)."""
+
+    def backward(self, g):
+        y = self.output
+        g -= (g * y).sum(self.dim, keepdim=True)
+        return y * g
+
+
 # ---------------------------------------------------------------- 9. LayerNorm
 def layer_norm_from(cls):
     return lambda x, weight, bias, eps=1e-5: cls.apply(x, weight, bias, eps=eps)
@@ -711,6 +720,8 @@ WRONG = {
          "each row's max along dim"),
         ("x -= max, in place", answer(softmax, softmax=softmax_from(SoftmaxInPlace)),
          ("changed its input x", "in place")),
+        ("g -= sum(g * y), in place", answer(softmax, softmax=softmax_from(SoftmaxSubtractsFromG)),
+         ("changed g", "in place")),
     ],
     "layernorm": [
         ("the variance treated as a constant", answer(layernorm, layer_norm=layer_norm_from(LayerNormConstantVariance)),

@@ -1,4 +1,4 @@
-"""Typical wrong answers to the exercises of "Build the core", as a learner would write them.
+"""Typical wrong answers to the exercises (each of "Build the core", and RMSNorm's), as a learner would write them.
 
 test_exercise_messages.py runs each exercise's checks on them and asserts
 that the first failure says what is wrong in the exercise's terms. Each

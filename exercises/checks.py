@@ -193,13 +193,32 @@ def rng_():
 
 
 # ---------------------------------------------------------------- 1. RMSNorm
+def np_rms_norm(x, w, eps, form="right"):
+    rms = np.sqrt((x ** 2).mean(-1, keepdims=True) + (eps if form == "right" else 0.0))
+    return x / (rms + (eps if form == "eps outside" else 0.0)) * w
+
+
+RMS_NORM_EPS_WRONG = {
+    "no eps": "your rms_norm leaves eps out: add eps under the square root, x / sqrt(mean(x^2) + eps)",
+    "eps outside": "your rms_norm adds eps to the root mean square; it goes under the square root: "
+                   "x / sqrt(mean(x^2) + eps)",
+}
+
+
 def rms_norm_matches_formula(mod):
+    """Two eps, and an x whose mean square is about eps (0.01), where eps changes the result most."""
     rms_norm, rng = need(mod, "rms_norm"), rng_()
     x, w = rand(rng, 2, 3, 8), rand(rng, 8)
-    for eps in (1e-6, 0.5):
-        xn = x.numpy()
-        expected = xn / np.sqrt((xn ** 2).mean(-1, keepdims=True) + eps) * w.numpy()
-        close(rms_norm(x, w, eps), expected, what=f"rms_norm(x, w, eps={eps}) on x {x.shape}")
+    for xi, eps in ((x, 1e-6), (x, 0.5), (x * 0.1, 0.01)):
+        what = f"rms_norm(x, w, eps={eps}) on x {x.shape} with mean square {float((xi * xi).mean()):.2g}"
+        got = rms_norm(xi, w, eps)
+        try:
+            close(got, np_rms_norm(xi.numpy(), w.numpy(), eps), what=what)
+        except ExerciseFailure:
+            for form, message in RMS_NORM_EPS_WRONG.items():
+                if np.allclose(host(got), np_rms_norm(xi.numpy(), w.numpy(), eps, form), rtol=1e-9, atol=1e-12):
+                    raise ExerciseFailure(f"{what}: {message}") from None
+            raise
 
 
 def rms_norm_has_unit_rms(mod):
@@ -233,6 +252,11 @@ def rms_norm_module(mod):
     y = m(x)
     assert y.shape == x.shape and y.dtype == x.dtype
     close(y, rms_norm(x, m.weight, m.eps), tol=1e-6, what=f"RMSNorm(8)(x) against rms_norm(x, weight, eps) on x {x.shape}")
+    small = RMSNorm(8, eps=0.25)
+    assert small.eps == 0.25, f"RMSNorm(8, eps=0.25).eps is {small.eps}: keep the eps you are given as self.eps"
+    x2 = x * 0.5                                                      # mean square about 0.25, as large as eps
+    compare(small(x2), np_rms_norm(x2.numpy().astype(np.float64), 1.0, 0.25), "RMSNorm(8, eps=0.25)(x) on x "
+            "with mean square near 0.25 (against the formula)", tol=1e-6, hint="Pass self.eps to rms_norm.")
     double(m)
     xg = rand(rng, 2, 8, grad=True)
     assert ta.gradcheck(lambda x, w: m(x), (xg, m.weight))

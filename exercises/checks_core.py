@@ -21,6 +21,41 @@ from .checks import ExerciseFailure, NotStarted, compare, need, rand, unwritten
 STRICT = "the stand-in device 'strict' (array_api_strict, standing in for a GPU)"
 NOT_NUMPY = ("Code that works only on numpy fails there: use self.xp or t.xp (the array namespace of the "
              "inputs' device) and Tensor ops, never numpy by name, and make new arrays on the inputs' device.")
+OTHER_DEVICE = ("An array made without device= lands on the CPU: make new arrays from the inputs "
+                "(xp.zeros_like(a), self.backend.arange(n)) or with device=a.device.")
+BOOL_RULE = ("The array API does no arithmetic on booleans (numpy turns them into 0 and 1): choose with "
+             "xp.where(mask, a, b), or convert with xp.astype(mask, a.dtype) first.")
+DTYPE_RULE = ("The array API does not mix or convert dtypes as numpy does (integers with floats, exp of "
+              "integers, a float64 array written into a float32 one): convert first with xp.astype(a, x.dtype).")
+TAKE_RULE = ("The array API's take wants 1-d indices: reshape the ids to 1-d (xp.reshape(idx, (-1,))), "
+             "take along axis 0, then reshape the rows back to (..., C).")
+SLICE_RULE = ("The array API does not cut slices short at the end as numpy does: a slice must stay inside the "
+              "array (x[..., i:min(i + block, T), :]).")
+SETITEM_RULE = ("The array API has no writes through an array of ids (a[ids] = ..., a[ids] += ...): build the "
+                "result instead (a one-hot matrix @ g adds up rows).")
+INDEX_RULE = ("The array API does not index as numpy does (no a[ids] with an array of ids on a table): pick "
+              "rows with xp.take(a, ids, axis=0), the ids reshaped to 1-d, then reshape the rows back.")
+
+
+def strict_advice(error):
+    """Which array-API rule the code under test broke on the stand-in device, as advice."""
+    text = str(error)
+    if isinstance(error, TypeError) and "Only numeric dtypes" in text:       # bool * float, bool + int, ...
+        return BOOL_RULE
+    if isinstance(error, TypeError) and ("dtypes are allowed" in text or "type promoted" in text
+                                         or "mismatched dtypes" in text):
+        return DTYPE_RULE
+    if "Only 1-dim indices" in text:
+        return TAKE_RULE
+    if isinstance(error, IndexError) and "out-of-bounds" in text:
+        return SLICE_RULE
+    if isinstance(error, IndexError) and "__setitem__" in text:
+        return SETITEM_RULE
+    if isinstance(error, IndexError) and "must be array_api_strict arrays" not in text:
+        return INDEX_RULE
+    if "different devices" in text:
+        return OTHER_DEVICE
+    return NOT_NUMPY
 
 
 def rng_(seed=0):
@@ -41,6 +76,20 @@ def attempt(what, fn, hint=""):
     except Exception as e:
         raise ExerciseFailure(f"{what}: your code raised {type(e).__name__}: {e} (in {unwritten(e)}). "
                               f"{hint}".strip()) from None
+
+
+IN_PLACE = ("forward's arrays are the caller's own tensors, and `x -= m` writes into them: make new arrays "
+            "(x = x - m)")
+
+
+def writes_no_input(what, fn, inputs, names):
+    """fn(*inputs), once its inputs are seen to hold what they held before (a forward must not write to them)."""
+    before = [t.numpy().copy() if isinstance(t, ta.Tensor) else None for t in inputs]
+    out = attempt(what, lambda: fn(*inputs))
+    for name, t, kept in zip(names, inputs, before):
+        if kept is not None and not np.array_equal(t.numpy(), kept):
+            raise ExerciseFailure(f"{what} changed its input {name} in place: {IN_PLACE}")
+    return out
 
 
 def vjp(fn, inputs, seed=11):
@@ -81,8 +130,27 @@ def known_mistake(fn, inputs, wrong):
     return None
 
 
+def writes_no_gradient(what, fn, inputs, hint=""):
+    """Backward must leave g, the gradient it is given, and the inputs as they were: other ops share them."""
+    out = attempt(what, lambda: fn(*inputs))
+    u = ta.tensor(rng_(13).standard_normal(out.shape), dtype=out.dtype, device=out.device)
+    kept, before = u.numpy().copy(), [t.numpy().copy() for t in inputs]
+    diff = [t for t in inputs if t.requires_grad]
+    attempt(what, lambda: ta.grad(out, diff, grad_outputs=u, allow_unused=True), hint)
+    if not np.array_equal(u.numpy(), kept):
+        raise ExerciseFailure(f"{what}: your backward changed g, the gradient it was given, in place (`g -= s` and "
+                              "`g.data *= w` write into it); other ops may hold it too (x + f(x) gives both the same "
+                              "g): make new ones (g = g - s, gx = g.data * w)")
+    for i, (t, b) in enumerate(zip(inputs, before)):
+        if not np.array_equal(t.numpy(), b):
+            raise ExerciseFailure(f"{what}: your backward changed input {i} in place: the inputs are the caller's "
+                                  "own tensors; make new arrays")
+
+
 def gradcheck(what, fn, inputs, wrong=(), hint=""):
-    """ta.gradcheck of fn (float64, random cotangent); on failure say which typical mistake it is."""
+    """ta.gradcheck of fn (float64, random cotangent); on failure say which typical mistake it is.
+    First, backward must write into neither g nor the inputs."""
+    writes_no_gradient(what, fn, inputs, hint)
     try:
         attempt(what, lambda: ta.gradcheck(fn, inputs), hint)
     except GradcheckError as e:
@@ -119,12 +187,39 @@ def on_strict(what, run, tol=1e-9):
         raise
     except Exception as e:
         raise ExerciseFailure(f"{what} on {STRICT}: your code raised {type(e).__name__}: {e} (in {unwritten(e)}). "
-                              f"{NOT_NUMPY}") from None
+                              f"{strict_advice(e)}") from None
     for i, (g, e) in enumerate(zip(got, expected)):
         if g is None or g.device != "strict":
             raise ExerciseFailure(f"{what} on {STRICT}: result {i} is on {getattr(g, 'device', None)!r}, "
                                   f"not on the inputs' device. {NOT_NUMPY}")
         compare(g.numpy(), e, f"{what} on {STRICT} (result {i}, against the CPU)", tol=tol)
+
+
+DTYPE_RULE_OF_OPS = ("an op's output and each gradient have the dtype of the input they belong to (one float64 "
+                     "array turns a whole float32 model into float64, at half the speed): make new arrays in "
+                     "that dtype (xp.zeros_like(a), xp.astype(m, g.data.dtype)), never float64 by default")
+
+
+def keeps_float32(what, fn, arrays, names, ints=()):
+    """fn on float32 inputs (then int ones): the output is float32, and so is every gradient its backward returns."""
+    rng = rng_(17)
+    inputs = [ta.tensor(a, dtype="float32", requires_grad=True) for a in arrays] + [ta.tensor(i) for i in ints]
+    out = attempt(f"{what} in float32", lambda: fn(*inputs))
+    if out.dtype != np.float32:
+        raise ExerciseFailure(f"{what} on float32 inputs returned {out.dtype}: {DTYPE_RULE_OF_OPS}")
+    ctx = out.grad_fn
+    if ctx is None:                                  # no graph: the gradient checks say so
+        return
+    u = ta.tensor(rng.standard_normal(out.shape), dtype="float32")
+    with ta.no_grad():
+        grads = attempt(f"the backward of {what} in float32", lambda: ctx.backward(u))
+    grads = grads if isinstance(grads, (tuple, list)) else (grads,)
+    by_parent = {id(t): name for t, name in zip(inputs, names)}
+    for parent, g in zip(ctx.parents, grads):
+        if isinstance(g, ta.Tensor) and g.dtype != parent.dtype:
+            name = by_parent.get(id(parent), "an input")
+            raise ExerciseFailure(f"the backward of {what} returns a {g.dtype} gradient for {name}, a {parent.dtype} "
+                                  f"tensor: {DTYPE_RULE_OF_OPS}")
 
 
 def tensors(device, *arrays, grad=True):
@@ -201,7 +296,7 @@ def mul_gradients(mod):
     for sa, sb in MUL_SHAPES:
         a, b = rand(rng, *sa, grad=True), rand(rng, *sb, grad=True)
         what = f"Mul.apply(a {sa}, b {sb})"
-        compare(attempt(what, lambda: Mul.apply(a, b)), a.numpy() * b.numpy(), f"{what}, forward")
+        compare(writes_no_input(what, Mul.apply, [a, b], ["a", "b"]), a.numpy() * b.numpy(), f"{what}, forward")
         gradcheck(f"the gradients of {what}", Mul.apply, (a, b), MUL_WRONG,
                   hint="Each gradient is g times the other input, then sum_to(..., that input's shape).")
 
@@ -219,7 +314,14 @@ def sum_to_on_strict(mod):
               + grads_on(d, Mul.apply, [a, b]))
 
 
-SUM_TO = [sum_to_undoes_broadcasting, sum_to_gradcheck, mul_gradients, mul_gradgradcheck, sum_to_on_strict]
+def mul_keeps_float32(mod):
+    Mul, rng = need(mod, "Mul"), rng_()
+    keeps_float32("Mul.apply(a (2, 3, 4), b (3, 1))", Mul.apply, [rng.standard_normal((2, 3, 4)),
+                                                                  rng.standard_normal((3, 1))], "ab")
+
+
+SUM_TO = [sum_to_undoes_broadcasting, sum_to_gradcheck, mul_gradients, mul_gradgradcheck, mul_keeps_float32,
+          sum_to_on_strict]
 
 
 # ---------------------------------------------------------------- 6. matmul
@@ -239,8 +341,8 @@ def matmul_forward(mod):
     MatMul, rng = need(mod, "MatMul"), rng_()
     for sa, sb in MATMUL_SHAPES:
         a, b = rand(rng, *sa), rand(rng, *sb)
-        compare(attempt(f"MatMul.apply(a {sa}, b {sb})", lambda: MatMul.apply(a, b)), a.numpy() @ b.numpy(),
-                f"MatMul.apply(a {sa}, b {sb})")
+        what = f"MatMul.apply(a {sa}, b {sb})"
+        compare(writes_no_input(what, MatMul.apply, [a, b], ["a", "b"]), a.numpy() @ b.numpy(), what)
 
 
 def matmul_gradients(mod):
@@ -263,7 +365,13 @@ def matmul_on_strict(mod):
     on_strict("MatMul, forward and backward", lambda d: grads_on(d, MatMul.apply, [a, b]))
 
 
-MATMUL = [matmul_forward, matmul_gradients, matmul_gradgradcheck, matmul_on_strict]
+def matmul_keeps_float32(mod):
+    MatMul, rng = need(mod, "MatMul"), rng_()
+    keeps_float32("MatMul.apply(a (2, 3, 4), b (4, 5))", MatMul.apply, [rng.standard_normal((2, 3, 4)),
+                                                                        rng.standard_normal((4, 5))], "ab")
+
+
+MATMUL = [matmul_forward, matmul_gradients, matmul_gradgradcheck, matmul_keeps_float32, matmul_on_strict]
 
 
 # ---------------------------------------------------------------- 7. exp, log, tanh
@@ -290,7 +398,7 @@ def elementwise_forward(mod):
     for name, (formula, make, _) in ELEMENTWISE.items():
         op = need(mod, name)
         x = make(rng, 3, 5, grad=False)
-        compare(attempt(f"{name}.apply(x)", lambda: op.apply(x)), formula(x.numpy()), f"{name}.apply(x)")
+        compare(writes_no_input(f"{name}.apply(x)", op.apply, [x], ["x"]), formula(x.numpy()), f"{name}.apply(x)")
 
 
 def elementwise_gradcheck(mod):
@@ -313,7 +421,14 @@ def elementwise_on_strict(mod):
               lambda d: [r for op in ops for r in grads_on(d, op.apply, [x])])
 
 
-ELEMENTWISE_CHECKS = [elementwise_forward, elementwise_gradcheck, elementwise_gradgradcheck, elementwise_on_strict]
+def elementwise_keeps_float32(mod):
+    x = np.abs(rng_().standard_normal((3, 5))) + 0.5
+    for name in ELEMENTWISE:
+        keeps_float32(f"{name}.apply(x)", need(mod, name).apply, [x], "x")
+
+
+ELEMENTWISE_CHECKS = [elementwise_forward, elementwise_gradcheck, elementwise_gradgradcheck, elementwise_keeps_float32,
+                      elementwise_on_strict]
 
 
 # ---------------------------------------------------------------- 8. softmax
@@ -343,11 +458,17 @@ def softmax_forward(mod):
     softmax, rng = need(mod, "softmax"), rng_()
     x = rand(rng, 3, 4, 5)
     for dim in (-1, 0, 1):
-        compare(attempt(f"softmax(x (3, 4, 5), dim={dim})", lambda: softmax(x, dim)), np_softmax(x.numpy(), dim),
-                f"softmax(x (3, 4, 5), dim={dim})", hint="exp(x) / sum(exp(x)), both along dim.")
+        what = f"softmax(x (3, 4, 5), dim={dim})"
+        compare(writes_no_input(what, lambda x: softmax(x, dim), [x], ["x"]), np_softmax(x.numpy(), dim), what,
+                hint="exp(x) / sum(exp(x)), both along dim.")
     big = ta.tensor(rng.standard_normal((2, 6)) * 3 + 1000.0, dtype="float64")
     compare(attempt("softmax of inputs near 1000", lambda: softmax(big)), np_softmax(big.numpy()),
             "softmax of inputs near 1000", hint="exp(1000) overflows: subtract the max along dim before exp.")
+    apart = ta.tensor(rng.standard_normal((2, 6)) * 3 + np.array([[1000.0], [-1000.0]]), dtype="float64")
+    compare(attempt("softmax of a row near 1000 and a row near -1000", lambda: softmax(apart)),
+            np_softmax(apart.numpy()), "softmax of a row near 1000 and a row near -1000",
+            hint="Subtract each row's max along dim (keepdims=True), not the max of the whole tensor: "
+                 "exp of a row far below it underflows to 0, and 0 / 0 is nan.")
 
 
 def softmax_gradcheck(mod):
@@ -382,7 +503,12 @@ def softmax_on_strict(mod):
     on_strict("softmax, forward and backward", lambda d: grads_on(d, softmax, [x]))
 
 
-SOFTMAX = [softmax_forward, softmax_gradcheck, softmax_gradgradcheck, softmax_builds_no_jacobian, softmax_on_strict]
+def softmax_keeps_float32(mod):
+    keeps_float32("softmax(x (3, 5))", need(mod, "softmax"), [rng_().standard_normal((3, 5))], "x")
+
+
+SOFTMAX = [softmax_forward, softmax_gradcheck, softmax_gradgradcheck, softmax_builds_no_jacobian,
+           softmax_keeps_float32, softmax_on_strict]
 
 
 # ---------------------------------------------------------------- 9. LayerNorm
@@ -430,8 +556,15 @@ def layernorm_forward(mod):
     x, w, b = rand(rng, 2, 3, 8) * 2.0 + 1.0, rand(rng, 8), rand(rng, 8)
     for eps in (1e-5, 0.5):
         what = f"layer_norm(x (2, 3, 8), weight, bias, eps={eps})"
-        compare(attempt(what, lambda: layer_norm(x, w, b, eps)), np_layer_norm(x.numpy(), w.numpy(), b.numpy(), eps),
+        got = writes_no_input(what, lambda x, w, b: layer_norm(x, w, b, eps), [x, w, b], ["x", "weight", "bias"])
+        compare(got, np_layer_norm(x.numpy(), w.numpy(), b.numpy(), eps),
                 what, hint="(x - mean) / sqrt(var + eps) * weight + bias; var is the mean of (x - mean)^2.")
+    far = x + 1e5
+    what = "layer_norm(x + 100000, weight, bias), rows whose mean is far larger than their spread"
+    compare(attempt(what, lambda: layer_norm(far, w, b, 1e-5)), np_layer_norm(x.numpy(), w.numpy(), b.numpy(), 1e-5),
+            what, tol=1e-9, hint="Take var as mean((x - mean)^2): mean(x^2) - mean^2 subtracts two numbers near "
+                                 "10^10 and loses the digits that make var (in float32, rows with a mean of 1000 "
+                                 "come out 50% off).")
 
 
 def layernorm_matches_composite(mod):
@@ -455,6 +588,9 @@ def layernorm_gradcheck(mod):
     x, w, b = rand(rng, 4, 6, grad=True), rand(rng, 6, grad=True), rand(rng, 6, grad=True)
     gradcheck("the gradients of your LayerNorm", lambda x, w, b: layer_norm(x, w, b, 1e-5), (x, w, b),
               LAYERNORM_WRONG, LAYERNORM_HINT)
+    gradcheck("the gradients of your LayerNorm with eps=0.5", lambda x, w, b: layer_norm(x, w, b, 0.5), (x, w, b),
+              hint="They are right with eps=1e-5: backward must use the eps given to forward, through the rstd "
+                   "that forward saved.")
 
 
 def layernorm_on_strict(mod):
@@ -463,7 +599,15 @@ def layernorm_on_strict(mod):
     on_strict("LayerNorm, forward and backward", lambda d: grads_on(d, lambda x, w, b: layer_norm(x, w, b), arrays))
 
 
-LAYERNORM = [layernorm_forward, layernorm_matches_composite, layernorm_gradcheck, layernorm_on_strict]
+def layernorm_keeps_float32(mod):
+    layer_norm, rng = need(mod, "layer_norm"), rng_()
+    arrays = [rng.standard_normal((2, 3, 8)), rng.standard_normal(8), rng.standard_normal(8)]
+    keeps_float32("layer_norm(x (2, 3, 8), weight, bias)", lambda x, w, b: layer_norm(x, w, b), arrays,
+                  ["x", "weight", "bias"])
+
+
+LAYERNORM = [layernorm_forward, layernorm_matches_composite, layernorm_gradcheck, layernorm_keeps_float32,
+             layernorm_on_strict]
 
 
 # ---------------------------------------------------------------- 10. cross-entropy
@@ -509,13 +653,26 @@ def cross_entropy_forward(mod):
     cross_entropy, rng = need(mod, "cross_entropy"), rng_()
     logits, targets = ce_inputs(rng)
     what = "cross_entropy(logits (6, 5), targets with two rows ignored)"
-    compare(attempt(what, lambda: cross_entropy(logits, targets)), np_cross_entropy(logits.numpy(), targets.numpy()),
+    got = writes_no_input(what, cross_entropy, [logits, targets], ["logits", "targets"])
+    compare(got, np_cross_entropy(logits.numpy(), targets.numpy()),
             what, hint="The mean over the rows that count of -log softmax(logits)[target].")
     big = ta.tensor(rng.standard_normal((3, 4)) * 3 + 1000.0, dtype="float64")
     t = ta.tensor(np.array([0, 3, 1]))
     compare(attempt("cross_entropy of logits near 1000", lambda: cross_entropy(big, t)),
             np_cross_entropy(big.numpy(), t.numpy()), "cross_entropy of logits near 1000",
             hint="Subtract each row's max before exp (log softmax = x - max - log sum exp(x - max)).")
+    far = ta.tensor(rng.standard_normal((2, 4)) * 3 + np.array([[1000.0], [-1000.0]]), dtype="float64")
+    t = ta.tensor(np.array([1, 2]))
+    what = "cross_entropy of a row of logits near 1000 and a row near -1000"
+    compare(attempt(what, lambda: cross_entropy(far, t)), np_cross_entropy(far.numpy(), t.numpy()), what,
+            hint="Subtract each row's own max (axis=1, keepdims=True), not the max of all the logits: "
+                 "exp of a row far below it is 0, and log(0) is -inf.")
+    logits, targets = ce_inputs(rng)
+    targets = ta.tensor(np.where(targets.numpy() == -100, -1, targets.numpy()))
+    what = "cross_entropy(logits (6, 5), targets, ignore_index=-1), two rows ignored (GPT pads with -1)"
+    compare(attempt(what, lambda: cross_entropy(logits, targets, ignore_index=-1)),
+            np_cross_entropy(logits.numpy(), targets.numpy(), -1), what,
+            hint="Leave out the rows whose target is the ignore_index you are given (-100 is only its default).")
 
 
 def cross_entropy_gradcheck(mod):
@@ -524,6 +681,10 @@ def cross_entropy_gradcheck(mod):
     fn = lambda lg: cross_entropy(lg, targets)                               # noqa: E731
     gradcheck("the gradient of cross_entropy(logits (6, 5), targets)", fn, (logits,),
               [(m, lambda u, lg, f=f: f(u, lg, targets.numpy())) for m, f in CE_WRONG], CE_HINT)
+    padded = ta.tensor(np.where(targets.numpy() == -100, -1, targets.numpy()))
+    gradcheck("the gradient of cross_entropy(logits (6, 5), targets, ignore_index=-1)",
+              lambda lg: cross_entropy(lg, padded, ignore_index=-1), (logits,),
+              hint="Leave out the rows whose target is the ignore_index you are given (-100 is only its default).")
 
 
 def cross_entropy_on_strict(mod):
@@ -533,7 +694,14 @@ def cross_entropy_on_strict(mod):
               lambda d: grads_on(d, cross_entropy, [logits.numpy()], ints=[targets.numpy()]))
 
 
-CROSS_ENTROPY = [cross_entropy_forward, cross_entropy_gradcheck, cross_entropy_on_strict]
+def cross_entropy_keeps_float32(mod):
+    cross_entropy, rng = need(mod, "cross_entropy"), rng_()
+    logits, targets = ce_inputs(rng)
+    keeps_float32("cross_entropy(logits (6, 5), targets)", cross_entropy, [logits.numpy()], ["logits"],
+                  ints=[targets.numpy()])
+
+
+CROSS_ENTROPY = [cross_entropy_forward, cross_entropy_gradcheck, cross_entropy_keeps_float32, cross_entropy_on_strict]
 
 
 # ---------------------------------------------------------------- 11. embedding
@@ -560,8 +728,14 @@ EMBEDDING_WRONG = [("id 3 is looked up three times, but its row of dweight holds
 def embedding_forward(mod):
     embedding, rng = need(mod, "embedding"), rng_()
     w = rand(rng, 6, 4)
-    compare(attempt("embedding(idx (2, 3), weight (6, 4))", lambda: embedding(ta.tensor(IDS), w)), w.numpy()[IDS],
+    got = writes_no_input("embedding(idx (2, 3), weight (6, 4))", embedding, [ta.tensor(IDS), w], ["idx", "weight"])
+    compare(got, w.numpy()[IDS],
             "embedding(idx (2, 3), weight (6, 4))", hint="Row idx[b, t] of weight, for every position.")
+    for ids in (IDS[0], IDS.reshape(2, 1, 3)):                        # positions are 1-d ids (T,)
+        what = f"embedding(idx {ids.shape}, weight (6, 4))"
+        hint = ("The ids may have any shape (GPT looks up positions (T,) and tokens (B, T)): the output is "
+                "idx.shape + (C,).")
+        compare(attempt(what, lambda: embedding(ta.tensor(ids), w), hint), w.numpy()[ids], what, hint=hint)
 
 
 def embedding_gradients(mod):
@@ -585,10 +759,26 @@ def embedding_on_strict(mod):
               lambda d: grads_on(d, lambda w, idx: embedding(idx, w), [w], ints=[IDS]))
 
 
-EMBEDDING = [embedding_forward, embedding_gradients, embedding_on_strict]
+def embedding_keeps_float32(mod):
+    embedding = need(mod, "embedding")
+    keeps_float32("embedding(idx (2, 3), weight (6, 4))", lambda w, idx: embedding(idx, w),
+                  [rng_().standard_normal((6, 4))], ["weight"], ints=[IDS])
+
+
+EMBEDDING = [embedding_forward, embedding_gradients, embedding_keeps_float32, embedding_on_strict]
 
 
 # ---------------------------------------------------------------- 12. the engine
+class SharedGradient(ta.Function):
+    """a + b, whose backward hands both inputs the same gradient Tensor (as an addition may)."""
+
+    def forward(self, a, b):
+        return a + b
+
+    def backward(self, g):
+        return g, g
+
+
 def _diamond(x):
     """a = x * 2, b = a * a, c = b + a: a is used twice. Returns (c, the tensors by name)."""
     a = x * 2.0
@@ -647,6 +837,15 @@ def engine_backward_sums_paths(mod):
     backward(c.sum())
     compare(x2.grad, 8.0 * x2.numpy() + 2.0, "x.grad for c = a * a + a, a = x * 2 (a used twice)",
             hint="dc/dx = (2a + 1) * 2 = 8x + 2: wait until both of a's users have given their gradient.")
+    x3 = rand(rng, 3, grad=True)
+    p, q = x3 * 2.0, x3 * 3.0
+    what = "x.grad for t = (p + q) + p, p = x * 2, q = x * 3, each + giving both its inputs the same g"
+    attempt(what, lambda: backward(SharedGradient.apply(SharedGradient.apply(p, q), p).sum()))
+    if np.allclose(x3.grad.numpy(), 10.0):
+        raise ExerciseFailure(f"{what}: you give 10, expected 7: adding p's second gradient in place "
+                              "(pending[k] += g) also changed q's, the same Tensor. Make a new one: "
+                              "pending[k] = pending[k] + g")
+    compare(x3.grad, np.full(3, 7.0), what)
 
 
 def engine_backward_accumulates(mod):
@@ -656,7 +855,7 @@ def engine_backward_accumulates(mod):
     backward((x * 5.0).sum())
     compare(x.grad, np.full(3, 7.0), "x.grad after backward(sum(x * 2)) then backward(sum(x * 5))",
             hint="As in PyTorch, .grad adds up across backward calls (the training loop accumulates "
-                 "micro-batches this way): grad = g if grad is None else grad + g.")
+                 "micro-batches this way): the first gradient (a copy), then grad = grad + g.")
     y = x * 4.0
     backward(y, ta.tensor([1.0, 0.0, 2.0], dtype="float64"))
     compare(x.grad, np.array([11.0, 7.0, 15.0]), "x.grad after backward(y, gradient) for y = x * 4 (not a scalar)",
@@ -665,6 +864,41 @@ def engine_backward_accumulates(mod):
     backward((x * w).sum())
     if w.grad is not None:
         raise ExerciseFailure("backward gave a .grad to a tensor that does not require grad")
+
+
+def _shares(a, b):
+    """Do two Tensors share memory (the same Tensor, or arrays that overlap)?"""
+    return a is b or np.shares_memory(a.data, b.data)
+
+
+OWN_GRAD = ("a leaf's .grad must be its own array, as in PyTorch: code that scales one gradient in place "
+            "(clip_grad_norm_, an optimizer) would change the other. Copy the first gradient that reaches a leaf "
+            "(ta.tensor(g, dtype=g.dtype) is a copy), then add: t.grad = t.grad + g")
+
+
+def engine_grads_are_their_own(mod):
+    """After backward, no two leaves share a .grad array, nor a leaf and the caller's gradient; accumulating
+    does not write into an array that another tensor holds."""
+    backward, rng = need(mod, "backward"), rng_()
+    a, b = rand(rng, 3, grad=True), rand(rng, 3, grad=True)
+    u = ta.tensor(rng.standard_normal(3), dtype="float64")
+    kept = u.numpy().copy()
+    attempt("backward(a + b, gradient)", lambda: backward(SharedGradient.apply(a, b), u))
+    if _shares(a.grad, b.grad):
+        raise ExerciseFailure(f"after backward(a + b, gradient), a.grad and b.grad are the same array: {OWN_GRAD}")
+    if _shares(a.grad, u) or _shares(b.grad, u):
+        raise ExerciseFailure("after backward(a + b, gradient), a.grad is the gradient array you were given: "
+                              f"{OWN_GRAD}")
+    held = b.grad.numpy().copy()
+    attempt("a second backward, of sum(a * 2)", lambda: backward((a * 2.0).sum()))
+    if not np.array_equal(u.numpy(), kept) or not np.array_equal(b.grad.numpy(), held):
+        raise ExerciseFailure("a second backward, of sum(a * 2), added a's gradient into an array that another "
+                              f"tensor holds (b.grad, or the gradient given to the first backward): {OWN_GRAD}")
+    x = rand(rng, 3, grad=True)
+    attempt("backward(x, gradient) with x a leaf", lambda: backward(x, u))
+    if _shares(x.grad, u):
+        raise ExerciseFailure(f"after backward(x, gradient) with x a leaf, x.grad is the gradient array you were "
+                              f"given, which the caller still holds and may change: {OWN_GRAD}")
 
 
 def _mlp_grads(backward_fn, device):
@@ -697,8 +931,8 @@ def engine_on_strict(mod):
     on_strict("your backward on a small MLP", lambda d: _mlp_grads(backward, d))
 
 
-ENGINE = [engine_toposort, engine_backward_sums_paths, engine_backward_accumulates, engine_matches_the_library,
-          engine_on_strict]
+ENGINE = [engine_toposort, engine_backward_sums_paths, engine_backward_accumulates, engine_grads_are_their_own,
+          engine_matches_the_library, engine_on_strict]
 
 
 # ---------------------------------------------------------------- 13. attention
@@ -741,13 +975,17 @@ def attention_forward(mod):
     sdpa, rng = need(mod, "scaled_dot_product_attention"), rng_()
     q, k, v = rand(rng, 2, 2, 4, 8), rand(rng, 2, 2, 6, 8), rand(rng, 2, 2, 6, 3)
     what = "attention(q (2, 2, 4, 8), k (2, 2, 6, 8), v (2, 2, 6, 3))"
-    compare(attempt(what, lambda: sdpa(q, k, v)), np_attention(q.numpy(), k.numpy(), v.numpy()), what,
+    compare(writes_no_input(what, sdpa, [q, k, v], "qkv"), np_attention(q.numpy(), k.numpy(), v.numpy()), what,
             hint="softmax(q k^T / sqrt(D)) v, the softmax over the keys (last dim).")
     q, k, v = rand(rng, 2, 2, 5, 8), rand(rng, 2, 2, 5, 8), rand(rng, 2, 2, 5, 8)
     what = "causal attention (T = 5)"
     compare(attempt(what, lambda: sdpa(q, k, v, is_causal=True)),
             np_attention(q.numpy(), k.numpy(), v.numpy(), True), what,
             hint="Set the scores of keys j > i to -inf before the softmax.")
+    what = "causal attention (T = 5) with scale=0.3"
+    compare(attempt(what, lambda: sdpa(q, k, v, is_causal=True, scale=0.3)),
+            np_attention(q.numpy(), k.numpy(), v.numpy(), True, scale=0.3), what,
+            hint="Use the scale forward is given (1 / sqrt(D) is only its default).")
 
 
 def attention_gradients(mod):
@@ -768,6 +1006,8 @@ def attention_gradients(mod):
                 raise ExerciseFailure(f"{name} of {label}: {mistake}" if mistake else
                                       f"{failure} {ATTENTION_HINT}") from None
         gradcheck(f"the gradients of {label}", fn, (q, k, v), ATTENTION_WRONG[causal], ATTENTION_HINT)
+    gradcheck(f"the gradients of {label}, scale=0.3", lambda q, k, v: sdpa(q, k, v, is_causal=True, scale=0.3),
+              (q, k, v), hint="Use self.scale, the scale forward was given (1 / sqrt(D) is only its default).")
 
 
 def attention_on_strict(mod):
@@ -777,7 +1017,13 @@ def attention_on_strict(mod):
               lambda d: grads_on(d, lambda q, k, v: sdpa(q, k, v, is_causal=True), arrays))
 
 
-ATTENTION = [attention_forward, attention_gradients, attention_on_strict]
+def attention_keeps_float32(mod):
+    sdpa, rng = need(mod, "scaled_dot_product_attention"), rng_()
+    keeps_float32("causal attention(q, k, v (1, 2, 5, 4))", lambda q, k, v: sdpa(q, k, v, is_causal=True),
+                  [rng.standard_normal((1, 2, 5, 4)) for _ in range(3)], "qkv")
+
+
+ATTENTION = [attention_forward, attention_gradients, attention_keeps_float32, attention_on_strict]
 
 
 # ---------------------------------------------------------------- 14. online softmax
@@ -805,6 +1051,11 @@ def online_softmax_matches_naive(mod):
             raise ExerciseFailure(f"{what} returned a {type(out).__name__}, not a Tensor")
         compare(out, np_attention(q.numpy(), k.numpy(), v.numpy(), causal), f"{what} (against naive attention)",
                 hint="At the end of the key blocks, out = acc / l.")
+    q, k, v = rand(rng, 1, 2, 7, 8), rand(rng, 1, 2, 13, 8), rand(rng, 1, 2, 13, 3)
+    what = "tiled_attention(Tq=7, Tk=13, block_size=5, scale=0.3)"
+    compare(attempt(what, lambda: tiled(q, k, v, block_size=5, scale=0.3)),
+            np_attention(q.numpy(), k.numpy(), v.numpy(), scale=0.3), f"{what} (against naive attention)",
+            hint="Use the scale you are given (1 / sqrt(D) is only its default).")
 
 
 def online_softmax_rescales(mod):
@@ -813,7 +1064,8 @@ def online_softmax_rescales(mod):
     q = ta.tensor(np.abs(rng.standard_normal((1, 1, 4, 8))) + 0.5, dtype="float64")
     k = ta.tensor(np.linspace(0.1, 3.0, 12)[:, None] * np.ones((1, 1, 12, 8)), dtype="float64")   # growing scores
     v = rand(rng, 1, 1, 12, 3)
-    out = attempt("tiled_attention with growing scores", lambda: tiled(q, k, v, block_size=4))
+    out = writes_no_input("tiled_attention with growing scores", lambda q, k, v: tiled(q, k, v, block_size=4),
+                          [q, k, v], "qkv")
     expected = np_attention(q.numpy(), k.numpy(), v.numpy())
     if np.allclose(out.numpy(), np_tiled_without_rescale(q.numpy(), k.numpy(), v.numpy(), 4), atol=1e-9):
         raise ExerciseFailure("tiled_attention is wrong when a later key block raises a row's max: when m grows "
@@ -834,6 +1086,14 @@ def online_softmax_memory(mod):
         raise ExerciseFailure(f"tiled_attention(T = 512, block_size=32) held {used / 2**20:.1f} MB at once; the "
                               f"whole (T, T) score matrix is {full / 2**20:.0f} MB: keep one (block, block) tile "
                               "of scores at a time, and per query row only m, l and acc")
+    q, k, v = rand(rng, 1, 1, 32, 8), rand(rng, 1, 1, 4096, 8), rand(rng, 1, 1, 4096, 8)
+    used = peak_bytes(lambda: attempt("tiled_attention(Tq = 32, Tk = 4096, block_size=32)",
+                                      lambda: tiled(q, k, v, block_size=32)))
+    strip = 32 * 4096 * 8
+    if used >= strip / 4:
+        raise ExerciseFailure(f"tiled_attention(Tq = 32, Tk = 4096, block_size=32) held {used / 2**20:.1f} MB at "
+                              f"once; a block of queries against every key is {strip / 2**20:.0f} MB: go through the "
+                              "keys one block at a time too, with the running m, l and acc of the online softmax")
 
 
 def online_softmax_on_strict(mod):
@@ -843,7 +1103,17 @@ def online_softmax_on_strict(mod):
               lambda d: [tiled(*tensors(d, *arrays, grad=False), block_size=3, is_causal=True)])
 
 
+def online_softmax_keeps_float32(mod):
+    tiled, rng = need(mod, "tiled_attention"), rng_()
+    q, k, v = (ta.tensor(rng.standard_normal((1, 2, 7, 4)), dtype="float32") for _ in range(3))
+    out = attempt("tiled_attention in float32", lambda: tiled(q, k, v, block_size=3, is_causal=True))
+    if out.dtype != np.float32:
+        raise ExerciseFailure(f"tiled_attention on float32 q, k, v returned {out.dtype}: {DTYPE_RULE_OF_OPS} "
+                              "(backend.full(shape, value, q.dtype) makes m, l and acc in q's dtype)")
+
+
 ONLINE_SOFTMAX = [online_softmax_rescales, online_softmax_matches_naive, online_softmax_memory,
+                  online_softmax_keeps_float32,
                   online_softmax_on_strict]
 
 
@@ -933,6 +1203,14 @@ def adamw_skips_missing_gradients(mod):
             hint="Skip parameters with no gradient (p.grad is None): they were not used.")
     compare(q, np.ones(3), "a parameter with no gradient, after a step",
             hint="Skip it: no decay and no update without a gradient, as in PyTorch.")
+    q.grad = ta.tensor(np.full(3, 0.5), dtype="float64")              # q's first step is the optimizer's second
+    attempt("a second AdamW.step(), with both gradients", opt.step)
+    q_lib = ta.tensor(np.ones(3), dtype="float64", requires_grad=True)
+    q_lib.grad = q.grad
+    ta.optim.AdamW([q_lib], lr=0.1, weight_decay=0.1).step()
+    compare(q, q_lib.numpy(), "a parameter after its first step, taken at the optimizer's second step "
+            "(against ta.optim.AdamW)", tol=1e-9, hint="Count steps per parameter (t in the state of p, "
+            "from 1): a parameter skipped before takes its first step with t = 1.")
 
 
 def adamw_on_strict(mod):
@@ -942,7 +1220,28 @@ def adamw_on_strict(mod):
                                                                                             ADAM_HYPER) for a in state])
 
 
-ADAMW = [adamw_matches_the_library, adamw_skips_missing_gradients, adamw_on_strict]
+def adamw_keeps_float32(mod):
+    """A float32 parameter stays float32, and so do the arrays AdamW keeps for it (m and v)."""
+    AdamW, rng = need(mod, "AdamW"), rng_()
+    p = ta.tensor(rng.standard_normal((3, 4)), dtype="float32", requires_grad=True)
+    opt = AdamW([p], lr=0.1, weight_decay=0.1)
+    for step in (1, 2):
+        p.grad = ta.tensor(rng.standard_normal((3, 4)), dtype="float32")
+        attempt(f"AdamW step {step} on a float32 parameter", opt.step)
+        if p.dtype != np.float32:
+            raise ExerciseFailure(f"after step {step}, your AdamW turned a float32 parameter into {p.dtype}: keep "
+                                  "the moments m and v in the parameter's dtype (xp.zeros_like(p.data)), and every "
+                                  "parameter stays float32 (float64 state doubles the memory and slows every step)")
+        for state in opt.state.values():
+            for key, value in (state.items() if isinstance(state, dict) else ()):
+                dtype = getattr(value, "dtype", None)
+                if getattr(value, "shape", None) == p.shape and np.dtype(dtype).kind == "f" and dtype != p.dtype:
+                    raise ExerciseFailure(f"your AdamW keeps state[{key!r}] of a float32 parameter in {dtype}: the "
+                                          "moments m and v have the parameter's dtype (xp.zeros_like(p.data)), float32 "
+                                          "here: float64 state doubles the memory and slows every step")
+
+
+ADAMW = [adamw_matches_the_library, adamw_skips_missing_gradients, adamw_keeps_float32, adamw_on_strict]
 
 
 # ---------------------------------------------------------------- 16. KV cache
@@ -986,6 +1285,10 @@ def kv_cache_mask(mod):
         if got is None or got.shape != expected.shape:
             raise ExerciseFailure(f"{what} should be a ({t_new}, {t_total}) boolean Tensor, got "
                                   f"{getattr(got, 'shape', type(mask).__name__)}")
+        if got.dtype != bool:
+            raise ExerciseFailure(f"{what} is {got.dtype}, not boolean: attention adds a float mask to the scores "
+                                  "(0 and 1 would change them, not hide keys); return the comparison itself, "
+                                  "True where a query may see the key")
         if np.array_equal(got, np.tril(np.ones((t_new, t_total), bool))) and t_new != t_total:
             raise ExerciseFailure(f"{what} lines the new queries up at the top left (query i sees keys <= i); they "
                                   f"are the last {t_new} of {t_total} positions: query i sits at position "

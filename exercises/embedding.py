@@ -9,7 +9,10 @@ class Embedding(ta.Function):
     """Rows of a (V, C) table for integer ids of any shape: weight[idx]."""
 
     def forward(self, weight, idx):
-        """weight (V, C) float, idx (...) int raw arrays -> (..., C). Hint: ``self.xp.take``."""
+        """weight (V, C) float, idx (...) int raw arrays -> (..., C).
+
+        Hint: ``self.xp.take(weight, ids, axis=0)`` takes 1-d ids (the array API's rule, which
+        GPU libraries follow): reshape idx to 1-d with ``self.xp.reshape``, take, reshape back."""
         raise NotImplementedError
 
     def backward(self, g):

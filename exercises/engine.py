@@ -21,6 +21,7 @@ def backward(root, gradient=None):
 
     ``gradient`` is d loss / d root (default: ones, for a scalar root). A tensor
     used by several ops gets the sum of their gradients; ``.grad`` adds up
-    across calls, as in PyTorch. Run it under ``with ta.no_grad():``.
+    across calls, as in PyTorch, and is the leaf's own array (not shared with
+    another leaf, nor with ``gradient``). Run it under ``with ta.no_grad():``.
     """
     raise NotImplementedError

@@ -1,4 +1,4 @@
-"""Typical wrong answers to the exercises of "Build the core", as a learner would write them.
+"""Typical wrong answers to the exercises (each of "Build the core", and RMSNorm's), as a learner would write them.
 
 test_exercise_messages.py runs each exercise's checks on them and asserts
 that the first failure says what is wrong in the exercise's terms. Each
@@ -12,7 +12,7 @@ import numpy as np
 import tinyattn as ta
 
 from exercise_solutions import (adamw, attention, cross_entropy, elementwise, embedding, engine, kv_cache,
-                                layernorm, matmul, online_softmax, softmax, sum_to)
+                                layernorm, matmul, online_softmax, rmsnorm, softmax, sum_to)
 
 
 def answer(base, **pieces):
@@ -21,6 +21,24 @@ def answer(base, **pieces):
     module.__dict__.update({k: v for k, v in vars(base).items() if not k.startswith("__")})
     module.__dict__.update(pieces)
     return module
+
+
+# ---------------------------------------------------------------- 1. RMSNorm
+def rms_norm_without_eps(x, weight=None, eps=1e-6):
+    y = x / (x * x).mean(-1, keepdim=True).sqrt()
+    return y if weight is None else y * weight
+
+
+def rms_norm_eps_outside(x, weight=None, eps=1e-6):
+    y = x / ((x * x).mean(-1, keepdim=True).sqrt() + eps)
+    return y if weight is None else y * weight
+
+
+class RMSNormDefaultEps(rmsnorm.RMSNorm):
+    """Keeps eps, but calls rms_norm with its default."""
+
+    def forward(self, x):
+        return rmsnorm.rms_norm(x, self.weight)
 
 
 # ---------------------------------------------------------------- 5. sum_to
@@ -114,6 +132,34 @@ class SoftmaxOverflows(softmax.Softmax):
         return e / self.xp.sum(e, axis=dim, keepdims=True)
 
 
+class SoftmaxGlobalMax(softmax.Softmax):
+    """Subtracts the max of the whole tensor: a row far below it underflows to 0 / 0."""
+
+    def forward(self, x, dim):
+        self.dim = dim
+        e = self.xp.exp(x - self.xp.max(x))
+        return e / self.xp.sum(e, axis=dim, keepdims=True)
+
+
+class SoftmaxInPlace(softmax.Softmax):
+    """x -= max writes into the array forward was handed: the caller's tensor."""
+
+    def forward(self, x, dim):
+        self.dim = dim
+        x -= self.xp.max(x, axis=dim, keepdims=True)
+        e = self.xp.exp(x)
+        return e / self.xp.sum(e, axis=dim, keepdims=True)
+
+
+class SoftmaxSubtractsFromG(softmax.Softmax):
+    """Right gradient, but g -= sum(g * y) changes the gradient it was given (under no_grad, in place)."""
+
+    def backward(self, g):
+        y = self.output
+        g -= (g * y).sum(self.dim, keepdim=True)
+        return y * g
+
+
 # ---------------------------------------------------------------- 9. LayerNorm
 def layer_norm_from(cls):
     return lambda x, weight, bias, eps=1e-5: cls.apply(x, weight, bias, eps=eps)
@@ -141,6 +187,53 @@ class LayerNormNumpy(layernorm.LayerNorm):
     def forward(self, x, weight, bias, eps):
         mu = np.mean(x, axis=-1, keepdims=True)
         rstd = 1.0 / np.sqrt(np.var(x, axis=-1, keepdims=True) + eps)
+        xhat = (x - mu) * rstd
+        self.save(xhat, rstd)
+        return xhat * weight + bias
+
+
+class LayerNormInPlace(layernorm.LayerNorm):
+    """x -= mean, x *= rstd: right values, but the caller's x is now xhat."""
+
+    def forward(self, x, weight, bias, eps):
+        xp = self.xp
+        x -= xp.mean(x, axis=-1, keepdims=True)
+        rstd = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps)
+        x *= rstd
+        self.save(x, rstd)
+        return x * weight + bias
+
+
+class LayerNormScalesGInPlace(layernorm.LayerNorm):
+    """Right gradients, but g *= weight writes into the gradient it was given (which other ops share)."""
+
+    def backward(self, g):
+        xp, (xhat, rstd) = self.xp, self.saved
+        gd = g.data
+        lead = tuple(range(gd.ndim - 1))
+        dw, db = xp.sum(gd * xhat, axis=lead), xp.sum(gd, axis=lead)
+        gd *= self.parents[1].data
+        dx = rstd * (gd - xp.mean(gd, axis=-1, keepdims=True) - xhat * xp.mean(gd * xhat, axis=-1, keepdims=True))
+        return tuple(self.constant(a) for a in (dx, dw, db))
+
+
+class LayerNormBackwardDefaultEps(layernorm.LayerNorm):
+    """Backward recomputes rstd with eps = 1e-5, whatever eps forward was given."""
+
+    def backward(self, g):
+        x = self.parents[0].data
+        xhat, _ = self.saved
+        self.saved = (xhat, 1.0 / self.xp.sqrt(self.xp.var(x, axis=-1, keepdims=True) + 1e-5))
+        return super().backward(g)
+
+
+class LayerNormOnePassVariance(layernorm.LayerNorm):
+    """var = mean(x^2) - mean^2: right for small means, cancels when the mean is large next to the spread."""
+
+    def forward(self, x, weight, bias, eps):
+        xp = self.xp
+        mu = xp.mean(x, axis=-1, keepdims=True)
+        rstd = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) - mu * mu + eps)
         xhat = (x - mu) * rstd
         self.save(xhat, rstd)
         return xhat * weight + bias
@@ -175,6 +268,28 @@ class CrossEntropyKeepsIgnoredRows(cross_entropy.CrossEntropy):
         return g * (logits.softmax(1) - ta.tensor(onehot, dtype=g.dtype)) * (1.0 / float(count)), None
 
 
+class CrossEntropyIgnoresMinus100(cross_entropy.CrossEntropy):
+    """Compares the targets with -100, whatever ignore_index it is given."""
+
+    def forward(self, logits, targets, ignore_index):
+        return super().forward(logits, targets, -100)
+
+
+class CrossEntropyGlobalMax(cross_entropy.CrossEntropy):
+    """Subtracts the max of all the logits: a row far below it gives log(0)."""
+
+    def forward(self, logits, targets, ignore_index):
+        xp = self.xp
+        valid = xp.astype(targets != ignore_index, logits.dtype)
+        weight = valid / xp.maximum(xp.sum(valid), 1.0)
+        targets = xp.where(targets != ignore_index, targets, xp.zeros_like(targets))
+        self.save(weight, targets)
+        m = xp.max(logits)
+        logp = logits - m - xp.log(xp.sum(xp.exp(logits - m), axis=1, keepdims=True))
+        picked = xp.take_along_axis(logp, xp.reshape(targets, (-1, 1)), axis=1)[:, 0]
+        return -xp.sum(picked * weight)
+
+
 # ---------------------------------------------------------------- 11. embedding
 class EmbeddingAssigns(embedding.Embedding):
     """dw[idx] += g: numpy buffers the writes, so a repeated id keeps one of its rows."""
@@ -184,6 +299,41 @@ class EmbeddingAssigns(embedding.Embedding):
         dw = np.zeros(weight.shape)
         dw[self.saved[0]] += g.data.reshape(-1, weight.shape[1])
         return ta.tensor(dw, dtype=g.dtype), None
+
+
+class EmbeddingFloat64Grad(embedding.Embedding):
+    """A one-hot made in float64: the gradient of a float32 table comes back float64."""
+
+    def backward(self, g):
+        xp, weight, (flat,) = self.xp, self.parents[0], self.saved
+        onehot = xp.astype(self.backend.arange(weight.shape[0])[:, None] == flat[None, :], xp.float64)
+        return self.constant(onehot) @ g.reshape(-1, weight.shape[1]), None
+
+
+class EmbeddingTakeNd(embedding.Embedding):
+    """take with the (B, T) ids as they are: numpy accepts it, the array API wants 1-d indices."""
+
+    def forward(self, weight, idx):
+        self.save(self.xp.reshape(idx, (-1,)))
+        return self.xp.take(weight, idx, axis=0)
+
+
+class EmbeddingFancyIndex(embedding.Embedding):
+    """weight[idx], numpy's fancy indexing."""
+
+    def forward(self, weight, idx):
+        self.save(self.xp.reshape(idx, (-1,)))
+        return weight[idx]
+
+
+class EmbeddingTwoDimIds(embedding.Embedding):
+    """Right for (B, T) ids only: B, T = idx.shape."""
+
+    def forward(self, weight, idx):
+        B, T = idx.shape
+        flat = self.xp.reshape(idx, (-1,))
+        self.save(flat)
+        return self.xp.reshape(self.xp.take(weight, flat, axis=0), (B, T, weight.shape[1]))
 
 
 # ---------------------------------------------------------------- 12. the engine
@@ -228,6 +378,58 @@ def backward_resets_grad(root, gradient=None):
     engine.backward(root, gradient)
 
 
+def backward_in_place(first, add):
+    """A backward that keeps the first gradient as first(g) (no copy) and then adds to it with add(t, g)."""
+    def backward(root, gradient=None):
+        pending = {id(root): ta.ones_like(root) if gradient is None else gradient}
+        with ta.no_grad():
+            for t in engine.toposort([root]):
+                g = pending.pop(id(t), None)
+                if g is None:
+                    continue
+                if t.grad_fn is None:
+                    if t.grad is None:
+                        t.grad = first(g)
+                    else:
+                        add(t, g)
+                    continue
+                grads = t.grad_fn.backward(g)
+                grads = grads if isinstance(grads, tuple) else (grads,)
+                for parent, pg in zip(t.grad_fn.parents, grads):
+                    if pg is not None and parent.requires_grad:
+                        pending[id(parent)] = pg if id(parent) not in pending else pending[id(parent)] + pg
+    return backward
+
+
+def backward_adds_pending_in_place(root, gradient=None):
+    """pending[k] += g: the in-place add also changes every tensor that was handed the same g."""
+    pending = {id(root): ta.ones_like(root) if gradient is None else gradient}
+    with ta.no_grad():
+        for t in engine.toposort([root]):
+            g = pending.pop(id(t), None)
+            if g is None:
+                continue
+            if t.grad_fn is None:
+                t.grad = ta.tensor(g, dtype=g.dtype) if t.grad is None else t.grad + g
+                continue
+            grads = t.grad_fn.backward(g)
+            grads = grads if isinstance(grads, tuple) else (grads,)
+            for parent, pg in zip(t.grad_fn.parents, grads):
+                if pg is not None and parent.requires_grad:
+                    if id(parent) in pending:
+                        pending[id(parent)] += pg
+                    else:
+                        pending[id(parent)] = pg
+
+
+def _add_to_array(t, g):
+    t.grad.data += g.data               # writes into the array .grad holds
+
+
+def _add_to_tensor(t, g):
+    t.grad += g                         # under no_grad: the same Tensor object takes the new values
+
+
 # ---------------------------------------------------------------- 13. attention
 def attention_from(cls):
     return lambda q, k, v, is_causal=False, scale=None: cls.apply(
@@ -262,6 +464,36 @@ class AttentionNumpyMask(attention.Attention):
         return p @ v
 
 
+class AttentionMaskByProduct(attention.Attention):
+    """The causal mask as a product with booleans: numpy casts them, the array API refuses."""
+
+    def forward(self, q, k, v, scale, is_causal):
+        xp = self.xp
+        self.scale, q_scaled = scale, q * scale
+        s = xp.matmul(q_scaled, xp.matrix_transpose(k))
+        e = xp.exp(s - xp.max(s, axis=-1, keepdims=True))
+        if is_causal:
+            e = e * (self.backend.arange(k.shape[-2])[None, :] <= self.backend.arange(q.shape[-2])[:, None])
+        p = e / xp.sum(e, axis=-1, keepdims=True)
+        self.save(q_scaled, p)
+        return xp.matmul(p, v)
+
+
+class AttentionDefaultScale(attention.Attention):
+    """Forward and backward with 1 / sqrt(D), whatever scale they are given."""
+
+    def forward(self, q, k, v, scale, is_causal):
+        return super().forward(q, k, v, 1.0 / math.sqrt(q.shape[-1]), is_causal)
+
+
+class AttentionBackwardDefaultScale(attention.Attention):
+    """Forward with the scale it is given, backward with 1 / sqrt(D)."""
+
+    def backward(self, g):
+        self.scale = 1.0 / math.sqrt(self.parents[0].shape[-1])
+        return super().backward(g)
+
+
 # ---------------------------------------------------------------- 14. online softmax
 def tiled_without_rescale(q, k, v, block_size=16, is_causal=False, scale=None):
     xp, backend = q.xp, q.backend
@@ -288,6 +520,48 @@ def tiled_all_at_once(q, k, v, block_size=16, is_causal=False, scale=None):
     """Right values, but with the whole (T, T) score matrix."""
     with ta.no_grad():
         return attention.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+
+
+def tiled_query_blocks_only(q, k, v, block_size=16, is_causal=False, scale=None):
+    """Blocks of queries, each against every key at once: no online softmax, a (block, Tk) strip of scores."""
+    xp, backend = q.xp, q.backend
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    qd, kd, vd = q.data, k.data, v.data
+    rows = []
+    for i0 in range(0, qd.shape[-2], block_size):
+        q_i = qd[..., i0:min(i0 + block_size, qd.shape[-2]), :]
+        s = xp.matmul(q_i, xp.matrix_transpose(kd)) * scale                # (B, H, bq, Tk): every key at once
+        if is_causal:
+            query = backend.arange(q_i.shape[-2])[:, None] + i0
+            s = xp.where(backend.arange(kd.shape[-2])[None, :] <= query, s, -math.inf)
+        p = xp.exp(s - xp.max(s, axis=-1, keepdims=True))
+        rows.append(xp.matmul(p / xp.sum(p, axis=-1, keepdims=True), vd))
+    return ta.tensor(xp.concat(rows, axis=-2), dtype=q.dtype, device=q.device)
+
+
+def tiled_unclipped_slices(q, k, v, block_size=16, is_causal=False, scale=None):
+    """The online softmax, with key blocks sliced k[..., j:j + block]: numpy cuts the last one short."""
+    xp, backend = q.xp, q.backend
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    qd, kd, vd = q.data, k.data, v.data
+    m = backend.full(qd.shape[:-1] + (1,), -math.inf, q.dtype)
+    l = backend.zeros(qd.shape[:-1] + (1,), q.dtype)
+    acc = backend.zeros(qd.shape[:-1] + (vd.shape[-1],), q.dtype)
+    rows = backend.arange(qd.shape[-2])[:, None]
+    for j0 in range(0, kd.shape[-2], block_size):
+        s = xp.matmul(qd, xp.matrix_transpose(kd[..., j0:j0 + block_size, :])) * scale
+        if is_causal:
+            s = xp.where(backend.arange(s.shape[-1])[None, :] + j0 <= rows, s, -math.inf)
+        m_new = xp.maximum(m, xp.max(s, axis=-1, keepdims=True))
+        p = xp.exp(s - m_new)
+        l = l * xp.exp(m - m_new) + xp.sum(p, axis=-1, keepdims=True)
+        acc = acc * xp.exp(m - m_new) + xp.matmul(p, vd[..., j0:j0 + block_size, :])
+        m = m_new
+    return ta.tensor(acc / l, dtype=q.dtype, device=q.device)
+
+
+def tiled_default_scale(q, k, v, block_size=16, is_causal=False, scale=None):
+    return online_softmax.tiled_attention(q, k, v, block_size=block_size, is_causal=is_causal)
 
 
 # ---------------------------------------------------------------- 15. AdamW
@@ -336,6 +610,50 @@ class AdamWFirstLr(adamw.AdamW):
             group["lr"] = lr
 
 
+class AdamWOneStepCount(adamw.AdamW):
+    """One step count for the optimizer, not one per parameter: a parameter skipped before starts at t > 1."""
+
+    def step(self):
+        self.t = getattr(self, "t", 0) + 1
+        for group in self.param_groups:
+            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g, xp = p.grad.data, p.xp
+                state = self.state.setdefault(id(p), {"m": xp.zeros_like(p.data), "v": xp.zeros_like(p.data)})
+                state["m"] = m = b1 * state["m"] + (1 - b1) * g
+                state["v"] = v = b2 * state["v"] + (1 - b2) * g * g
+                p.data = p.data * (1 - lr * wd)
+                p.data = p.data - lr * (m / (1 - b1 ** self.t)) / (xp.sqrt(v / (1 - b2 ** self.t)) + eps)
+
+
+class AdamWFloat64State(AdamVariant):
+    """m and v made in float64: a float32 parameter comes out float64."""
+
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    zeros = p.xp.zeros_like(p.data, dtype=p.xp.float64)
+                    state = self.state.setdefault(id(p), {"step": 0, "exp_avg": zeros, "exp_avg_sq": zeros})
+                    state["step"] += 1
+                    p.data = self.update(p.data, p.grad.data, state, group, p.xp)
+
+    def update(self, p, g, state, group, xp):
+        lr, (b1, b2), eps, t = group["lr"], group["betas"], group["eps"], state["step"]
+        state["exp_avg"] = m = b1 * state["exp_avg"] + (1 - b1) * g
+        state["exp_avg_sq"] = v = b2 * state["exp_avg_sq"] + (1 - b2) * g * g
+        return p * (1 - lr * group["weight_decay"]) - lr * (m / (1 - b1 ** t)) / (xp.sqrt(v / (1 - b2 ** t)) + eps)
+
+
+class AdamWFloat64Moments(AdamWFloat64State):
+    """Casts the parameter back to its dtype, but keeps m and v in float64 (twice the memory, slower)."""
+
+    def update(self, p, g, state, group, xp):
+        return xp.astype(super().update(p, g, state, group, xp), p.dtype)
+
+
 # ---------------------------------------------------------------- 16. KV cache
 class CacheReturnsNewOnly(kv_cache.KVCache):
     def append(self, k, v):
@@ -358,9 +676,22 @@ class CacheTopLeftMask(kv_cache.KVCache):
         return ta.arange(t_total, device=like.device).reshape(1, t_total) <= rows
 
 
+class CacheFloatMask(kv_cache.KVCache):
+    @staticmethod
+    def causal_mask(t_new, t_total, like):
+        return kv_cache.KVCache.causal_mask(t_new, t_total, like).to(like.dtype)
+
+
 # exercise: [(what the learner did, the wrong module, words the first failure must contain), ...]
+# (every exercise of part two, and those of part one whose mistakes once passed)
 # (several words: a tuple, each of them in the message)
 WRONG = {
+    "rmsnorm": [
+        ("rms_norm without eps", answer(rmsnorm, rms_norm=rms_norm_without_eps), "eps under the square root"),
+        ("eps added to the root mean square", answer(rmsnorm, rms_norm=rms_norm_eps_outside),
+         "goes under the square root"),
+        ("RMSNorm calls rms_norm without self.eps", answer(rmsnorm, RMSNorm=RMSNormDefaultEps), "self.eps"),
+    ],
     "sum_to": [
         ("sum_to sums only the dims added in front", answer(sum_to, sum_to=sum_leading_only),
          "not the dims where shape has 1"),
@@ -385,6 +716,12 @@ WRONG = {
          "returns the gradient of sum(y)"),
         ("the full Jacobian", answer(softmax, softmax=softmax_from(SoftmaxJacobian)), "builds the (C, C) Jacobian"),
         ("no max subtracted", answer(softmax, softmax=softmax_from(SoftmaxOverflows)), "exp(1000) overflows"),
+        ("the max of the whole tensor", answer(softmax, softmax=softmax_from(SoftmaxGlobalMax)),
+         "each row's max along dim"),
+        ("x -= max, in place", answer(softmax, softmax=softmax_from(SoftmaxInPlace)),
+         ("changed its input x", "in place")),
+        ("g -= sum(g * y), in place", answer(softmax, softmax=softmax_from(SoftmaxSubtractsFromG)),
+         ("changed g", "in place")),
     ],
     "layernorm": [
         ("the variance treated as a constant", answer(layernorm, layer_norm=layer_norm_from(LayerNormConstantVariance)),
@@ -392,6 +729,14 @@ WRONG = {
         ("dweight summed over dim 0 only", answer(layernorm, layer_norm=layer_norm_from(LayerNormSumsDimZero)),
          "the sums over every leading dim"),
         ("np.mean in forward", answer(layernorm, layer_norm=layer_norm_from(LayerNormNumpy)), "works only on numpy"),
+        ("x -= mean, x *= rstd, in place", answer(layernorm, layer_norm=layer_norm_from(LayerNormInPlace)),
+         ("changed its input x", "in place")),
+        ("g *= weight, in place", answer(layernorm, layer_norm=layer_norm_from(LayerNormScalesGInPlace)),
+         ("changed g", "in place")),
+        ("backward with eps = 1e-5", answer(layernorm, layer_norm=layer_norm_from(LayerNormBackwardDefaultEps)),
+         ("eps=0.5", "the eps given to forward")),
+        ("var = mean(x^2) - mean^2", answer(layernorm, layer_norm=layer_norm_from(LayerNormOnePassVariance)),
+         "mean((x - mean)^2)"),
     ],
     "cross_entropy": [
         ("no 1/N in backward", answer(cross_entropy, cross_entropy=cross_entropy_from(CrossEntropySum)),
@@ -400,10 +745,23 @@ WRONG = {
         ("ignored rows get a gradient",
          answer(cross_entropy, cross_entropy=cross_entropy_from(CrossEntropyKeepsIgnoredRows)),
          "rows whose target is ignore_index"),
+        ("ignore_index taken as -100",
+         answer(cross_entropy, cross_entropy=cross_entropy_from(CrossEntropyIgnoresMinus100)),
+         "the ignore_index you are given"),
+        ("the max of all the logits", answer(cross_entropy, cross_entropy=cross_entropy_from(CrossEntropyGlobalMax)),
+         "each row's own max"),
     ],
     "embedding": [
         ("dw[idx] += g", answer(embedding, embedding=lambda idx, w: EmbeddingAssigns.apply(w, idx)),
          "id 3 is looked up three times"),
+        ("take with (B, T) ids", answer(embedding, embedding=lambda idx, w: EmbeddingTakeNd.apply(w, idx)),
+         ("1-d", "reshape")),
+        ("weight[idx]", answer(embedding, embedding=lambda idx, w: EmbeddingFancyIndex.apply(w, idx)),
+         ("xp.take", "1-d")),
+        ("(B, T) ids only", answer(embedding, embedding=lambda idx, w: EmbeddingTwoDimIds.apply(w, idx)),
+         "may have any shape"),
+        ("a float64 gradient for a float32 table",
+         answer(embedding, embedding=lambda idx, w: EmbeddingFloat64Grad.apply(w, idx)), ("float64", "dtype")),
     ],
     "engine": [
         ("toposort without a visited set", answer(engine, toposort=toposort_without_visited),
@@ -411,6 +769,13 @@ WRONG = {
         ("gradients overwritten, not summed", answer(engine, backward=backward_overwrites),
          "kept one path's gradient"),
         (".grad replaced across calls", answer(engine, backward=backward_resets_grad), "adds up across backward calls"),
+        ("t.grad = g, then t.grad.data += g.data",
+         answer(engine, backward=backward_in_place(lambda g: g, _add_to_array)), "its own array"),
+        ("t.grad = g, then t.grad += g", answer(engine, backward=backward_in_place(lambda g: g, _add_to_tensor)),
+         "its own array"),
+        ("t.grad = g.detach(), then t.grad.data += g.data",
+         answer(engine, backward=backward_in_place(lambda g: g.detach(), _add_to_array)), "its own array"),
+        ("pending[k] += g", answer(engine, backward=backward_adds_pending_in_place), "pending[k] = pending[k] + g"),
     ],
     "attention": [
         ("dS = P * dP", answer(attention, scaled_dot_product_attention=attention_from(AttentionNoSubtraction)),
@@ -419,21 +784,40 @@ WRONG = {
          "miss the scale"),
         ("numpy causal mask", answer(attention, scaled_dot_product_attention=attention_from(AttentionNumpyMask)),
          "works only on numpy"),
+        ("mask times booleans", answer(attention, scaled_dot_product_attention=attention_from(AttentionMaskByProduct)),
+         ("booleans", "xp.where")),
+        ("1 / sqrt(D) whatever the scale",
+         answer(attention, scaled_dot_product_attention=attention_from(AttentionDefaultScale)),
+         ("scale=0.3", "Use the scale forward is given")),
+        ("backward with 1 / sqrt(D)",
+         answer(attention, scaled_dot_product_attention=attention_from(AttentionBackwardDefaultScale)),
+         ("scale=0.3", "Use self.scale")),
     ],
     "online_softmax": [
         ("l and acc never rescaled", answer(online_softmax, tiled_attention=tiled_without_rescale),
          "multiply them by exp(m - m_new)"),
         ("the whole score matrix", answer(online_softmax, tiled_attention=tiled_all_at_once),
          "keep one (block, block) tile"),
+        ("1 / sqrt(D) whatever the scale", answer(online_softmax, tiled_attention=tiled_default_scale),
+         ("scale=0.3", "Use the scale you are given")),
+        ("blocks of queries against all keys", answer(online_softmax, tiled_attention=tiled_query_blocks_only),
+         "go through the keys one block at a time too"),
+        ("k[..., j:j + block] past the end", answer(online_softmax, tiled_attention=tiled_unclipped_slices),
+         "min(i + block, T)"),
     ],
     "adamw": [
         ("weight decay added to the gradient", answer(adamw, AdamW=AdamL2), "Adam with L2"),
         ("no bias correction", answer(adamw, AdamW=AdamWNoBiasCorrection), "no bias correction"),
         ("the learning rate read once", answer(adamw, AdamW=AdamWFirstLr), "read group['lr'] at every step"),
+        ("one step count for all parameters", answer(adamw, AdamW=AdamWOneStepCount), "Count steps per parameter"),
+        ("float64 moments for float32 parameters", answer(adamw, AdamW=AdamWFloat64State), ("float32", "float64")),
+        ("float64 moments, the parameter cast back", answer(adamw, AdamW=AdamWFloat64Moments),
+         ("float32", "moments")),
     ],
     "kv_cache": [
         ("append returns the new keys only", answer(kv_cache, KVCache=CacheReturnsNewOnly), "returned only the new one"),
         ("concatenated along the heads", answer(kv_cache, KVCache=CacheOnHeads), "along the time dim"),
         ("the mask aligned at the top left", answer(kv_cache, KVCache=CacheTopLeftMask), "at the top left"),
+        ("a float mask", answer(kv_cache, KVCache=CacheFloatMask), "not boolean"),
     ],
 }

@@ -873,7 +873,7 @@ def _shares(a, b):
 
 OWN_GRAD = ("a leaf's .grad must be its own array, as in PyTorch: code that scales one gradient in place "
             "(clip_grad_norm_, an optimizer) would change the other. Copy the first gradient that reaches a leaf "
-            "(ta.tensor(g, dtype=g.dtype) is a copy), then add: t.grad = t.grad + g")
+            "(g.clone() is a copy), then add: t.grad = t.grad + g")
 
 
 def engine_grads_are_their_own(mod):

@@ -34,7 +34,7 @@ def backward(root, gradient=None):
                 continue
             if t.grad_fn is None:                               # a leaf: accumulate, as PyTorch does
                 # g may be another leaf's gradient too (a + b) or the caller's: the leaf gets a copy
-                t.grad = ta.tensor(g, dtype=g.dtype) if t.grad is None else t.grad + g
+                t.grad = g.clone() if t.grad is None else t.grad + g
                 continue
             grads = t.grad_fn.backward(g)
             grads = grads if isinstance(grads, tuple) else (grads,)

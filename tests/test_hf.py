@@ -178,3 +178,28 @@ def test_transformers_gpt2_runs_the_same_here(tmp_path):
     ours = GPT.from_hf(tmp_path).eval()
     gap = compare_with_transformers(ours, theirs.eval(), 61)
     print(f"GPT2LMHeadModel -> from_hf: max abs logit difference {gap:.3g}")
+
+
+# --- the character vocabulary travels as tokenizer.json ----------------------------
+CHARS = sorted(set("First Citizen:\nBefore we proceed any further, hear me speak.\tÉtoile 'ç' ?!-;")) + ["Q", "Z"]
+
+
+def test_char_vocabulary_round_trip(tmp_path):
+    from tinyattn.models.hf import read_chars
+    model = random_gpt(vocab_size=len(CHARS))
+    model.export_hf(tmp_path, chars=CHARS)
+    assert read_chars(tmp_path) == CHARS
+    assert read_chars(tmp_path / "nowhere") is None
+    with pytest.raises(ValueError, match="2 characters for a vocabulary of"):
+        model.export_hf(tmp_path, chars=["a", "b"])
+
+
+def test_transformers_reads_the_char_vocabulary(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    model = random_gpt(vocab_size=len(CHARS))
+    model.export_hf(tmp_path, chars=CHARS)
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    text = "Before we proceed,\n\tÉtoile 'ç' speak!"
+    ids = tok.encode(text)
+    assert ids == [CHARS.index(c) for c in text]
+    assert tok.decode(ids) == text

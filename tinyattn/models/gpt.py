@@ -117,16 +117,18 @@ class GPT(nn.Module):
         loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T), ignore_index=-1)
         return logits, loss
 
-    def export_hf(self, folder):
+    def export_hf(self, folder, chars=None):
         """Write the model as Hugging Face's GPT-2 (config.json, model.safetensors) into ``folder``:
-        ``transformers.GPT2LMHeadModel.from_pretrained(folder)`` loads it. See models/hf.py."""
-        hf.export_hf(self, folder)
+        ``transformers.GPT2LMHeadModel.from_pretrained(folder)`` loads it. ``chars``, a character
+        vocabulary (token id -> character), goes into tokenizer.json. See models/hf.py."""
+        hf.export_hf(self, folder, chars)
 
     @classmethod
-    def from_hf(cls, folder):
+    def from_hf(cls, folder, **overrides):
         """A GPT from a Hugging Face GPT-2 folder (gpt2, distilgpt2, one written by export_hf);
-        an architecture this GPT cannot represent is a ValueError naming the config field."""
-        return hf.from_hf(cls, folder)
+        an architecture this GPT cannot represent is a ValueError naming the config field.
+        ``overrides``: dropout, head_dropout (for fine-tuning)."""
+        return hf.from_hf(cls, folder, **overrides)
 
     def configure_optimizer(self, weight_decay, learning_rate, betas):
         """AdamW that decays matrices (ndim >= 2) only: not biases or LayerNorm weights."""

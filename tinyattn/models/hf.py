@@ -16,6 +16,11 @@ else changes.
 
 GPT-2 always has biases: a tinyattn model built with bias=False is written with
 zero biases, which compute the same function.
+
+A character vocabulary travels as tokenizer.json, in the format of Hugging Face's
+`tokenizers` (every character is a token; decoding joins them), which
+``transformers.AutoTokenizer.from_pretrained(folder)`` reads. GPT-2's own BPE
+tokenizer files in a folder are left alone: from_hf reads the weights only.
 """
 import json
 import os
@@ -37,10 +42,13 @@ def is_conv1d(name):
     return name.startswith("h.") and name.endswith(".weight") and (".attn." in name or ".mlp." in name)
 
 
-def export_hf(model, folder):
+def export_hf(model, folder, chars=None):
     """Write ``folder``/config.json and ``folder``/model.safetensors for
-    ``transformers.GPT2LMHeadModel.from_pretrained(folder)``."""
+    ``transformers.GPT2LMHeadModel.from_pretrained(folder)``; with ``chars`` (the
+    character of each token id) also tokenizer.json and tokenizer_config.json."""
     config = model.config
+    if chars is not None and len(chars) != config.vocab_size:
+        raise ValueError(f"export_hf: {len(chars)} characters for a vocabulary of {config.vocab_size} tokens")
     tensors = {}
     for name, p in model.state_dict().items():
         a = p.numpy().astype(np.float32)
@@ -76,6 +84,48 @@ def export_hf(model, folder):
     os.makedirs(folder, exist_ok=True)
     save_safetensors(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
     _write_json(os.path.join(folder, "config.json"), hf_config)
+    if chars is not None:
+        _write_json(os.path.join(folder, "tokenizer.json"), char_tokenizer_json(chars))
+        _write_json(os.path.join(folder, "tokenizer_config.json"), {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "clean_up_tokenization_spaces": False,          # else decode() moves spaces around punctuation
+            "model_max_length": config.block_size})
+
+
+CHAR_SPLIT = "[\\s\\S]"                                     # a regex for "any one character", newlines too
+
+
+def char_tokenizer_json(chars):
+    """A character vocabulary as Hugging Face `tokenizers` JSON: split the text into single
+    characters, look each up (WordLevel), and join them back when decoding (Fuse)."""
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+            "pre_tokenizer": {"type": "Split", "pattern": {"Regex": CHAR_SPLIT}, "behavior": "Isolated",
+                              "invert": False},
+            "post_processor": None,
+            "decoder": {"type": "Fuse"},
+            "model": {"type": "WordLevel", "vocab": {c: i for i, c in enumerate(chars)}, "unk_token": "<unk>"}}
+
+
+def read_chars(folder):
+    """The character vocabulary that export_hf wrote into ``folder`` (a list: token id ->
+    character), or None when the folder holds some other tokenizer, or none."""
+    path = os.path.join(folder, "tokenizer.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            tok = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    model = tok.get("model") if isinstance(tok, dict) else None
+    split = (tok.get("pre_tokenizer") or {}).get("pattern", {}).get("Regex") if isinstance(tok, dict) else None
+    if not isinstance(model, dict) or model.get("type") != "WordLevel" or split != CHAR_SPLIT:
+        return None
+    vocab = model.get("vocab") or {}
+    chars = sorted(vocab, key=vocab.get)
+    if sorted(vocab.values()) != list(range(len(vocab))) or any(len(c) != 1 for c in chars):
+        raise ValueError(f"{path}: a character vocabulary needs single characters numbered 0 to {len(vocab) - 1}")
+    return chars
 
 
 def config_from_hf(hf, where):
@@ -117,9 +167,10 @@ def config_from_hf(hf, where):
                 gelu=FROM_HF_GELU[hf.get("activation_function", "gelu_new")])
 
 
-def from_hf(cls, folder):
+def from_hf(cls, folder, **overrides):
     """A GPT (class ``cls``) with the weights of a GPT-2 folder: config.json and
-    model.safetensors (or the shards that model.safetensors.index.json lists)."""
+    model.safetensors (or the shards that model.safetensors.index.json lists).
+    ``overrides``: settings that leave the weights alone (dropout, head_dropout)."""
     config_path = os.path.join(folder, "config.json")
     if not os.path.isfile(config_path):
         raise FileNotFoundError(f"{folder}: no config.json (is it a Hugging Face model folder?)")
@@ -129,7 +180,10 @@ def from_hf(cls, folder):
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{config_path}: not valid JSON ({e})") from None
     from .gpt import GPTConfig
-    config = GPTConfig(**config_from_hf(hf, folder))
+    wrong = sorted(set(overrides) - {"dropout", "head_dropout"})
+    if wrong:
+        raise TypeError(f"from_hf: {', '.join(wrong)} cannot be changed: the weights fix it")
+    config = GPTConfig(**{**config_from_hf(hf, folder), **overrides})
     state = {}
     for path in _weight_files(folder):
         arrays, _ = read_safetensors(path)

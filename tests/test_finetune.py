@@ -141,3 +141,16 @@ def test_a_shorter_block_size_is_allowed(texts, trained, tmp_path):
     _, _, meta = checkpoint.load(str(tmp_path / "ft" / "ckpt.npz"))
     assert meta["config"]["block_size"] == 16 and meta["args"]["block_size"] == 8
     assert math.isfinite(log_rows(tmp_path / "ft")[-1]["val_loss"])
+
+
+def test_export_command_writes_a_folder_that_init_from_reads(texts, trained, tmp_path, capsys):
+    from train.export_hf import main as export_main
+    assert export_main(["--out_dir", str(trained), "--to", str(tmp_path / "hf")]) == 0
+    assert "tokenizer.json" in capsys.readouterr().out
+    model, tokenizer = load_model(str(trained))
+    back = GPT.from_hf(tmp_path / "hf").eval()
+    idx = ta.tensor([tokenizer.encode("Speak, speak.")])
+    assert np.array_equal(back(idx)[0].numpy(), model(idx)[0].numpy())
+    assert finetune(texts, tmp_path / "hf", tmp_path / "ft", "--max_iters", "0") == 0
+    assert export_main(["--out_dir", str(tmp_path / "nothing"), "--to", str(tmp_path / "x")]) == 1
+    assert "no checkpoint" in capsys.readouterr().err

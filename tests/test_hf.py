@@ -203,3 +203,10 @@ def test_transformers_reads_the_char_vocabulary(tmp_path):
     ids = tok.encode(text)
     assert ids == [CHARS.index(c) for c in text]
     assert tok.decode(ids) == text
+
+
+def test_from_hf_weights_are_row_major(tmp_path):
+    """A transposed view copied as it is would be column-major: another BLAS path, other roundings."""
+    random_gpt(n_embd=16, n_head=2).export_hf(tmp_path)
+    for name, t in GPT.from_hf(tmp_path).state_dict().items():
+        assert t.data.flags["C_CONTIGUOUS"], name

@@ -205,7 +205,7 @@ def from_hf(cls, folder, **overrides):
         a = a.T if is_conv1d(name) else a
         if a.shape != own[name].shape:
             raise ValueError(f"{folder}: {name} is {a.shape}, but config.json makes it {own[name].shape}")
-        state[name] = a.astype(np.float32)
+        state[name] = np.ascontiguousarray(a, dtype=np.float32)       # row-major, as a new Linear's weight
     model.load_state_dict(state)
     return model
 

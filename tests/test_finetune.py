@@ -154,3 +154,17 @@ def test_export_command_writes_a_folder_that_init_from_reads(texts, trained, tmp
     assert finetune(texts, tmp_path / "hf", tmp_path / "ft", "--max_iters", "0") == 0
     assert export_main(["--out_dir", str(tmp_path / "nothing"), "--to", str(tmp_path / "x")]) == 1
     assert "no checkpoint" in capsys.readouterr().err
+
+
+def test_sample_and_explore_read_an_exported_folder(trained, tmp_path, capsys):
+    from train.explore import main as explore_main
+    from train.sample import main as sample_main
+    model, tokenizer = load_model(str(trained))
+    model.export_hf(tmp_path / "hf", chars=tokenizer.chars)
+    argv = ["--start", "Speak", "--num_samples", "1", "--max_new_tokens", "20", "--seed", "3"]
+    assert sample_main(["--out_dir", str(trained), *argv]) == 0
+    from_checkpoint = capsys.readouterr().out
+    assert sample_main(["--out_dir", str(tmp_path / "hf"), *argv]) == 0
+    assert capsys.readouterr().out == from_checkpoint and from_checkpoint.startswith("Speak")
+    assert explore_main(["--out_dir", str(tmp_path / "hf"), "--text", "Speak, speak."]) == 0
+    assert (tmp_path / "hf" / "attention.html").exists()

@@ -33,12 +33,8 @@ def load_pretrained(args):
     """--init_from's model (with this run's dropout and head dropout) and its tokenizer."""
     path = args.init_from
     drops = dict(dropout=args.dropout, head_dropout=args.head_dropout)
-    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
-        chars = read_chars(path)
-        if chars is None:
-            raise ValueError(f"--init_from {path}: no character vocabulary in tokenizer.json (as GPT.export_hf "
-                             "writes it): python -m train trains on characters and cannot use this model's tokenizer")
-        return Pretrained(GPT.from_hf(path, **drops), CharTokenizer(chars), path)
+    if is_hf_folder(path):
+        return Pretrained(GPT.from_hf(path, **drops), hf_tokenizer(path), path)
     if os.path.isdir(path):
         path = os.path.join(path, "ckpt.npz")
     if not os.path.isfile(path):
@@ -50,6 +46,19 @@ def load_pretrained(args):
     model = GPT(GPTConfig(**{**meta["config"], **drops}))
     model.load_state_dict(state)
     return Pretrained(model, tokenizer_from_json(meta["tokenizer"]), path)
+
+
+def is_hf_folder(path):
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))
+
+
+def hf_tokenizer(folder):
+    """The CharTokenizer of a Hugging Face folder that GPT.export_hf wrote, or a ValueError."""
+    chars = read_chars(folder)
+    if chars is None:
+        raise ValueError(f"{folder}: no character vocabulary in tokenizer.json (as GPT.export_hf writes it): "
+                         "the training program works with characters and cannot use this model's tokenizer")
+    return CharTokenizer(chars)
 
 
 def fit_args(args, pretrained, dataset):

@@ -1,4 +1,4 @@
-"""Typical wrong answers to the exercises of "Build the core", as a learner would write them.
+"""Typical wrong answers to the exercises of "Build the core" and LoRA, as a learner would write them.
 
 test_exercise_messages.py runs each exercise's checks on them and asserts
 that the first failure says what is wrong in the exercise's terms. Each
@@ -12,7 +12,7 @@ import numpy as np
 import tinyattn as ta
 
 from exercise_solutions import (adamw, attention, cross_entropy, elementwise, embedding, engine, kv_cache,
-                                layernorm, matmul, online_softmax, softmax, sum_to)
+                                layernorm, lora, matmul, online_softmax, softmax, sum_to)
 
 
 def answer(base, **pieces):
@@ -360,6 +360,34 @@ class CacheTopLeftMask(kv_cache.KVCache):
 
 # exercise: [(what the learner did, the wrong module, words the first failure must contain), ...]
 # (several words: a tuple, each of them in the message)
+# ---------------------------------------------------------------- 17. LoRA
+class LoRAUnfrozen(lora.LoRALinear):
+    """The base layer left trainable: its weight gets a gradient and moves."""
+
+    def __init__(self, base, r, alpha=None):
+        super().__init__(base, r, alpha)
+        for p in base.parameters():
+            p.requires_grad = True
+
+
+class LoRANoScale(lora.LoRALinear):
+    """The update added without alpha / r."""
+
+    def __init__(self, base, r, alpha=None):
+        super().__init__(base, r, alpha)
+        self.scale = 1.0
+
+
+class LoRAMergeNoScale(lora.LoRALinear):
+    """forward scales the update, merge forgets to."""
+
+    @ta.no_grad()
+    def merge(self):
+        merged = super().merge()
+        merged.weight.data = (self.base.weight + self.B @ self.A).data
+        return merged
+
+
 WRONG = {
     "sum_to": [
         ("sum_to sums only the dims added in front", answer(sum_to, sum_to=sum_leading_only),
@@ -435,5 +463,11 @@ WRONG = {
         ("append returns the new keys only", answer(kv_cache, KVCache=CacheReturnsNewOnly), "returned only the new one"),
         ("concatenated along the heads", answer(kv_cache, KVCache=CacheOnHeads), "along the time dim"),
         ("the mask aligned at the top left", answer(kv_cache, KVCache=CacheTopLeftMask), "at the top left"),
+    ],
+    "lora": [
+        ("the base weight left trainable", answer(lora, LoRALinear=LoRAUnfrozen), "set requires_grad = False"),
+        ("no alpha / r", answer(lora, LoRALinear=LoRANoScale), "leaves out the scale alpha / r = 4"),
+        ("merge without alpha / r", answer(lora, LoRALinear=LoRAMergeNoScale),
+         ("every adapter merged", "W + (alpha / r) B A")),
     ],
 }

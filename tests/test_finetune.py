@@ -168,3 +168,14 @@ def test_sample_and_explore_read_an_exported_folder(trained, tmp_path, capsys):
     assert capsys.readouterr().out == from_checkpoint and from_checkpoint.startswith("Speak")
     assert explore_main(["--out_dir", str(tmp_path / "hf"), "--text", "Speak, speak."]) == 0
     assert (tmp_path / "hf" / "attention.html").exists()
+
+
+def test_a_vocabulary_larger_than_the_model_is_refused(texts, trained, tmp_path, capsys):
+    model, tokenizer = load_model(str(trained))
+    model.export_hf(tmp_path / "hf", chars=tokenizer.chars)
+    path = tmp_path / "hf" / "tokenizer.json"
+    tok = json.loads(path.read_text())
+    tok["model"]["vocab"]["\u00e9"] = len(tokenizer.chars)
+    path.write_text(json.dumps(tok))
+    code = finetune(texts, tmp_path / "hf", tmp_path / "ft")
+    assert "more than the model's" in one_line_error(capsys, 1, code)

@@ -69,6 +69,7 @@ def edit_config(folder, **changes):
     ("activation_function", "relu"), ("n_inner", 100), ("layer_norm_epsilon", 1e-6),
     ("tie_word_embeddings", False), ("scale_attn_by_inverse_layer_idx", True), ("reorder_and_upcast_attn", True),
     ("scale_attn_weights", False), ("model_type", "llama"), ("attn_pdrop", 0.3), ("add_cross_attention", True),
+    ("layer_norm_epsilon", "small"), ("resid_pdrop", None), ("n_layer", 0), ("n_head", 5),
 ])
 def test_from_hf_refuses_what_gpt_cannot_represent(tmp_path, field, value):
     random_gpt().export_hf(tmp_path)
@@ -76,6 +77,16 @@ def test_from_hf_refuses_what_gpt_cannot_represent(tmp_path, field, value):
     with pytest.raises(ValueError) as e:
         GPT.from_hf(tmp_path)
     assert field in str(e.value) and "\n" not in str(e.value)
+
+
+def test_from_hf_refuses_a_config_that_is_not_an_object(tmp_path):
+    random_gpt().export_hf(tmp_path)
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not an object"):
+        GPT.from_hf(tmp_path)
+    (tmp_path / "config.json").write_text("{nope")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        GPT.from_hf(tmp_path)
 
 
 def test_from_hf_accepts_old_gpt2_files(tmp_path):

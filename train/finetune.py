@@ -65,6 +65,9 @@ def fit_args(args, pretrained, dataset):
     """Check the run's flags and data against the model; set the model flags to the model's.
     -> a note for the log. Raises a ValueError (one line) on a conflict."""
     where, config = pretrained.where, pretrained.model.config
+    if pretrained.tokenizer.vocab_size > config.vocab_size:
+        raise ValueError(f"--init_from {where}: the vocabulary has {pretrained.tokenizer.vocab_size} tokens, "
+                         f"more than the model's {config.vocab_size}")
     if args.data and pretrained.tokenizer.kind != "char":
         raise ValueError(f"--init_from {where}: the model reads {pretrained.tokenizer.kind}s (the lesson corpus), "
                          "not the characters of --data: drop --data")

@@ -134,6 +134,8 @@ def config_from_hf(hf, where):
     def refuse(field, why):
         raise ValueError(f"{where}: cannot load: {field} is {hf.get(field)!r}; {why}")
 
+    if not isinstance(hf, dict):
+        raise ValueError(f"{where}: config.json holds a JSON {type(hf).__name__}, not an object")
     if hf.get("model_type", "gpt2") != "gpt2":
         refuse("model_type", "only GPT-2's architecture (model_type 'gpt2') is supported")
     for field in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
@@ -144,7 +146,8 @@ def config_from_hf(hf, where):
         refuse("n_inner", f"tinyattn's MLP is 4 * n_embd = {4 * n_embd} wide")
     if hf.get("activation_function", "gelu_new") not in FROM_HF_GELU:
         refuse("activation_function", f"tinyattn's GPT has {', '.join(FROM_HF_GELU)}")
-    if abs(hf.get("layer_norm_epsilon", LAYER_NORM_EPS) - LAYER_NORM_EPS) > 1e-12:
+    eps = hf.get("layer_norm_epsilon", LAYER_NORM_EPS)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or abs(eps - LAYER_NORM_EPS) > 1e-12:
         refuse("layer_norm_epsilon", f"tinyattn's LayerNorm uses {LAYER_NORM_EPS}")
     if not hf.get("tie_word_embeddings", True):
         refuse("tie_word_embeddings", "tinyattn's GPT ties its output head to the token embedding")
@@ -159,6 +162,9 @@ def config_from_hf(hf, where):
     if n_embd % hf["n_head"]:
         refuse("n_head", f"n_embd {n_embd} must be divisible by it")
     drops = {hf.get(f, 0.1) for f in ("resid_pdrop", "embd_pdrop", "attn_pdrop")}
+    for f in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
+        if isinstance(hf.get(f, 0.1), bool) or not isinstance(hf.get(f, 0.1), (int, float)) or not 0 <= hf.get(f, 0.1) < 1:
+            refuse(f, "a dropout probability is a number in [0, 1)")
     if len(drops) > 1:
         refuse("attn_pdrop", "tinyattn's GPT has one dropout for embeddings, attention and residuals "
                              "(resid_pdrop, embd_pdrop and attn_pdrop must be equal)")

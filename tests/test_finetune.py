@@ -179,3 +179,11 @@ def test_a_vocabulary_larger_than_the_model_is_refused(texts, trained, tmp_path,
     path.write_text(json.dumps(tok))
     code = finetune(texts, tmp_path / "hf", tmp_path / "ft")
     assert "more than the model's" in one_line_error(capsys, 1, code)
+
+
+def test_a_word_model_is_not_fine_tuned_on_characters(texts, tmp_path, capsys):
+    assert main(["--out_dir", str(tmp_path / "coref"), "--max_iters", "2", "--eval_interval", "2", "--eval_iters", "1",
+                 "--n_layer", "1", "--n_embd", "16", "--quiet", "--sample_tokens", "0"]) == 0
+    code = main(["--data", texts["second"], "--out_dir", str(tmp_path / "x"), "--init_from", str(tmp_path / "coref"),
+                 "--quiet"])
+    assert "the model reads words" in one_line_error(capsys, 1, code)

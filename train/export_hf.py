@@ -30,7 +30,7 @@ def main(argv=None):
         print(f"python -m train.export_hf: error: {e}", file=sys.stderr)
         return 1
     vocab = "and its characters (tokenizer.json)" if chars else f"(its {tokenizer.kind} vocabulary is not exported)"
-    print(f"wrote {args.to}: the model (config.json, model.safetensors) {vocab}")
+    print(f"wrote {args.to}: config.json, model.safetensors {vocab}")
     return 0
 
 

@@ -31,6 +31,14 @@ class Pretrained:
 
 def load_pretrained(args):
     """--init_from's model (with this run's dropout and head dropout) and its tokenizer."""
+    pretrained = _load(args)
+    if args.data and pretrained.tokenizer.kind != "char":
+        raise ValueError(f"--init_from {pretrained.where}: the model reads {pretrained.tokenizer.kind}s (the lesson "
+                         "corpus), not the characters of --data: drop --data")
+    return pretrained
+
+
+def _load(args):
     path = args.init_from
     drops = dict(dropout=args.dropout, head_dropout=args.head_dropout)
     if is_hf_folder(path):
@@ -68,9 +76,6 @@ def fit_args(args, pretrained, dataset):
     if pretrained.tokenizer.vocab_size > config.vocab_size:
         raise ValueError(f"--init_from {where}: the vocabulary has {pretrained.tokenizer.vocab_size} tokens, "
                          f"more than the model's {config.vocab_size}")
-    if args.data and pretrained.tokenizer.kind != "char":
-        raise ValueError(f"--init_from {where}: the model reads {pretrained.tokenizer.kind}s (the lesson corpus), "
-                         "not the characters of --data: drop --data")
     if not args.data and tokenizer_to_json(dataset.tokenizer) != tokenizer_to_json(pretrained.tokenizer):
         raise ValueError(f"--init_from {where}: the model's vocabulary ({pretrained.tokenizer.vocab_size} "
                          f"{pretrained.tokenizer.kind}s) is not the lesson corpus's: pass --data FILE")

@@ -183,3 +183,10 @@ def test_bad_header_bytes_are_refused(tmp_path):
     assert "only 2 follow" in one_line_error(path)
     path.write_bytes((2**63).to_bytes(8, "little") + b"{}")
     assert "header length" in one_line_error(path)
+
+
+def test_files_of_empty_arrays_or_none(tmp_path):
+    for arrays in ({}, {"z": np.zeros((0, 2), np.float32)}, {"a": np.ones(3, np.int8), "z": np.zeros(0, np.int8)}):
+        ta.save_safetensors(arrays, tmp_path / "e.safetensors")
+        got, _ = ta.read_safetensors(tmp_path / "e.safetensors")
+        assert_same(got, arrays)

@@ -36,6 +36,7 @@ EXERCISES = [Exercise(i + 1, name, title, tuple(checks)) for i, (name, title, ch
     ("online_softmax", "Online softmax (tiled attention)", core.ONLINE_SOFTMAX),
     ("adamw", "AdamW step", core.ADAMW),
     ("kv_cache", "KV cache", core.KV_CACHE),
+    ("lora", "LoRA: low-rank adapters", extend.LORA),
 ])]
 BY_NAME = {e.name: e for e in EXERCISES}
 

@@ -1,4 +1,4 @@
-"""Typical wrong answers to the exercises (each of "Build the core", and RMSNorm's), as a learner would write them.
+"""Typical wrong answers to the exercises (each of "Build the core", LoRA's and RMSNorm's), as a learner would write them.
 
 test_exercise_messages.py runs each exercise's checks on them and asserts
 that the first failure says what is wrong in the exercise's terms. Each
@@ -12,7 +12,7 @@ import numpy as np
 import tinyattn as ta
 
 from exercise_solutions import (adamw, attention, cross_entropy, elementwise, embedding, engine, kv_cache,
-                                layernorm, matmul, online_softmax, rmsnorm, softmax, sum_to)
+                                layernorm, lora, matmul, online_softmax, rmsnorm, softmax, sum_to)
 
 
 def answer(base, **pieces):
@@ -685,6 +685,34 @@ class CacheFloatMask(kv_cache.KVCache):
 # exercise: [(what the learner did, the wrong module, words the first failure must contain), ...]
 # (every exercise of part two, and those of part one whose mistakes once passed)
 # (several words: a tuple, each of them in the message)
+# ---------------------------------------------------------------- 17. LoRA
+class LoRAUnfrozen(lora.LoRALinear):
+    """The base layer left trainable: its weight gets a gradient and moves."""
+
+    def __init__(self, base, r, alpha=None):
+        super().__init__(base, r, alpha)
+        for p in base.parameters():
+            p.requires_grad = True
+
+
+class LoRANoScale(lora.LoRALinear):
+    """The update added without alpha / r."""
+
+    def __init__(self, base, r, alpha=None):
+        super().__init__(base, r, alpha)
+        self.scale = 1.0
+
+
+class LoRAMergeNoScale(lora.LoRALinear):
+    """forward scales the update, merge forgets to."""
+
+    @ta.no_grad()
+    def merge(self):
+        merged = super().merge()
+        merged.weight.data = (self.base.weight + self.B @ self.A).data
+        return merged
+
+
 WRONG = {
     "rmsnorm": [
         ("rms_norm without eps", answer(rmsnorm, rms_norm=rms_norm_without_eps), "eps under the square root"),
@@ -819,5 +847,11 @@ WRONG = {
         ("concatenated along the heads", answer(kv_cache, KVCache=CacheOnHeads), "along the time dim"),
         ("the mask aligned at the top left", answer(kv_cache, KVCache=CacheTopLeftMask), "at the top left"),
         ("a float mask", answer(kv_cache, KVCache=CacheFloatMask), "not boolean"),
+    ],
+    "lora": [
+        ("the base weight left trainable", answer(lora, LoRALinear=LoRAUnfrozen), "set requires_grad = False"),
+        ("no alpha / r", answer(lora, LoRALinear=LoRANoScale), "leaves out the scale alpha / r = 4"),
+        ("merge without alpha / r", answer(lora, LoRALinear=LoRAMergeNoScale),
+         ("every adapter merged", "W + (alpha / r) B A")),
     ],
 }

@@ -25,6 +25,7 @@ LAYERS = [
     ("tinyattn.nn", 4),
     ("tinyattn.optim", 4),
     ("tinyattn.distributed", 4),
+    ("tinyattn.safetensors", 4),   # a file format: Tensors in and out
     ("tinyattn.models", 5),
     ("data", 6),
     ("train", 7),

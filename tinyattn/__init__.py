@@ -28,3 +28,4 @@ from .anomaly import detect_anomaly  # noqa: E402
 from .profiler import profile  # noqa: E402
 from . import viz  # noqa: E402,F401
 from . import distributed  # noqa: E402,F401
+from .safetensors import save_safetensors, load_safetensors, read_safetensors, SafetensorsError  # noqa: E402

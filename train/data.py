@@ -163,8 +163,12 @@ class Dataset:
         return "\n" if "\n" in self.tokenizer.stoi else self.tokenizer.decode(self.train[:1])
 
 
-def load_text(path):
-    """A UTF-8 text file as a char-level Dataset: first 90% train, last 10% val."""
+def load_text(path, tokenizer=None):
+    """A UTF-8 text file as a char-level Dataset: first 90% train, last 10% val.
+
+    ``tokenizer``: a trained model's CharTokenizer to encode with (fine-tuning); a text
+    with characters outside its vocabulary is refused, naming a few. Else the
+    vocabulary is the text's own characters."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -179,7 +183,12 @@ def load_text(path):
     if len(text) < MIN_CHARS:
         raise ValueError(f"{path}: too short ({len(text)} characters, need at least {MIN_CHARS})")
 
-    tok = CharTokenizer.from_text(text)
+    tok = tokenizer if tokenizer is not None else CharTokenizer.from_text(text)
+    unknown = sorted(set(text) - set(tok.stoi))
+    if unknown:
+        shown = ", ".join(repr(c) for c in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise ValueError(f"{path}: {len(unknown)} characters are not in the model's vocabulary of "
+                         f"{tok.vocab_size}: {shown}")
     ids = np.array(tok.encode(text), dtype=np.int64)   # (N,)
     n = int(0.9 * len(ids))
     # data/NAME/input.txt is named NAME, like nanoGPT's data folders; else the file's stem

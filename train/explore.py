@@ -32,7 +32,8 @@ TEMPLATE = Path(__file__).with_name("explore.html")
 def build_parser():
     p = OneLineParser(prog="python -m train.explore", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out_dir", default="out-coref", help="the folder that holds ckpt.npz")
+    p.add_argument("--out_dir", default="out-coref",
+                   help="the folder that holds ckpt.npz (or a Hugging Face folder written by GPT.export_hf)")
     p.add_argument("--checkpoint", default="ckpt", choices=["ckpt", "best"])
     p.add_argument("--text", help="the text to look at (default: the lesson's sentence for a word model)")
     p.add_argument("--out", help="the HTML file to write (default: OUT_DIR/attention.html)")

@@ -27,7 +27,7 @@ from tinyattn.models.gpt import INITS
 from tinyattn.optim import warmup_cosine, set_lr
 from tinyattn.nn.utils import clip_grad_norm_
 
-from . import checkpoint, parallel
+from . import checkpoint, finetune, parallel
 from .data import load_coref, load_text, tokenizer_to_json
 from .plots import NOT_INSTALLED, pyplot
 
@@ -117,6 +117,9 @@ def build_parser():
     p.add_argument("--data", help="a UTF-8 text file for character-level training (default: the lesson corpus)")
     p.add_argument("--out_dir", help="where ckpt.npz, log.csv, loss.png and summary.json go")
     p.add_argument("--resume", action="store_true", help="continue from out_dir/ckpt.npz")
+    p.add_argument("--init_from", metavar="PATH",
+                   help="fine-tune: start a new run from a trained model (a checkpoint, or a Hugging Face GPT-2 "
+                        "folder written by GPT.export_hf), with its vocabulary and a fresh optimizer")
     p.add_argument("--device", default="cpu", help="cpu, cuda, or strict (the test stand-in for a GPU)")
     p.add_argument("--seed", type=int, default=1337)
     for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "max_iters", "lr_decay_iters",
@@ -149,6 +152,8 @@ def parse_args(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     args._given = sorted(k for k, v in vars(args).items() if v is not None and k not in ("device", "seed"))
+    if args.resume and args.init_from:
+        parser.error("--resume continues a run, --init_from starts a new one from a model: give one of them")
     preset = {**COMMON, **PRESETS["text" if args.data else "coref"]}
     if args.resume:                              # --resume continues the run with its own settings
         ran = resumed_settings(args.out_dir or preset["out_dir"])
@@ -444,7 +449,11 @@ def setup(args):
     ckpt_path = os.path.join(args.out_dir, "ckpt.npz")
     if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
         raise ValueError(f"--out_dir {args.out_dir} is a file, not a folder")
-    dataset = load_text(args.data) if args.data else load_coref(seed=0, layout=args.layout)
+    pretrained = finetune.load_pretrained(args) if args.init_from else None
+    tokenizer = pretrained.tokenizer if pretrained else finetune.resumed_tokenizer(ckpt_path) if args.resume else None
+    dataset = load_text(args.data, tokenizer) if args.data else load_coref(seed=0, layout=args.layout)
+    if pretrained:
+        args._notes = [*getattr(args, "_notes", []), finetune.fit_args(args, pretrained, dataset)]
     device_backend = ta.backend.get_backend(args.device)      # a clear error when CUDA is missing
     ta.manual_seed(args.seed)
 
@@ -458,7 +467,7 @@ def setup(args):
         model_state, optim_state, meta = checkpoint.load(ckpt_path)
         check_resume(args, meta, dataset)
         config = GPTConfig(**meta["config"])
-    model = GPT(config).to(args.device)
+    model = (pretrained.model if pretrained else GPT(config)).to(args.device)
     optimizer = model.configure_optimizer(args.weight_decay, args.learning_rate, (args.beta1, args.beta2))
     if args.resume:
         model.load_state_dict(model_state)

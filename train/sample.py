@@ -4,14 +4,15 @@ import sys
 import tinyattn as ta
 from tinyattn.models import GPT, GPTConfig
 
-from . import checkpoint
+from . import checkpoint, finetune
 from .loop import OneLineParser, at_least
 from .data import tokenizer_from_json
 
 
 def build_parser():
     p = OneLineParser(prog="python -m train.sample", description=__doc__)
-    p.add_argument("--out_dir", default="out-coref", help="the folder that holds ckpt.npz")
+    p.add_argument("--out_dir", default="out-coref",
+                   help="the folder that holds ckpt.npz (or a Hugging Face folder written by GPT.export_hf)")
     p.add_argument("--checkpoint", default="ckpt", choices=["ckpt", "best"],
                    help="ckpt: the latest state (default); best: the state with the best val loss")
     p.add_argument("--start", default=None, help="the prompt (default: the first token of the vocabulary)")
@@ -29,7 +30,10 @@ def build_parser():
 
 
 def load_model(out_dir, device="cpu", which="ckpt"):
-    """-> (model in eval mode, tokenizer) from out_dir/ckpt.npz (or best.npz)."""
+    """-> (model in eval mode, tokenizer) from out_dir/ckpt.npz (or best.npz), or from a Hugging
+    Face folder with a character vocabulary (as GPT.export_hf writes it)."""
+    if finetune.is_hf_folder(out_dir):
+        return GPT.from_hf(out_dir).to(device).eval(), finetune.hf_tokenizer(out_dir)
     model_state, _, meta = checkpoint.load(f"{out_dir}/{which}.npz")
     model = GPT(GPTConfig(**meta["config"]))
     model.load_state_dict(model_state)

@@ -11,6 +11,7 @@ from ..ops import cat
 from ..backend import get_backend, host_rng
 from .. import nn
 from ..nn import functional as F
+from . import hf
 
 
 INITS = ("gpt2", "default")
@@ -115,6 +116,19 @@ class GPT(nn.Module):
             return logits, None
         loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T), ignore_index=-1)
         return logits, loss
+
+    def export_hf(self, folder, chars=None):
+        """Write the model as Hugging Face's GPT-2 (config.json, model.safetensors) into ``folder``:
+        ``transformers.GPT2LMHeadModel.from_pretrained(folder)`` loads it. ``chars``, a character
+        vocabulary (token id -> character), goes into tokenizer.json. See models/hf.py."""
+        hf.export_hf(self, folder, chars)
+
+    @classmethod
+    def from_hf(cls, folder, **overrides):
+        """A GPT from a Hugging Face GPT-2 folder (gpt2, distilgpt2, one written by export_hf);
+        an architecture this GPT cannot represent is a ValueError naming the config field.
+        ``overrides``: dropout, head_dropout (for fine-tuning)."""
+        return hf.from_hf(cls, folder, **overrides)
 
     def configure_optimizer(self, weight_decay, learning_rate, betas):
         """AdamW that decays matrices (ndim >= 2) only: not biases or LayerNorm weights."""

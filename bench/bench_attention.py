@@ -142,8 +142,8 @@ def worker(args):
             record["rel_err_vs_tinyattn"] = {name: rel_err(a, b) for name, a, b
                                              in zip(("out", "dq", "dk", "dv"), mine, theirs)}
     else:
-        from tinyattn.nn import flash
-        record["threadpoolctl"] = bool(flash._one_blas_thread())
+        from tinyattn.fast import threads
+        record["threadpoolctl"] = bool(threads.blas_controllers())
     print(json.dumps(record), flush=True)
 
 

@@ -11,9 +11,10 @@ The config is nanoGPT's shakespeare_char: 6 layers, 6 heads, 384 channels,
 block 256, batch 64, dropout 0.2, vocabulary 65. One step is forward,
 backward, clip_grad_norm_(1.0), AdamW, zero_grad, on the same batch for every side:
 
-    tinyattn           train.loop.train_step, with the fused kernels (CuPy's on "cuda";
-                       on "cpu" numba's, with the fast extra)
-    tinyattn_unfused   the same, with the fused kernels off (what they save; skip it with --no_unfused)
+    tinyattn           train.loop.train_step, with the fast layer (tinyattn/fast) and its fused kernels
+                       (CuPy's on "cuda"; on "cpu" numba's, with the fast extra)
+    tinyattn_unfused   the same with ta.set_fast(False): every op runs its teaching formula (what the
+                       fast layer saves; skip it with --no_unfused)
     tinyattn_1thread   with --one_thread: ta.set_num_threads(1), so BLAS splits the products with its
                        own threads and every other pass runs on one core (what tinyattn's threads buy)
     torch              the same architecture in plain PyTorch (below): eager, no torch.compile
@@ -39,6 +40,7 @@ import time
 import numpy as np
 
 import tinyattn as ta
+from tinyattn.fast import tune_host_allocator
 from tinyattn.backend import get_backend
 from tinyattn.models import GPT, GPTConfig
 from train.loop import train_step
@@ -126,6 +128,7 @@ class TinyattnSide:
         self.backend = get_backend(device)
         self.fused = fused
         self.threads = ta.get_num_threads() if threads is None else threads
+        ta.set_fast(fused)                              # the optimizer is made fast or not, too
         ta.manual_seed(0)
         config = GPTConfig(**{k: cfg[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout")})
         self.model = GPT(config).to(device)
@@ -134,7 +137,7 @@ class TinyattnSide:
         self.batch, self.i = self.batches[:1], 0
 
     def _set_fused(self):
-        self.backend.use_kernels = self.fused
+        ta.set_fast(self.fused)
         ta.set_num_threads(self.threads)
 
     def step(self):
@@ -293,7 +296,7 @@ def main(argv=None):
     p.add_argument("--out", help="write the results here as JSON (they are printed too)")
     args = p.parse_args(argv)
     start = time.perf_counter()
-    allocator_note = ta.backend.host_allocator     # what `import tinyattn` did (tune_host_allocator)
+    allocator_note = tune_host_allocator()         # as the training program does
 
     cfg = dict(CONFIGS[args.config])
     rng = np.random.default_rng(0)
@@ -316,7 +319,7 @@ def main(argv=None):
         torch.backends.cudnn.allow_tf32 = False
 
     sides = {"tinyattn": TinyattnSide(cfg, args.device, x, y, fused=True)} if args.sides != "torch" else {}
-    if get_backend(args.device).kernels and not args.no_unfused and args.sides != "torch":
+    if not args.no_unfused and args.sides != "torch":
         sides["tinyattn_unfused"] = TinyattnSide(cfg, args.device, x, y, fused=False)
     if args.one_thread and args.sides != "torch":
         sides["tinyattn_1thread"] = TinyattnSide(cfg, args.device, x, y, fused=True, threads=1)

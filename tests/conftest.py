@@ -57,13 +57,17 @@ def kernel_and_formula(case, device, dtype, monkeypatch, seed=11):
     return fused, formula
 
 
-@pytest.fixture(params=[True, False], ids=["cpu-kernels", "numpy"])
+@pytest.fixture(params=["cpu-kernels", "numpy", "formulas"])
 def cpu_kernels(request, monkeypatch):
-    """Run a test twice: with the CPU's fused kernels (numba) and with the ops' numpy formulas."""
+    """Run a test three ways: the fast layer with the CPU's fused kernels (numba), the fast layer
+    with numpy in place of the kernels, and the fast layer off (every op's teaching formula)."""
     cpu = get_backend("cpu")
-    if request.param and not cpu.kernels:
+    if request.param == "cpu-kernels" and not cpu.kernels:
         pytest.skip("no CPU kernels here (numba is not installed, or TINYATTN_CPU_KERNELS=0)")
-    monkeypatch.setattr(cpu, "use_kernels", request.param)
+    monkeypatch.setattr(cpu, "use_kernels", request.param == "cpu-kernels")
+    if request.param == "formulas":
+        ta.set_fast(False)
+        request.addfinalizer(lambda: ta.set_fast(True))
     return request.param
 
 

@@ -1,4 +1,5 @@
-"""The host allocator setting that `import tinyattn` applies (tinyattn.backend.tune_host_allocator)."""
+"""The host allocator setting that the training program applies (tinyattn.fast.tune_host_allocator);
+`import tinyattn` alone leaves the allocator as it is."""
 import os
 import platform
 import subprocess
@@ -7,7 +8,8 @@ import sys
 import pytest
 
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
-REPORT = "import tinyattn, tinyattn.backend as b; print(b.host_allocator)"
+REPORT = ("import tinyattn.fast.allocator as a; before = a.host_allocator; import train.loop; "
+          "train.loop.setup_process(); print(before, '|', a.host_allocator)")
 
 
 def note_in_fresh_process(**env):
@@ -15,11 +17,13 @@ def note_in_fresh_process(**env):
              if k not in ("TINYATTN_HOST_ALLOCATOR", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")}
     run = subprocess.run([sys.executable, "-c", REPORT], env={**clean, **env}, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    return run.stdout.strip()
+    before, after = run.stdout.strip().split(" | ")
+    assert before == "not set up yet"                      # import tinyattn did not touch it
+    return after
 
 
 @pytest.mark.skipif(not GLIBC, reason="the thresholds are glibc's")
-def test_import_sets_glibc_thresholds():
+def test_the_training_program_sets_glibc_thresholds():
     assert note_in_fresh_process() == "glibc mallopt: mmap threshold 64 MiB, trim threshold 256 MiB"
 
 

@@ -8,6 +8,7 @@ import pytest
 import tinyattn as ta
 import tinyattn.nn.functional as F
 from tinyattn.models import GPT, GPTConfig
+from tinyattn.fast import threads as fast_threads
 from tinyattn.nn import flash
 from tinyattn.nn.flash import FlashAttention
 
@@ -233,9 +234,9 @@ def test_threads_and_no_threadpoolctl_give_the_same_numbers(rng, monkeypatch):
         got = [out.numpy()] + [t.grad.numpy() for t in (q, k, v)]
         for a, b in zip(got, one):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
-    monkeypatch.setattr(flash, "_blas", False)                    # as if threadpoolctl were not installed
-    monkeypatch.setattr(flash, "_warned", True)
-    assert flash._one_blas_thread() is None
+    monkeypatch.setattr(fast_threads, "_blas", ())                # as if threadpoolctl were not installed
+    monkeypatch.setattr(fast_threads, "_warned", True)
+    assert not fast_threads.blas_controllers()
     for a, b in zip(_run(q, k, v, u, is_causal=True, impl="tiled"), one):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
 
@@ -243,14 +244,14 @@ def test_threads_and_no_threadpoolctl_give_the_same_numbers(rng, monkeypatch):
 def test_without_threadpoolctl_a_warning_says_so_once(rng, monkeypatch):
     """The heads then run one after another: slower, so say it (once per process), and how to fix it."""
     q, k, v, u = _tensors(rng, 1, 3, 20, 20)
-    monkeypatch.setattr(flash, "_blas", False)
-    monkeypatch.setattr(flash, "_warned", False)
+    monkeypatch.setattr(fast_threads, "_blas", ())
+    monkeypatch.setattr(fast_threads, "_warned", False)
     with pytest.warns(RuntimeWarning, match=r"runs its 3 heads one after another.*pip install threadpoolctl"):
         F.flash_attention(q, k, v, threads=2).backward(u)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         F.flash_attention(q, k, v, threads=2)                     # said once is enough
-    monkeypatch.setattr(flash, "_warned", False)
+    monkeypatch.setattr(fast_threads, "_warned", False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         F.flash_attention(q, k, v, threads=1)                     # one thread asked for: nothing is lost

@@ -46,7 +46,7 @@ needs_kernels = pytest.mark.skipif(not get_backend("cpu").kernels, reason="no CP
 @needs_kernels
 def test_float32_exp_is_within_a_float32_rounding():
     from numba import njit
-    from tinyattn.backend.cpu_kernels import _exp
+    from tinyattn.fast.cpu_kernels import _exp
 
     @njit
     def exp_all(x, out):
@@ -143,7 +143,7 @@ def test_q_k_v_gradients_from_one_qkv_buffer_join_without_a_copy(monkeypatch):
 
 
 def test_joined_finds_the_array_whose_slices_the_pieces_are():
-    cpu = get_backend("cpu")
+    from tinyattn.fast import threads as cpu
     whole = np.arange(2 * 3 * 9.0).reshape(2, 3, 9)
     pieces = [whole[:, :, 0:2], whole[:, :, 2:6], whole[:, :, 6:9]]
     assert cpu.joined(pieces, (2, 3, 9), 2) is not None

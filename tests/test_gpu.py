@@ -30,7 +30,7 @@ def test_gradcheck_on_cuda(spec):
 
 
 # ---------------------------------------------------------------- fused CUDA kernels
-# Each kernel registered in tinyattn/backend/cuda_kernels.py (KERNELS) against the
+# Each kernel registered in tinyattn/fast/cuda_kernels.py (KERNELS) against the
 # op's own formula, both on the GPU (the same case with the backend's kernels
 # switched off) and against numpy on the CPU. Every kernel is compiled for float32
 # and float64. The cases are tests/optable.py's KERNEL_CASES.

@@ -26,10 +26,11 @@ LAYERS = [
     ("tinyattn.optim", 4),
     ("tinyattn.distributed", 4),
     ("tinyattn.safetensors", 4),   # a file format: Tensors in and out
-    ("tinyattn.models", 5),
-    ("data", 6),
-    ("train", 7),
-    ("bench", 8),
+    ("tinyattn.fast", 5),          # the fast layer: subclasses of the ops above, never imported by them
+    ("tinyattn.models", 6),
+    ("data", 7),
+    ("train", 8),
+    ("bench", 9),
 ]
 PACKAGES = ("tinyattn", "data", "train", "bench")
 
@@ -144,3 +145,66 @@ def test_nothing_above_the_backend_compares_a_device_name():
     found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in files
              for n, line in enumerate(p.read_text().splitlines(), 1) if DEVICE_NAME_COMPARISON.search(line)]
     assert not found, "device names compared above the backend:\n" + "\n".join(found)
+
+
+TEACHING = ["tinyattn/autograd.py", "tinyattn/ops.py", "tinyattn/tensor.py", "tinyattn/nn/functional.py",
+            "tinyattn/nn/modules.py", "tinyattn/nn/flash.py", "tinyattn/nn/utils.py", "tinyattn/optim/__init__.py",
+            "tinyattn/models/gpt.py"]
+SPEED_WORDS = re.compile(r"\b(run_kernel|hold_blas|several_outputs|use_kernels)\b|\.kernel\(|threads\.")
+
+
+@pytest.mark.parametrize("name", TEACHING)
+def test_a_teaching_file_holds_only_its_formulas(name):
+    """It neither imports the fast layer nor asks whether a kernel exists, and no op branches on
+    is_grad_enabled (grad mode's own definition and the in-place rule of tensor.py aside)."""
+    path = ROOT / name
+    assert not [m for m in imported_modules(path) if m.startswith("tinyattn.fast")], f"{name} imports the fast layer"
+    lines = path.read_text().splitlines()
+    found = [f"{name}:{n}: {line.strip()}" for n, line in enumerate(lines, 1) if SPEED_WORDS.search(line)]
+    if name not in ("tinyattn/autograd.py", "tinyattn/tensor.py"):
+        found += [f"{name}:{n}: {line.strip()}" for n, line in enumerate(lines, 1) if "is_grad_enabled" in line]
+    assert not found, "speed code in a teaching file:\n" + "\n".join(found)
+
+
+def test_the_checker_sees_speed_code():
+    assert SPEED_WORDS.search("x = self.backend.run_kernel('gelu', a)")
+    assert SPEED_WORDS.search("with threads.hold_blas():")
+
+
+def test_the_fast_layer_is_imported_by_no_teaching_module_and_not_by_the_engine():
+    importers = [str(p.relative_to(ROOT)) for p in source_files()
+                 if not module_name(p)[0].startswith("tinyattn.fast")
+                 and any(m.startswith("tinyattn.fast") for m in imported_modules(p))]
+    assert "tinyattn/autograd.py" not in importers
+    assert all(not p.startswith("tinyattn/") for p in importers), importers   # only train/ and bench/
+
+
+def test_every_fast_op_is_a_subclass_of_the_teaching_op_it_replaces():
+    from tinyattn.fast.ops import FAST_OPS
+    assert FAST_OPS
+    for teaching, fast in FAST_OPS.items():
+        assert issubclass(fast, teaching) and fast.__name__ == teaching.__name__, fast
+        assert not teaching.__module__.startswith("tinyattn.fast")
+
+
+def test_the_switch_runs_the_teaching_formulas_and_back():
+    import numpy as np
+    import tinyattn as ta
+    import tinyattn.nn.functional as F
+    x = ta.randn(3, 8, requires_grad=True)
+    assert ta.is_fast() and type(F.gelu(x, "tanh").grad_fn).__module__ == "tinyattn.fast.ops"
+    assert type(ta.optim.AdamW([x])).__module__ == "tinyattn.fast.optim"
+    ta.set_fast(False)
+    try:
+        assert type(F.gelu(x, "tanh").grad_fn).__module__ == "tinyattn.ops"
+        assert type(ta.optim.AdamW([x])) is ta.optim.AdamW
+    finally:
+        ta.set_fast(True)
+    code = "import tinyattn as ta; print(ta.is_fast())"
+    import os
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "TINYATTN_FAST": "0"}).stdout.strip()
+    assert out == "False"
+    assert np.isfinite(F.gelu(x, "tanh").numpy()).all()

@@ -1,4 +1,4 @@
-"""tinyattn's own CPU threads (tinyattn/backend/threads.py): ops split their rows over them."""
+"""tinyattn's own CPU threads (tinyattn/fast/threads.py): ops split their rows over them."""
 import os
 import subprocess
 import sys
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import tinyattn as ta
-from tinyattn.backend import get_backend, threads
+from tinyattn.backend import get_backend
+from tinyattn.fast import threads
 from conftest import forward_and_backward, make_tensors
 from optable import KERNEL_CASES, OPS
 
@@ -81,7 +82,7 @@ def test_two_user_threads_can_split_at_once(split_everything):
 
     def user(name):
         a = np.arange(60.0).reshape(12, 5)
-        results[name] = [get_backend("cpu").matmul(a, a.T) for _ in range(50)]
+        results[name] = [threads.matmul(np, a, a.T) for _ in range(50)]
     workers = [threading.Thread(target=user, args=(n,)) for n in "ab"]
     for w in workers:
         w.start()
@@ -92,22 +93,29 @@ def test_two_user_threads_can_split_at_once(split_everything):
 
 
 @needs_threadpoolctl
-def test_hold_blas_holds_one_thread_and_gives_back_what_was_there(split_everything):
+def test_blas_stays_at_one_thread_from_the_first_split_until_given_back(split_everything, monkeypatch):
     libs = threads.blas_controllers()
+    threads.release_blas()
     before = [lib.get_num_threads() for lib in libs]
-    with threads.hold_blas():
-        with threads.hold_blas():
-            assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
-        assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
+    threads.split(lambda i, j: None, 10, work=1)
+    assert [lib.get_num_threads() for lib in libs] == [1] * len(libs) and threads.blas_held()
+    threads.split(lambda i, j: None, 10, work=1)                     # held once, not again
+    ta.set_num_threads(1)                                            # gives BLAS its threads back
+    assert [lib.get_num_threads() for lib in libs] == before and not threads.blas_held()
+    monkeypatch.setattr(threads, "_num_threads", 3)
+    threads.split(lambda i, j: None, 10, work=1)
+    ta.set_fast(False)                                               # so does turning the fast layer off
+    ta.set_fast(True)
     assert [lib.get_num_threads() for lib in libs] == before
 
 
-def test_hold_blas_leaves_blas_alone_with_one_thread(monkeypatch):
+def test_one_thread_leaves_blas_alone(monkeypatch):
     monkeypatch.setattr(threads, "_num_threads", 1)
+    threads.release_blas()
     libs = threads.blas_controllers()
     before = [lib.get_num_threads() for lib in libs]
-    with threads.hold_blas():
-        assert [lib.get_num_threads() for lib in libs] == before
+    threads.split(lambda i, j: None, 10, work=10 ** 9)
+    assert [lib.get_num_threads() for lib in libs] == before
 
 
 def test_off_without_threadpoolctl(monkeypatch):
@@ -127,7 +135,7 @@ def test_matmuls_runs_every_row_of_every_product_once(n_threads, monkeypatch):
     r = np.random.default_rng(0)
     g, w, x = r.standard_normal((37, 5)), r.standard_normal((5, 3)), r.standard_normal((37, 3))
     pairs = [(g, w), (g.T, x), (x[:1], w.T)]                     # rows of cost 15, 111 and 15
-    for out, (a, b) in zip(get_backend("cpu").matmuls(pairs), pairs):
+    for out, (a, b) in zip(threads.matmuls(np, pairs), pairs):
         np.testing.assert_allclose(out, a @ b, rtol=1e-13)
 
 
@@ -138,7 +146,7 @@ def test_matmuls_on_two_threads_runs_two_products_of_equal_cost_whole_one_on_eac
     seen = []
     monkeypatch.setattr(np, "matmul", lambda a, b, out: seen.append((a.shape, threading.current_thread())))
     g, w, x = np.ones((12, 4)), np.ones((4, 6)), np.ones((12, 6))   # both products: 12 * 4 * 6 multiply-adds
-    get_backend("cpu").matmuls([(g, w), (g.T, x)])
+    threads.matmuls(np, [(g, w), (g.T, x)])
     assert sorted(shape for shape, _ in seen) == [(4, 12), (12, 4)]
     assert len({thread for _, thread in seen}) == 2
 

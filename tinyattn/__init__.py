@@ -1,6 +1,5 @@
 """tinyattn: a small tensor library with reverse-mode autodiff, attention and a GPT."""
 from .backend import float16, float32, float64, int32, int64, bool_, cuda_is_available
-from .backend.threads import get_num_threads, set_num_threads
 from .autograd import Function, no_grad, enable_grad, set_grad_enabled, is_grad_enabled, grad
 from .tensor import (Tensor, tensor, zeros, ones, full, arange, randn, rand,
                      zeros_like, ones_like, full_like, randn_like, rand_like, manual_seed)
@@ -29,3 +28,4 @@ from .profiler import profile  # noqa: E402
 from . import viz  # noqa: E402,F401
 from . import distributed  # noqa: E402,F401
 from .safetensors import save_safetensors, load_safetensors, read_safetensors, SafetensorsError  # noqa: E402
+from .fast import set_fast, is_fast, get_num_threads, set_num_threads  # noqa: E402  (the fast layer, last)

@@ -138,7 +138,7 @@ class Function:
     @classmethod
     def apply(cls, *inputs, **params):
         backend = _common_backend(inputs, cls.__name__)
-        ctx = cls()
+        ctx = backend.fast_ops.get(cls, cls)()        # the fast layer's version of the op, if it has one
         ctx.backend, ctx.xp = backend, backend.xp
         arrays = [t.data for t in inputs]
         if cls.guard_inputs or hooks is not None:                 # (inside detect_anomaly: every op)
@@ -281,8 +281,8 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs=None):
         pending[id(root)] = g if id(root) not in pending else pending[id(root)] + g
     wanted = None if inputs is None else {id(t): None for t in inputs}
     waiting = {}            # id(ctx) -> [grad per output, outputs still to come], for several outputs
-    with set_grad_enabled(create_graph), roots[0].backend.hold_blas():   # BLAS on one thread while
-        order = _toposort(roots)                                          # the CPU's threads split ops
+    with set_grad_enabled(create_graph):
+        order = _toposort(roots)
         for node in order:
             ctx = node.grad_fn
             if ctx is not None and ctx._outputs is not None:

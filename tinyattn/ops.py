@@ -5,14 +5,16 @@ gradient ``g`` as a Tensor and returns gradients built from Tensor ops, so
 they can be differentiated again. Arrays that backward needs go through
 ``self.save(...)``. Shapes in comments: a, b inputs; g like out.
 
-An op with a fused kernel asks for it in one line,
-``self.backend.run_kernel(name, ...)``, and runs its own formula when the
-answer is None (no kernel on this device, or one that declines these inputs).
+Each op here is the arithmetic that defines it, and nothing else. The fast
+layer (``tinyattn/fast``) has faster versions of some of them, subclasses
+that run the same arithmetic with fused kernels, threads or BLAS tricks, and
+fall back to these formulas whenever they cannot; ``ta.set_fast(False)``
+runs these formulas everywhere.
 """
 import functools
 import math
 
-from .autograd import Function, describe, is_grad_enabled, is_tensor, wrap
+from .autograd import Function, describe, is_tensor, wrap
 from .backend import get_backend
 
 
@@ -181,37 +183,16 @@ class Pow(Function):
 
 
 class MatMul(Function):
-    """(..., n, k) @ (..., k, m) -> (..., n, m), batch dims broadcast.
-
-    (..., n, k) @ (k, m), as in every Linear layer, runs as one 2-d matmul
-    (B*T, k) @ (k, m): BLAS does one big product much faster than B small ones.
-    """
+    """(..., n, k) @ (..., k, m) -> (..., n, m), batch dims broadcast."""
 
     def forward(self, a, b):
-        if b.ndim == 2 and a.ndim > 2:
-            flat = self.backend.matmul(self.xp.reshape(a, (-1, a.shape[-1])), b)     # (B*T, m)
-            return self.xp.reshape(flat, a.shape[:-1] + b.shape[-1:])
-        return self.backend.matmul(a, b)
+        return self.xp.matmul(a, b)
 
-    def backward(self, g):
+    def backward(self, g):                                    # g (..., n, m)
         a, b = self.parents
         da, db = self.needs_input_grad
-        if not is_grad_enabled() and a.ndim == b.ndim > 2 and a.shape[:-2] == b.shape[:-2]:
-            return self._stacked_backward(g.data, a.data, b.data)
-        grad_a = sum_to(g @ b.mT, a.shape) if da else None
-        if not db:
-            return grad_a, None
-        if b.ndim == 2 and a.ndim > 2:                        # sum over B and T in one matmul
-            return grad_a, a.reshape(-1, a.shape[-1]).mT @ g.reshape(-1, g.shape[-1])
-        return grad_a, sum_to(a.mT @ g, b.shape)
-
-    def _stacked_backward(self, g, a, b):
-        """On arrays, for stacks of the same shape (attention's products): g @ b^T and a^T @ g,
-        the stacked products split over the CPU's threads."""
-        mT, matmul = self.xp.matrix_transpose, self.backend.matmul
-        da, db = self.needs_input_grad
-        return (self.constant(matmul(g, mT(b))) if da else None,
-                self.constant(matmul(mT(a), g)) if db else None)
+        return (sum_to(g @ b.mT, a.shape) if da else None,    # (..., n, k)
+                sum_to(a.mT @ g, b.shape) if db else None)    # (..., k, m)
 
 
 def check_same_kind(op, *tensors):
@@ -338,72 +319,26 @@ class Gelu(Function):
         return g * (cdf + a * pdf)
 
 
-def _gelu_tanh_u(x):
+def gelu_tanh_u(x):
     """u = sqrt(2/pi) (x + 0.044715 x^3), on arrays or Tensors."""
     return (x * x * 0.044715 + 1.0) * x * _SQRT_2_OVER_PI
 
 
-def _gelu_tanh_slope(x, t):
+def gelu_tanh_slope(x, t):
     """d/dx of 0.5 x (1 + t), t = tanh(u): 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx, on arrays or Tensors."""
-    du = x * x * (3 * 0.044715 * _SQRT_2_OVER_PI) + _SQRT_2_OVER_PI
-    return ((t * t - 1.0) * x * du - t - 1.0) * -0.5
-
-
-def _gelu_tanh_denominator(xp, x):
-    """1 + exp(-2u) for an array x: 0.5 (1 + tanh(u)) = sigmoid(2u) = 1 / this.
-
-    One exp instead of a tanh (numpy's float32 tanh takes about four times as
-    long as its exp); -2u is capped at 80 so exp stays finite (below x = -10
-    the output is then about 1e-34 instead of a smaller number).
-    """
-    d = x * x
-    d *= -2 * 0.044715 * _SQRT_2_OVER_PI
-    d += -2 * _SQRT_2_OVER_PI
-    d *= x                                                       # -2u
-    d = xp.exp(xp.clip(d, None, 80.0))
-    d += 1.0
-    return d
-
-
-def _gelu_tanh_slope_from_denominator(x, d):
-    """The slope s + 2 x u' s (1 - s), with s = sigmoid(2u) = 1 / d: on arrays, few temporaries."""
-    s = 1.0 / d
-    slope = x * x
-    slope *= 3 * 0.044715 * _SQRT_2_OVER_PI * 2
-    slope += _SQRT_2_OVER_PI * 2
-    slope *= x                                                   # 2 x u'
-    slope *= s
-    slope *= 1.0 - s
-    slope += s
-    return slope
+    du = (x * x * (3 * 0.044715) + 1.0) * _SQRT_2_OVER_PI           # du/dx
+    return (1.0 + t) * 0.5 + x * (1.0 - t * t) * du * 0.5
 
 
 class GeluTanh(Function):
-    """0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3): GPT-2's approximation.
-
-    On arrays it runs as x sigmoid(2u) = x / (1 + exp(-2u)), the same function
-    with one exp, keeping d = 1 + exp(-2u) for backward. With create_graph=True
-    the backward runs the tanh slope on Tensors, so it can be differentiated again.
-    """
+    """0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3): GPT-2's approximation."""
 
     def forward(self, a):
-        out = self.backend.run_kernel("gelu_tanh", a)
-        if out is not None:
-            return out
-        d = _gelu_tanh_denominator(self.xp, a)
-        self.save(d)
-        return a / d
+        return 0.5 * a * (1.0 + self.xp.tanh(gelu_tanh_u(a)))
 
     def backward(self, g):
         a = self.parents[0]
-        if is_grad_enabled():                                    # create_graph=True
-            return _gelu_tanh_slope(a, _gelu_tanh_u(a).tanh()) * g
-        dx = self.backend.run_kernel("gelu_tanh_backward", a.data, g.data)
-        if dx is None:
-            d = self.saved[0] if self.saved else _gelu_tanh_denominator(self.xp, a.data)   # fused forward: no d
-            dx = _gelu_tanh_slope_from_denominator(a.data, d)
-            dx *= g.data
-        return self.constant(dx)
+        return gelu_tanh_slope(a, gelu_tanh_u(a).tanh()) * g
 
 
 def gelu(x, approximate="none"):
@@ -464,41 +399,9 @@ class ToDevice(Function):
 
 
 # ---------------------------------------------------------------- reductions
-def row_sums(backend, x, scale=1.0):
-    """``x`` summed over its last axis, times ``scale``, kept as (..., 1).
-
-    A matrix-vector product with a ones vector: BLAS does it 4 to 6 times faster
-    than numpy's reduction over a short last axis (48 to 384 channels, float32).
-    """
-    n = x.shape[-1]
-    ones = backend.full((n, 1), scale, backend.dtype_of(x))
-    return backend.xp.reshape(backend.xp.reshape(x, (-1, n)) @ ones, tuple(x.shape[:-1]) + (1,))
-
-
-def leading_sums(backend, x, lead):
-    """``x`` summed over its first ``lead`` axes, as (1, N) @ (N, rest): a bias gradient."""
-    rest = tuple(x.shape[lead:])
-    m = math.prod(x.shape[:lead])
-    ones = backend.full((1, m), 1, backend.dtype_of(x))
-    return backend.xp.reshape(ones @ backend.xp.reshape(x, (m, math.prod(rest))), rest)
-
-
-def blas_sums(backend, a):
-    """True for float32 and float64 arrays, whose sums can run as BLAS products."""
-    dtype = backend.dtype_of(a)
-    return dtype.kind == "f" and dtype.itemsize >= 4 and a.ndim >= 2
-
-
 class Sum(Function):
     def forward(self, a, dim, keepdim):
-        self.kept = tuple(1 if i in dim else n for i, n in enumerate(a.shape))
-        if blas_sums(self.backend, a) and 0 < len(dim) < a.ndim:
-            if dim == (a.ndim - 1,):                                   # over the last axis
-                out = row_sums(self.backend, a)
-                return out if keepdim else self.xp.reshape(out, a.shape[:-1])
-            if dim == tuple(range(len(dim))):                          # over the leading axes
-                out = leading_sums(self.backend, a, len(dim))
-                return self.xp.reshape(out, self.kept) if keepdim else out
+        self.kept = tuple(1 if i in dim else n for i, n in enumerate(a.shape))   # the shape with keepdim
         return self.xp.sum(a, axis=dim, keepdims=keepdim)
 
     def backward(self, g):
@@ -661,9 +564,7 @@ class Split(Function):
 
     Backward gets one gradient per piece and joins them with one concat, so
     attention's q/k/v split costs one copy, not three zero buffers added up.
-    A piece that got no gradient contributes zeros. On the CPU, when the pieces'
-    gradients are already the slices of one array (the attention kernel writes
-    dq, dk and dv so), that array is the gradient: no copy at all.
+    A piece that got no gradient contributes zeros.
     """
 
     def forward(self, a, dim, sizes):
@@ -675,10 +576,6 @@ class Split(Function):
         return tuple(pieces)
 
     def backward(self, *grads):
-        if not is_grad_enabled() and all(g is not None for g in grads):   # (create_graph: Tensor ops only)
-            joined = self.backend.joined([g.data for g in grads], self.parents[0].shape, self.dim)
-            if joined is not None:
-                return self.constant(joined)
         dtype = self.parents[0].dtype
         return Cat.apply(*[self.constant(self.backend.zeros(shape, dtype)) if g is None else g
                            for g, shape in zip(grads, self.shapes)], dim=self.dim)
@@ -738,39 +635,17 @@ def stable_exp(xp, x, dim):
     return xp.exp(x - m), m
 
 
-def _softmax_backward(ctx, g, dim):
-    """Through y = softmax(x) (ctx's output): dx_i = y_i (g_i - sum_j g_j y_j).
-
-    With Tensor ops when the backward is recorded (create_graph=True); else on
-    arrays, the sum over the last axis as a BLAS product (``row_sums``).
-    """
-    y = ctx.output
-    if is_grad_enabled() or dim != y.ndim - 1 or not blas_sums(ctx.backend, y.data):
-        return y * (g - (g * y).sum(dim, keepdim=True))
-    dx = ctx.backend.run_kernel("softmax_backward", y.data, g.data)
-    if dx is not None:
-        return ctx.constant(dx)
-    dx = g.data - row_sums(ctx.backend, g.data * y.data)
-    dx *= y.data
-    return ctx.constant(dx)
-
-
-def _normalise_rows(backend, e, dim):
-    """e / its sum along dim (a new array from numpy's reduction, or e itself divided in place)."""
-    if dim == e.ndim - 1 and blas_sums(backend, e):
-        e /= row_sums(backend, e)
-        return e
-    return e / backend.xp.sum(e, axis=dim, keepdims=True)
-
-
 class Softmax(Function):
+    """exp(x - max) / sum(exp(x - max)) along dim; backward y (g - sum(g y)), a Jacobian-vector product."""
+
     def forward(self, x, dim):
         self.dim = dim
         e, _ = stable_exp(self.xp, x, dim)
-        return _normalise_rows(self.backend, e, dim)
+        return e / self.xp.sum(e, axis=dim, keepdims=True)
 
     def backward(self, g):
-        return _softmax_backward(self, g, self.dim)
+        y = self.output
+        return y * (g - (g * y).sum(self.dim, keepdim=True))
 
 
 class LogSoftmax(Function):
@@ -825,24 +700,27 @@ class MaskedSoftmax(Function):
     not the NaN of exp(-inf) / 0.
     """
 
-    def forward(self, x, allowed):
-        out = self.backend.run_kernel("masked_softmax", x, allowed)
-        return out if out is not None else self.forward_arrays(self.backend, x, allowed)
-
-    @staticmethod
-    def forward_arrays(backend, x, allowed):
-        """The formula on arrays: x (..., T), allowed broadcasting to it."""
-        xp = backend.xp
-        x = xp.where(allowed, x, -xp.inf)
-        m = xp.max(x, axis=-1, keepdims=True)
-        m = xp.where(xp.isfinite(m), m, 0.0)                        # fully masked rows
-        e = xp.exp(x - m)                                           # exp(-inf) = 0 where masked
-        total = row_sums(backend, e) if blas_sums(backend, e) else xp.sum(e, axis=-1, keepdims=True)
-        e /= xp.where(total > 0, total, 1.0)
-        return e
+    def forward(self, x, allowed):                                 # x (..., T), allowed broadcasting to it
+        return masked_softmax(self.xp, x, allowed)
 
     def backward(self, g):
-        return _softmax_backward(self, g, g.ndim - 1), None
+        y = self.output
+        return y * (g - (g * y).sum(-1, keepdim=True)), None
+
+
+def masked_softmax(xp, x, allowed):
+    """MaskedSoftmax's forward on arrays (attention's too): softmax over the last dim where allowed."""
+    x = xp.where(allowed, x, -xp.inf)
+    m = xp.max(x, axis=-1, keepdims=True)
+    m = xp.where(xp.isfinite(m), m, 0.0)                            # fully masked rows
+    e = xp.exp(x - m)                                               # exp(-inf) = 0 where masked
+    total = xp.sum(e, axis=-1, keepdims=True)
+    return e / xp.where(total > 0, total, 1.0)
+
+
+def matrix_transpose(xp, a):
+    """Swap the last two axes of an array: (..., n, d) -> (..., d, n), a view."""
+    return xp.permute_dims(a, tuple(range(a.ndim - 2)) + (a.ndim - 1, a.ndim - 2))
 
 
 @functools.lru_cache(maxsize=256)

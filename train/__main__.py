@@ -20,7 +20,7 @@ def share_the_cores(environ, cores):
 
 
 if __name__ == "__main__":
-    # the cores this process may use (containers, taskset), as tinyattn.backend.threads counts them; written
+    # the cores this process may use (containers, taskset), as tinyattn.fast.threads counts them; written
     # out here because it must run before numpy is imported, and importing tinyattn imports numpy
     try:
         cores = len(os.sched_getaffinity(0))

@@ -26,6 +26,7 @@ from tinyattn.models import GPT, GPTConfig
 from tinyattn.models.gpt import INITS
 from tinyattn.optim import warmup_cosine, set_lr
 from tinyattn.nn.utils import clip_grad_norm_
+from tinyattn.fast import tune_host_allocator
 
 from . import checkpoint, finetune, parallel
 from .data import load_coref, load_text, tokenizer_to_json
@@ -610,7 +611,14 @@ def train(args):
     return parallel.on_root(finish)              # rank 0 evaluates and writes; every process gets the summary
 
 
+def setup_process():
+    """What the training program sets for its whole process: glibc's allocator thresholds (steady
+    step times; tinyattn.fast.tune_host_allocator)."""
+    tune_host_allocator()
+
+
 def main(argv=None):
+    setup_process()
     try:
         dist.init()                              # under mpiexec: join the other processes
     except RuntimeError as e:

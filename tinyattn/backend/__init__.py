@@ -2,10 +2,12 @@
 
 A backend holds the array namespace ``xp`` for one device and the few things
 that differ between devices: moving data to and from the host, scatter-add,
-random numbers, ``erf``, synchronisation, and a table of fused kernels
-(``kernel(name)``: None where a backend has none). What differs is told by
-capability flags (``on_host``, ``setitem_basic``), never by comparing
-device names. Everything above this module
+random numbers, ``erf``, synchronisation. ``Backend`` is the portable base,
+written with the array API alone; ``NumpyBackend``, ``CupyBackend`` and
+``StrictBackend`` fill in what differs. What differs is told by capability
+flags (``on_host``, ``setitem_basic``), never by comparing device names. The
+fast layer (``tinyattn/fast``) adds its fast ops and fused kernels to each
+backend through ``on_every_backend``. Everything above this module
 writes ``xp.exp(...)`` with the array-API names that numpy 2, CuPy 14 and
 array_api_strict share (``concat``, ``permute_dims``, ``astype``, ...).
 
@@ -15,23 +17,16 @@ Devices:
     "strict"  array_api_strict on a non-CPU device: a test stand-in for a GPU
               that refuses implicit conversion to host arrays, as CuPy does.
 """
-import contextlib
-import ctypes
 import math
 import os
-import sys
 import time
 
 import numpy as np
 
-from . import threads
 
 DTYPES = ("float16", "float32", "float64", "int32", "int64", "bool")
 float16, float32, float64 = np.dtype("float16"), np.dtype("float32"), np.dtype("float64")
 int32, int64, bool_ = np.dtype("int32"), np.dtype("int64"), np.dtype("bool")
-
-
-CPU_KERNELS_ENV = "TINYATTN_CPU_KERNELS"          # set it to 0 to run the CPU ops without numba's kernels
 
 
 def dtype_of_host(dtype):
@@ -43,42 +38,30 @@ def dtype_of_host(dtype):
 
 
 class Backend:
-    """numpy on the CPU. Subclasses override what differs."""
+    """What every device does the same way, through its array namespace ``xp`` (the array API).
 
-    name = "cpu"
-    on_host = True          # arrays live in host memory: reading a value back costs nothing
-    ufunc_out = True        # elementwise functions take out= (write into an existing array)
-    setitem_basic = True    # a[index] = v works for basic indices (ints, slices, None, Ellipsis)
-    use_kernels = True      # False: every op runs its own formula (to compare against the kernels)
+    The devices below (numpy, CuPy, the stand-in) fill in what differs: making
+    and copying arrays, scatter-add, random numbers. Capability flags say what
+    a device can do (``on_host``, ``ufunc_out``, ``setitem_basic``, ``has_nccl``),
+    so nothing above this module compares device names.
+
+    Two tables belong to the fast layer (``tinyattn/fast``), which fills them
+    in when it is on: ``fast_ops`` (a teaching op -> its fast subclass, which
+    ``Function.apply`` runs instead) and the fused kernels (``kernels``).
+    """
+
+    name = None
+    on_host = False         # arrays live in host memory: reading a value back costs nothing
+    ufunc_out = False       # elementwise functions take out= (write into an existing array)
+    setitem_basic = False   # a[index] = v works for basic indices (ints, slices, None, Ellipsis)
     has_nccl = False        # its arrays can go through NCCL's collectives (tinyattn.distributed)
     clock = "host clock"    # what ta.profile times ops with (time_mark, seconds_between)
+    use_kernels = True      # False: the fast ops decline every kernel (to compare them with the formulas)
+    fast_ops = {}           # teaching Function class -> the fast layer's subclass (empty: the formulas run)
+    load_kernels = None     # () -> {name: kernel}: set by the fast layer, called on first use
     _kernels = None
 
-    def __init__(self):
-        self.xp = np
-        self.seed(0)
-
     # --- data in and out -------------------------------------------------
-    def asarray(self, data, dtype=None):
-        """Host data (lists, numpy arrays, scalars) -> a new array on this device (a copy)."""
-        return np.array(data, dtype=None if dtype is None else np.dtype(dtype))
-
-    def to_numpy(self, a):
-        """An explicit copy to the host: the only way data leaves a device."""
-        return a
-
-    def copy(self, a):
-        """A new array with ``a``'s values, on this device."""
-        return a.copy()
-
-    def read_only(self, a):
-        """A view of ``a`` that refuses writes (numpy); ``a`` itself where the device has no such view."""
-        if not isinstance(a, np.ndarray):
-            return a
-        view = a.view()
-        view.flags.writeable = False
-        return view
-
     def native_dtype(self, dtype):
         return np.dtype(dtype)
 
@@ -95,45 +78,105 @@ class Backend:
     def arange(self, n):
         return self.xp.arange(n)
 
-    def is_array(self, a):
-        return isinstance(a, np.ndarray)
+    def copy(self, a):
+        """A new array with ``a``'s values, on this device."""
+        return self.xp.asarray(a, copy=True)
+
+    def read_only(self, a):
+        """A view of ``a`` that refuses writes, where the device has one; else ``a`` itself."""
+        return a
 
     # --- indexing --------------------------------------------------------
     def getitem(self, a, index):
         return a[index]
+
+    def index_add_rows(self, n_rows, idx, values):
+        """(n_rows, C) zeros with out[idx[i]] += values[i] for 1-d int ``idx`` and (N, C) ``values``:
+        a scatter-add (repeated ids add up)."""
+        out = self.zeros((n_rows,) + tuple(values.shape[1:]), self.dtype_of(values))
+        return self.index_add(out, idx, values)
+
+    # --- special functions, reductions and sync -----------------------------
+    def erf(self, x):
+        return _erf(self.xp, x)
+
+    def sum_of_squares(self, a):
+        """sum(a * a), as a 0-d array."""
+        return self.xp.sum(a * a)
+
+    def synchronize(self):
+        pass
+
+    # timing for ta.profile: a mark now, and the seconds between two marks. The host
+    # clock here; CUDA events on the GPU, so kernels that run later are timed right.
+    def time_mark(self):
+        return time.perf_counter()
+
+    def seconds_between(self, start, end):
+        return end - start
+
+    # --- the fast layer's fused kernels ------------------------------------
+    def kernel(self, name):
+        """The fused kernel ``name`` on this device, or None (none here, or use_kernels is off)."""
+        return self.kernels.get(name) if self.use_kernels else None
+
+    def run_kernel(self, name, *args):
+        """``kernel(name)(*args)``, or None when there is no such kernel or it declines these inputs."""
+        fn = self.kernel(name)
+        return None if fn is None else fn(*args)
+
+    @property
+    def kernels(self):
+        """{name: kernel}, loaded on first use by the fast layer's loader (empty without one)."""
+        if self._kernels is None:
+            self._kernels = self.load_kernels() if self.load_kernels is not None else {}
+        return self._kernels
+
+
+class NumpyBackend(Backend):
+    """numpy on the CPU."""
+
+    name = "cpu"
+    on_host = True
+    ufunc_out = True
+    setitem_basic = True
+
+    def __init__(self):
+        self.xp = np
+        self.seed(0)
+
+    def asarray(self, data, dtype=None):
+        """Host data (lists, numpy arrays, scalars) -> a new array on this device (a copy)."""
+        return np.array(data, dtype=None if dtype is None else np.dtype(dtype))
+
+    def to_numpy(self, a):
+        """An explicit copy to the host: the only way data leaves a device."""
+        return a
+
+    def copy(self, a):
+        return a.copy()
+
+    def read_only(self, a):
+        if not isinstance(a, np.ndarray):                       # a numpy scalar: it cannot be written
+            return a
+        view = a.view()
+        view.flags.writeable = False
+        return view
+
+    def is_array(self, a):
+        return isinstance(a, np.ndarray)
 
     def index_add(self, target, index, values):
         """target[index] += values, counting repeated indices (never ``x[idx] += v``)."""
         np.add.at(target, index, values)
         return target
 
-    def index_add_rows(self, n_rows, idx, values):
-        """out[idx[i]] += values[i] for 1-d int ``idx`` and (N, C) ``values``: (n_rows, C).
-
-        A one-hot matmul is exact and, for the small vocabularies used here,
-        several times faster than np.add.at on a CPU.
-        """
-        if n_rows * idx.shape[0] <= 1 << 24:
-            onehot = (idx[None, :] == self.arange(n_rows)[:, None])     # (V, N)
-            return self.xp.astype(onehot, values.dtype) @ values         # (V, C)
-        out = self.zeros((n_rows,) + tuple(values.shape[1:]), self.dtype_of(values))
-        return self.index_add(out, idx, values)
-
-    def joined(self, arrays, shape, dim):
-        """The array of ``shape`` whose consecutive slices along ``dim`` the ``arrays`` are,
-        exactly (views of it, in order, covering it): their concat without a copy. None
-        when they are anything else, and off the CPU."""
-        base = arrays[0].base if self.xp is np else None
-        if base is None or base.size != math.prod(shape) or not base.flags.c_contiguous:
-            return None
-        whole, start, lead = base.reshape(shape), 0, (slice(None),) * dim
-        for a in arrays:
-            piece = whole[lead + (slice(start, start + a.shape[dim]),)]
-            if a.base is not base or a.dtype != piece.dtype or a.shape != piece.shape \
-                    or a.strides != piece.strides or a.ctypes.data != piece.ctypes.data:
-                return None
-            start += a.shape[dim]
-        return whole if start == shape[dim] else None
+    def sum_of_squares(self, a):
+        """BLAS's dot product of ``a`` with itself for float32 and float64: no a * a temporary."""
+        if a.dtype in (float32, float64):
+            flat = a.reshape(-1)
+            return np.asarray(np.vdot(flat, flat))
+        return np.sum(a * a)
 
     # --- random numbers --------------------------------------------------
     def seed(self, seed):
@@ -150,107 +193,6 @@ class Backend:
 
     def set_rng_state(self, state):
         self.rng.bit_generator.state = state
-
-    # --- special functions and sync --------------------------------------
-    def erf(self, x):
-        return _erf(self.xp, x)
-
-    def synchronize(self):
-        pass
-
-    # timing for ta.profile: a mark now, and the seconds between two marks. The host
-    # clock here; CUDA events on the GPU, so kernels that run later are timed right.
-    def time_mark(self):
-        return time.perf_counter()
-
-    def seconds_between(self, start, end):
-        return end - start
-
-    # --- products, split over tinyattn's threads (backend/threads.py) ------
-    def matmul(self, a, b, add=None):
-        """a @ b, plus ``add`` (broadcast over the rows) when given: (n, k) @ (k, m), or stacked
-        (S, ..., n, k) @ (S, ..., k, m). On the CPU the rows, or the S stacked products, are
-        split over tinyattn's threads (one BLAS thread each); other shapes run as numpy's matmul."""
-        stacked = a.ndim == b.ndim > 2 and a.shape[:-2] == b.shape[:-2]
-        if self.xp is not np or not (a.ndim == b.ndim == 2 or stacked):
-            out = self.xp.matmul(a, b)
-            return out if add is None else out + add
-        n = a.shape[0]                                            # rows of a, or the stack's first dim
-        out = np.empty(a.shape[:-1] + b.shape[-1:], dtype=np.result_type(a, b))
-
-        def rows(start, stop):
-            np.matmul(a[start:stop], b if a.ndim == 2 else b[start:stop], out=out[start:stop])
-            if add is not None:
-                out[start:stop] += add
-
-        threads.split(rows, n, work=a.size * b.shape[-1] // 32)
-        return out
-
-    def matmuls(self, pairs):
-        """[a @ b for (a, b) in pairs], 2-d products, in one split over tinyattn's threads.
-
-        The threads take the products' rows in order, each row weighted by its cost
-        (k * m), so two products of equal cost on two threads run one on each, whole:
-        a Linear backward's dx = g @ W beside its dW = g^T @ x. Off the CPU, one by one."""
-        if self.xp is not np:
-            return [self.xp.matmul(a, b) for a, b in pairs]
-        outs = [np.empty((a.shape[0], b.shape[1]), dtype=np.result_type(a, b)) for a, b in pairs]
-        costs = [a.shape[1] * b.shape[1] for a, b in pairs]          # of one row of each product
-        firsts = np.cumsum([0] + [len(a) * c for (a, _), c in zip(pairs, costs)]).tolist()
-
-        def units(start, stop):                                       # a row goes where its first unit is
-            for (a, b), out, cost, first in zip(pairs, outs, costs, firsts):
-                i, j = max(0, -((first - start) // cost)), min(len(a), -((first - stop) // cost))
-                if i < j:
-                    np.matmul(a[i:j], b, out=out[i:j])
-
-        threads.split(units, firsts[-1], work=firsts[-1] // 32)
-        return outs
-
-    def sum_of_squares(self, a):
-        """sum(a * a) as a 0-d array: on the CPU, BLAS's dot product of ``a`` with itself for
-        float32 and float64 (no temporary; four times faster). Inside ``hold_blas``, one BLAS thread."""
-        if self.xp is np and a.dtype in (float32, float64):
-            flat = a.reshape(-1)
-            return np.asarray(np.vdot(flat, flat))
-        return self.xp.sum(a * a)
-
-    def hold_blas(self):
-        """A context in which BLAS runs on one thread, while tinyattn's threads split the work
-        (the engine holds it for a whole backward pass); a no-op off the CPU."""
-        return threads.hold_blas() if self.xp is np else contextlib.nullcontext()
-
-    # --- fused kernels ---------------------------------------------------
-    # An op asks its backend for a fused kernel by name, in one line:
-    # ``self.backend.run_kernel("gelu_tanh", a)``. None means "no kernel here"
-    # (or "not for these inputs"): the op runs its own formula. Each backend
-    # registers its kernels in one table, ``kernels`` (name -> function);
-    # tests/test_optable.py checks every registered kernel against the formula.
-    def kernel(self, name):
-        """The fused implementation of ``name`` on this device, or None."""
-        return self.kernels.get(name) if self.use_kernels else None
-
-    def run_kernel(self, name, *args):
-        """``kernel(name)(*args)``, or None when there is no such kernel or it declines these inputs."""
-        fn = self.kernel(name)
-        return None if fn is None else fn(*args)
-
-    @property
-    def kernels(self):
-        """The CPU's kernels: backend/cpu_kernels.py, compiled with numba (the ``fast`` extra).
-
-        Imported on first use; empty without numba or with TINYATTN_CPU_KERNELS=0
-        (each kernel compiles on its first call; numba caches the machine code on disk)."""
-        if self._kernels is None:
-            kernels = {}                            # set once, whole: threads never see a half-made table
-            if os.environ.get(CPU_KERNELS_ENV, "1").strip().lower() not in ("0", "off", "false", "no"):
-                try:
-                    from .cpu_kernels import KERNELS
-                    kernels = KERNELS
-                except ImportError:                 # no numba: the ops' numpy formulas
-                    pass
-            self._kernels = kernels
-        return self._kernels
 
 
 def _erf(xp, x):
@@ -278,8 +220,11 @@ def _erf(xp, x):
 
 
 class CupyBackend(Backend):
+    """CuPy on an NVIDIA GPU."""
+
     name = "cuda"
-    on_host = False
+    ufunc_out = True
+    setitem_basic = True
     has_nccl = True
     clock = "CUDA events"
 
@@ -289,7 +234,6 @@ class CupyBackend(Backend):
         self.xp = cupy
         self._erf = cupyx.scipy.special.erf
         self.use_kernels = os.environ.get("TINYATTN_FUSED", "1") != "0"
-        self._kernels = None
         self.seed(0)
 
     def asarray(self, data, dtype=None):
@@ -297,6 +241,9 @@ class CupyBackend(Backend):
 
     def to_numpy(self, a):
         return self.xp.asnumpy(a)
+
+    def copy(self, a):
+        return a.copy()
 
     def is_array(self, a):
         return isinstance(a, self.xp.ndarray)
@@ -349,15 +296,6 @@ class CupyBackend(Backend):
         """The current CUDA stream, as NCCL takes it: collectives queue behind the ops before them."""
         return self.xp.cuda.get_current_stream().ptr
 
-    # --- fused kernels (backend/cuda_kernels.py), on unless TINYATTN_FUSED=0 ---
-    @property
-    def kernels(self):
-        """cuda_kernels.KERNELS, imported on first use (compiling happens per kernel, on first call)."""
-        if self._kernels is None:
-            from .cuda_kernels import KERNELS
-            self._kernels = KERNELS
-        return self._kernels
-
 
 class StrictBackend(Backend):
     """array_api_strict on ``Device("device1")``: behaves like a GPU library.
@@ -368,10 +306,6 @@ class StrictBackend(Backend):
     """
 
     name = "strict"
-    on_host = False
-    ufunc_out = False
-    setitem_basic = False
-    kernels = {}            # its own table (none yet), not the CPU's
 
     def __init__(self):
         import array_api_strict
@@ -426,71 +360,42 @@ class StrictBackend(Backend):
         total = self.index_add_rows(math.prod(target.shape), self.xp.reshape(lin, (-1,)), vals)
         return target + self.xp.reshape(total, target.shape)
 
+    def index_add_rows(self, n_rows, idx, values):
+        """The scatter-add as a one-hot product (V, N) @ (N, C): the array API has no add.at."""
+        onehot = idx[None, :] == self.arange(n_rows)[:, None]               # (V, N)
+        return self.xp.astype(onehot, values.dtype) @ values                # (V, C)
+
+    # --- random numbers: from a host generator, copied to the device ------
+    def seed(self, seed):
+        self.rng = np.random.default_rng(seed)
+
     def uniform(self, shape, dtype):
         return self.asarray(self.rng.random(shape, dtype=np.dtype(dtype)))
 
     def normal(self, shape, dtype):
         return self.asarray(self.rng.standard_normal(shape, dtype=np.dtype(dtype)))
 
+    def get_rng_state(self):
+        return self.rng.bit_generator.state
 
-# --------------------------------------------------------------------------
-# the host allocator
-# --------------------------------------------------------------------------
-HOST_ALLOCATOR_ENV = "TINYATTN_HOST_ALLOCATOR"    # set it to 0 to leave the C allocator alone
-host_allocator = "not set up yet"                 # what tune_host_allocator did, in words
-
-
-def tune_host_allocator(mmap_threshold=64 << 20, trim_threshold=256 << 20):
-    """Let glibc keep freed memory for reuse, so numpy's temporaries stop page-faulting.
-
-    A training step frees and reallocates the same few-MiB arrays every step.
-    glibc serves a large request from fresh mmap pages (and gives them back on
-    free) or from its heap, depending on a threshold it moves as the process
-    runs; it also returns the top of its heap to the system once more than a
-    second threshold is free. So whether every step page-faults on its
-    temporaries depends on what ran before (another library, PyTorch, a
-    notebook's history): the same step measured up to 2x slower. Fixing
-    both thresholds (mmap 64 MiB, trim 256 MiB) makes the step time steady.
-
-    What it costs: up to ``trim_threshold`` bytes of freed memory may stay in
-    the process (for the next step to reuse) instead of going back to the
-    system; requests of ``mmap_threshold`` and more still get their own pages.
-
-    Called once, when this module is imported (``import tinyattn`` does). It
-    does nothing where the C library is not glibc, when the environment
-    already sets glibc's malloc thresholds (``MALLOC_MMAP_THRESHOLD_``,
-    ``MALLOC_TRIM_THRESHOLD_`` or ``glibc.malloc`` tunables: the user's
-    choice wins), or when ``TINYATTN_HOST_ALLOCATOR=0``. Returns what it did,
-    in words (also kept in ``tinyattn.backend.host_allocator``).
-    """
-    global host_allocator
-    env = os.environ
-    if env.get(HOST_ALLOCATOR_ENV, "1").strip().lower() in ("0", "off", "false", "no"):
-        host_allocator = f"default ({HOST_ALLOCATOR_ENV}=0)"
-    elif any(k in env for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")) or \
-            "glibc.malloc" in env.get("GLIBC_TUNABLES", ""):
-        host_allocator = "left to the environment (it sets glibc's malloc thresholds)"
-    else:
-        host_allocator = _glibc_mallopt(mmap_threshold, trim_threshold)
-    return host_allocator
-
-
-def _glibc_mallopt(mmap_threshold, trim_threshold):
-    if not sys.platform.startswith("linux"):
-        return "default (not glibc)"
-    try:
-        libc = ctypes.CDLL(None)
-        libc.gnu_get_libc_version                     # glibc only (musl has no such function)
-        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-        ok = libc.mallopt(M_MMAP_THRESHOLD, int(mmap_threshold)) and libc.mallopt(M_TRIM_THRESHOLD, int(trim_threshold))
-    except (OSError, AttributeError):
-        return "default (not glibc)"
-    if not ok:
-        return "default (mallopt refused)"
-    return f"glibc mallopt: mmap threshold {mmap_threshold >> 20} MiB, trim threshold {trim_threshold >> 20} MiB"
+    def set_rng_state(self, state):
+        self.rng.bit_generator.state = state
 
 
 _BACKENDS = {}
+_setups = []          # functions called on every backend, made or to be made (the fast layer's)
+
+
+def made_backends():
+    """The backends made so far."""
+    return list(_BACKENDS.values())
+
+
+def on_every_backend(setup):
+    """Call ``setup(backend)`` on each backend made so far, and on each one made later."""
+    _setups.append(setup)
+    for backend in _BACKENDS.values():
+        setup(backend)
 
 
 def get_backend(device="cpu"):
@@ -500,16 +405,19 @@ def get_backend(device="cpu"):
         device = "cuda"
     if device not in _BACKENDS:
         if device == "cpu":
-            _BACKENDS[device] = Backend()
+            backend = NumpyBackend()
         elif device == "cuda":
-            _BACKENDS[device] = _make_cuda()
+            backend = _make_cuda()
         elif device == "strict":
             try:
-                _BACKENDS[device] = StrictBackend()
+                backend = StrictBackend()
             except ImportError:
                 raise RuntimeError('device "strict" needs array_api_strict: pip install array-api-strict') from None
         else:
             raise ValueError(f'unknown device {device!r}: use "cpu" or "cuda"')
+        for setup in _setups:
+            setup(backend)
+        _BACKENDS[device] = backend
     return _BACKENDS[device]
 
 
@@ -575,4 +483,3 @@ def cuda_is_available():
         return False
 
 
-tune_host_allocator()

@@ -20,51 +20,21 @@ each tile's weights as P = exp(s - L) and uses
     dV += P^T dO        dP = dO V^T        dS = P * (dP - D),  D = rowsum(dO * O)
     dQ += dS K * scale  dK += dS^T Q * scale
 
-The loops are in Python, one tile at a time. What makes them fast on a CPU
-(each measured with numpy 2.4 and OpenBLAS on a 2-core machine):
-
-- 256 x 256 tiles and one head per piece of work: a tile stays in the L2
-  cache, and each matmul is big enough for BLAS to run at full speed.
-- The heads are shared out over threads (numpy's matmul and ufuncs release
-  the GIL), with BLAS held at one thread (threadpoolctl, if installed: a
-  tile is too small to split, and a second BLAS thread that waits for a busy
-  core costs more than it gives). Without threadpoolctl the heads run one
-  after another and BLAS does as it likes (a warning says so, once).
-- 1/sqrt(D) is folded into q, block by block. (``exp2`` with log2(e) folded
-  in too is faster on some builds; with numpy 2.4's AVX2 ``exp`` it measured
-  2x slower than ``exp`` for float32, so it is ``exp`` here.)
-- Tiles are computed transposed, keys x queries, so the reductions over keys
-  (the row max, the row sum) run down the columns, which numpy does fast.
-- The elementwise work on a tile is one fused CPU kernel when numba is
-  installed (backend/cpu_kernels.py): in forward, the causal mask, the new row
-  max, exp and the row sum in two passes over the tile; in backward,
-  P = exp(s - L) and dS = P * (dP - D) in one. Its float32 exp vectorises,
-  about 1.6x numpy's here. Without numba the same formulas run in numpy
-  (``_softmax_tile`` and ``_softmax_grad_tile`` below), about 15% slower in all.
-  Either way about 80% of the time is the seven matmuls per tile.
-
-On other devices (CuPy, the array-API stand-in) every head is done at once,
-batched, in the same loops.
+The loops are in Python, one tile at a time: on the CPU one head at a time
+(a (256, 256) tile of one head stays in the L2 cache, and each product is
+big enough for BLAS to run at full speed), elsewhere all heads at once,
+batched. Tiles are computed transposed, keys x queries, so the reductions
+over keys (the row max, the row sum) run down the columns, which numpy does
+fast. The fast layer (``tinyattn/fast``) shares the heads over the CPU's
+threads and runs each tile's elementwise work as one fused kernel.
 """
 import math
-import os
-import warnings
-from concurrent.futures import ThreadPoolExecutor
 
 from ..autograd import Function
-from ..backend import host_rng, threads as threads_
-from ..ops import causal_mask
+from ..backend import host_rng
+from ..ops import causal_mask, matrix_transpose
 
 BLOCK_SIZE = 256                     # tile side: (256, 256) float32 scores are 256 KiB, in L2
-
-
-def _mT(xp, a):
-    """Swap the last two axes: (..., n, d) -> (..., d, n), a view."""
-    if hasattr(a, "mT"):                                          # numpy 2, the array API
-        return a.mT
-    axes = list(range(a.ndim))
-    axes[-2], axes[-1] = axes[-1], axes[-2]
-    return xp.permute_dims(a, tuple(axes))
 
 
 def _blocks(n, size):
@@ -79,71 +49,6 @@ def _mask_tile(m, item, i0, i1, j0, j1):
     rows = slice(i0, i1) if m.shape[2] > 1 else slice(None)
     cols = slice(j0, j1) if m.shape[3] > 1 else slice(None)
     return m[index + (rows, cols)]
-
-
-# ---------------------------------------------------------------- threads
-_pool = None                         # (ThreadPoolExecutor, its size), made on first use
-_blas = None                         # threadpoolctl's controller; False when it is not installed
-
-
-def _forget_pool():
-    """In a forked child the pool's threads do not exist: start a new pool there."""
-    global _pool
-    _pool = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
-
-
-def _one_blas_thread():
-    """A context that holds BLAS at one thread, or None without threadpoolctl."""
-    global _blas
-    if _blas is None:
-        try:
-            from threadpoolctl import ThreadpoolController
-            _blas = ThreadpoolController()
-        except ImportError:
-            _blas = False
-    return _blas.limit(limits=1, user_api="blas") if _blas else None
-
-
-_warned = False                      # the slow-path warning is given once per process
-
-
-def _warn_no_threadpoolctl(n_items):
-    global _warned
-    if not _warned:
-        _warned = True
-        warnings.warn(f"tinyattn: tiled attention runs its {n_items} heads one after another, because "
-                      "threadpoolctl is not installed (it holds BLAS at one thread while the heads share "
-                      "the cores), which can be many times slower. "
-                      "pip install threadpoolctl (or tinyattn[fast])", RuntimeWarning, stacklevel=4)
-
-
-def _for_each(fn, items, threads):
-    """fn(item) for every item, with BLAS held at one thread (a tile is too small to share out),
-    over ``threads`` threads. Without threadpoolctl, in order, leaving BLAS as it is (and saying
-    so once, when there were several threads to use)."""
-    global _pool
-    limit = _one_blas_thread() if threads else None
-    threads = min(threads, len(items))
-    if limit is None:
-        if threads > 1:
-            _warn_no_threadpoolctl(len(items))
-        for item in items:
-            fn(item)
-        return
-    with limit:
-        if threads == 1:
-            threads_.wake_blas()
-            for item in items:
-                fn(item)
-            return
-        if _pool is None or _pool[1] < threads:
-            _pool = (ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tinyattn-attention"), threads)
-        for _ in _pool[0].map(lambda item: (threads_.wake_blas(), fn(item)), items):   # re-raises a worker's error here
-            pass
 
 
 # ---------------------------------------------------------------- the op
@@ -173,13 +78,17 @@ class FlashAttention(Function):
         # numpy: one head per piece of work, shared over threads; elsewhere all heads at once, in order
         on_cpu = backend.on_host
         self.items = [(b, h, ...) for b in range(B) for h in range(H)] if on_cpu else [ALL_HEADS]
-        self.threads = threads if on_cpu else 0                    # 0: BLAS left alone
+        self.threads = threads                                     # (the fast layer shares the heads out)
         out = backend.zeros((B, H, t_q, v.shape[-1]), backend.dtype_of(q))   # (B, H, Tq, Dv)
         lse = backend.zeros((B, H, t_q), backend.dtype_of(q))      # (B, H, Tq) logsumexp per row
-        _for_each(lambda item: self._forward_heads(*_parts(item, q, k, v, out, lse), mask, item),
-                  self.items, self.threads)
+        self.for_each_item(lambda item: self._forward_heads(*_parts(item, q, k, v, out, lse), mask, item))
         self.save(q, k, v, out, lse, mask)
         return out
+
+    def for_each_item(self, fn):
+        """fn(item) for each piece of work: one head on the CPU, all heads at once elsewhere."""
+        for item in self.items:
+            fn(item)
 
     def _forward_heads(self, q, k, v, out, lse, mask, item):
         """Fill out (.., Tq, Dv) and lse (.., Tq) for the heads in ``item``; '..' is () or (B, H)."""
@@ -196,7 +105,7 @@ class FlashAttention(Function):
                 keep = self._keep(item, i0, j0, p.shape)           # dropout: l counts every weight, acc the kept
                 if keep is not None:
                     p *= keep
-                acc = alpha[..., None] * acc + _mT(xp, p) @ v[..., j0:j1, :]
+                acc = alpha[..., None] * acc + matrix_transpose(xp, p) @ v[..., j0:j1, :]
             seen = l > 0                                           # False only for a fully masked row
             l = xp.where(seen, l, 1.0)
             out[..., i0:i1, :] = acc / l[..., None]                # a fully masked row stays 0
@@ -206,9 +115,8 @@ class FlashAttention(Function):
         q, k, v, out, lse, mask = self.saved
         do = g.data                                                # (B, H, Tq, Dv)
         dq, dk, dv = (self.xp.zeros_like(a) for a in (q, k, v))
-        _for_each(lambda item: self._backward_heads(*_parts(item, q, k, v, out, lse, do, dq, dk, dv),
-                                                    mask, item),
-                  self.items, self.threads)
+        self.for_each_item(lambda item: self._backward_heads(*_parts(item, q, k, v, out, lse, do, dq, dk, dv),
+                                                             mask, item))
         need_q, need_k, need_v = self.needs_input_grad
         return (self.constant(dq) if need_q else None,
                 self.constant(dk) if need_k else None,
@@ -224,19 +132,17 @@ class FlashAttention(Function):
             dq_i = xp.zeros_like(q_i)                              # (.., bq, D)
             for j0, j1 in self._key_blocks(i1, k.shape[-2]):
                 s = self._tile(k[..., j0:j1, :], q_i, i0, j0, mask, item)   # (.., bk, bq) S^T
-                dp = v[..., j0:j1, :] @ _mT(xp, do_i)              # (.., bk, bq) dP^T = (dO V^T)^T
+                dp = v[..., j0:j1, :] @ matrix_transpose(xp, do_i)              # (.., bk, bq) dP^T = (dO V^T)^T
                 keep = self._keep(item, i0, j0, s.shape)
                 if keep is not None:                               # dropout: out = (P * Z) V
                     dp *= keep
                 p, ds = self._softmax_grad_tile(s, dp, lse[..., i0:i1], d_i, j0 - i0)   # P^T, dS^T
                 dv[..., j0:j1, :] += (p if keep is None else p * keep) @ do_i   # (.., bk, Dv)
                 dk[..., j0:j1, :] += ds @ q_i                      # (.., bk, D), q already scaled
-                dq_i += _mT(xp, ds) @ k[..., j0:j1, :]             # (.., bq, D)
+                dq_i += matrix_transpose(xp, ds) @ k[..., j0:j1, :]             # (.., bq, D)
             dq[..., i0:i1, :] = dq_i * self.scale
 
     # --- one tile -----------------------------------------------------------
-    # The elementwise work on a tile runs as one fused CPU kernel when there is one
-    # (backend/cpu_kernels.py, with numba), else as the numpy formula below it.
     # "first" = j0 - i0: key j0 + r may be seen by query i0 + c when c >= first + r (causal).
     def _key_blocks(self, i1, t_k):
         """Key blocks that queries < i1 can see: with causal, blocks starting at j0 >= i1 are skipped."""
@@ -246,10 +152,10 @@ class FlashAttention(Function):
         """One tile of scaled scores, transposed: (.., bk, bq) keys x queries, -inf where ``mask`` says
         (the causal mask comes later, in the softmax of the tile)."""
         xp = self.xp
-        s = k_j @ _mT(xp, q_i)                                     # (.., bk, bq)
+        s = k_j @ matrix_transpose(xp, q_i)                                     # (.., bk, bq)
         if mask is not None:
             bk, bq = s.shape[-2], s.shape[-1]
-            part = _mT(xp, _mask_tile(mask, item, i0, i0 + bq, j0, j0 + bk))  # (.., bk, bq)
+            part = matrix_transpose(xp, _mask_tile(mask, item, i0, i0 + bq, j0, j0 + bk))  # (.., bk, bq)
             s = xp.where(part, s, -math.inf) if self.backend.dtype_of(part).kind == "b" else s + part
         return s
 
@@ -267,9 +173,6 @@ class FlashAttention(Function):
         Returns P~ = exp(s - m_new) (0 where masked; s itself, overwritten, where it can be),
         alpha = exp(m - m_new) to rescale the old sums, m_new, and l_new = alpha l + colsum(P~)."""
         first = first if self.is_causal else -s.shape[-2]
-        alpha = self.backend.run_kernel("attention_tile_softmax_", s, m, l, first)   # m, l updated in place
-        if alpha is not None:
-            return s, alpha, m, l
         xp = self.xp
         s = self._causal(s, first)
         m_new = xp.maximum(m, xp.max(s, axis=-2))
@@ -283,8 +186,6 @@ class FlashAttention(Function):
         """P^T = exp(s - L) and dS^T = P^T * (dP^T - D) for one tile (.., bk, bq); lse = L, d = D (.., bq).
         Overwrites s and dp where it can."""
         first = first if self.is_causal else -s.shape[-2]
-        if self.backend.run_kernel("attention_tile_backward_", s, dp, lse, d, first):
-            return s, dp
         s = self._causal(s, first)
         s -= lse[..., None, :]
         p = self._exp_(s)                                          # 0 where masked or L = +inf
@@ -323,7 +224,8 @@ def flash_attention(q, k, v, is_causal=False, scale=None, block_size=None, attn_
     attn_mask: boolean (True = may attend) or float (added to the scores),
     broadcastable to (B, H, Tq, Tk), with no gradient. dropout_p: dropout
     on the weights, each tile's mask drawn again in backward from a seed.
-    threads: how many threads share the heads on the CPU (default: ta.get_num_threads()).
+    threads: how many threads share the heads on the CPU, with the fast layer on (default:
+    ta.get_num_threads()).
     Its backward is fused: it cannot be differentiated twice.
     """
     if (q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or q.shape[:2] != k.shape[:2]
@@ -345,7 +247,7 @@ def flash_attention(q, k, v, is_causal=False, scale=None, block_size=None, attn_
                              f"(B, H, Tq, Tk) = {full}")
         mask = attn_mask.xp.reshape(attn_mask.data, shape)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    threads = threads_.get_num_threads() if threads is None else max(1, int(threads))
+    threads = None if threads is None else max(1, int(threads))
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"flash_attention: dropout_p must be in [0, 1), got {dropout_p}")
     seed = 0

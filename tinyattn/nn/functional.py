@@ -1,15 +1,16 @@
-"""Functional ops for networks: cross-entropy, embedding, layer norm, dropout,
-GELU and attention; the softmax family comes from ``tinyattn/ops.py``.
+"""Functional ops for networks: cross-entropy, embedding, layer norm, linear,
+dropout, GELU and attention; the softmax family comes from ``tinyattn/ops.py``.
 
-Cross-entropy is fused: one Function with a stable forward (the max is
-subtracted first) and a backward written with Tensor ops, so it can be
-differentiated twice.
+Cross-entropy, layer norm, linear and attention are each one Function with
+its backward written by hand, in Tensor ops, so it can be differentiated
+twice. As in ops.py, each is only its formula: the fast layer
+(``tinyattn/fast``) runs faster versions of them where it can.
 """
 import math
 
-from ..autograd import Function, is_grad_enabled, is_tensor
+from ..autograd import Function, is_tensor
 from ..ops import (constant, gelu as _gelu, softmax, log_softmax, logsumexp, MaskedSoftmax, causal_mask,  # noqa: F401
-                   stable_exp, check_float, check_same_kind, row_sums, leading_sums, blas_sums)
+                   stable_exp, check_float, check_same_kind, masked_softmax, matrix_transpose)
 
 __all__ = ["softmax", "log_softmax", "logsumexp", "cross_entropy", "embedding", "layer_norm",
            "dropout", "gelu", "relu", "linear", "scaled_dot_product_attention",
@@ -17,20 +18,11 @@ __all__ = ["softmax", "log_softmax", "logsumexp", "cross_entropy", "embedding", 
 
 
 class CrossEntropy(Function):
-    """Mean over non-ignored rows of -log softmax(logits)[target]. logits (N, C), targets (N,).
-
-    A fused kernel, where the device has one, does each pass (it keeps only
-    the per-row log-sum-exp); the Tensor backward below is the formula.
-    """
+    """Mean over non-ignored rows of -log softmax(logits)[target]. logits (N, C), targets (N,)."""
 
     def forward(self, logits, targets, ignore_index):
         xp = self.xp
         self.ignore_index = ignore_index
-        fused = self.backend.run_kernel("cross_entropy", logits, targets, ignore_index)
-        if fused is not None:
-            loss, lse, scale = fused                                       # (), (N,), ()
-            self.save(lse, scale)
-            return loss
         weight, safe = self._weights(logits, targets)                      # (N,), (N,)
         e, m = stable_exp(xp, logits, 1)
         logp = logits - m - xp.log(xp.sum(e, axis=1, keepdims=True))       # (N, C)
@@ -47,11 +39,6 @@ class CrossEntropy(Function):
 
     def backward(self, g):
         logits, targets = self.parents
-        if self.saved and not is_grad_enabled():                           # the forward was fused
-            dlogits = self.backend.run_kernel("cross_entropy_backward", g.data, logits.data, targets.data,
-                                              *self.saved, self.ignore_index)
-            if dlogits is not None:
-                return self.constant(dlogits), None
         xp = self.xp
         weight, safe = self._weights(logits.data, targets.data)            # d loss / d logits =
         onehot = xp.astype(xp.reshape(safe, (-1, 1)) == self.backend.arange(logits.shape[1])[None, :],
@@ -90,9 +77,8 @@ class Embedding(Function):
 class EmbeddingGrad(Function):
     """Scatter-add (N, C) rows into a (rows, C) table: Embedding's backward."""
 
-    def forward(self, g, idx, rows):
-        out = self.backend.run_kernel("index_add_rows", rows, idx, g)
-        return out if out is not None else self.backend.index_add_rows(rows, idx, g)
+    def forward(self, g, idx, rows):                                            # g (N, C), idx (N,)
+        return self.backend.index_add_rows(rows, idx, g)                       # (rows, C), repeats added
 
     def backward(self, gg):
         _, idx = self.parents
@@ -126,58 +112,32 @@ def embedding(idx, weight):
 
 
 class LayerNorm(Function):
-    """Fused layer norm over the last dim: (x - mean) / sqrt(var + eps) * w + b.
+    """(x - mean) / sqrt(var + eps) * w + b over the last dim, with its backward by hand:
 
-    The backward works on raw arrays (fast); the composite ``layer_norm(...,
-    fused=False)`` is the one to differentiate twice.
+        xhat = (x - mean) rstd,  rstd = 1 / sqrt(var + eps),  gx = g w
+        dx = rstd (gx - mean(gx) - xhat mean(gx xhat)),  dw = sum of g xhat,  db = sum of g
+
+    (means over the last dim, sums over every other). Backward recomputes xhat
+    and rstd from x with Tensor ops, so it differentiates twice.
     """
 
-    differentiable_backward = False
-
-    def forward(self, x, weight, bias, eps):
+    def forward(self, x, weight, bias, eps):                     # x (..., C), weight and bias (C,)
         xp = self.xp
-        fused = self.backend.run_kernel("layer_norm", x, weight, bias, eps)
-        if fused is not None:
-            y, xhat, rstd = fused
-            self.save(xhat, rstd)
-            return y
-        mean = self._row_means
-        xhat = x - mean(x)                                       # (..., C), centred
-        rstd = 1.0 / xp.sqrt(mean(xhat * xhat) + eps)            # (..., 1)
-        xhat *= rstd                                             # (..., C)
-        self.save(xhat, rstd)
-        y = xhat * weight
-        y += bias
-        return y
+        self.eps = eps
+        xc = x - xp.mean(x, axis=-1, keepdims=True)              # (..., C), centred
+        rstd = 1.0 / xp.sqrt(xp.mean(xc * xc, axis=-1, keepdims=True) + eps)   # (..., 1)
+        return xc * rstd * weight + bias
 
-    def _row_means(self, a):
-        """Means over the last axis, kept: a BLAS product where it can (see ops.row_sums)."""
-        if blas_sums(self.backend, a):
-            return row_sums(self.backend, a, 1.0 / a.shape[-1])
-        return self.xp.mean(a, axis=-1, keepdims=True)
-
-    def _lead_sums(self, a):
-        """Sums over every axis but the last: the weight and bias gradients."""
-        if blas_sums(self.backend, a):
-            return leading_sums(self.backend, a, a.ndim - 1)
-        return self.xp.sum(a, axis=tuple(range(a.ndim - 1)))
-
-    def backward(self, g):
-        xhat, rstd = self.saved
+    def backward(self, g):                                       # g (..., C)
         x, weight, bias = self.parents
-        gd = g.data
-        fused = self.backend.run_kernel("layer_norm_backward", gd, xhat, weight.data, rstd)
-        if fused is not None:
-            dx, dw, db = fused
-        else:                                                    # rstd (gx - mean(gx) - xhat mean(gx xhat))
-            dw = self._lead_sums(gd * xhat) if weight.requires_grad else None
-            db = self._lead_sums(gd) if bias.requires_grad else None
-            gx = gd * weight.data                                # d loss / d xhat
-            dx = gx - self._row_means(gx)
-            dx -= xhat * self._row_means(gx * xhat)
-            dx *= rstd
-        wrap = lambda a, need=True: self.constant(a) if need and a is not None else None    # noqa: E731
-        return wrap(dx), wrap(dw, weight.requires_grad), wrap(db, bias.requires_grad)
+        xc = x - x.mean(-1, keepdim=True)
+        rstd = ((xc * xc).mean(-1, keepdim=True) + self.eps) ** -0.5
+        xhat = xc * rstd
+        gx = g * weight                                          # d loss / d xhat
+        dx = (gx - gx.mean(-1, keepdim=True) - xhat * (gx * xhat).mean(-1, keepdim=True)) * rstd
+        lead = tuple(range(x.ndim - 1))
+        _, need_w, need_b = self.needs_input_grad
+        return dx, (g * xhat).sum(lead) if need_w else None, g.sum(lead) if need_b else None
 
 
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, fused=True):
@@ -221,48 +181,21 @@ def relu(x):
 
 
 class Linear(Function):
-    """x @ weight.T + bias as one op: x (..., in), weight (out, in), bias (out,) -> (..., out).
-
-    One 2-d BLAS product over the flattened leading dims with the bias added in
-    place: no transposed-weight op, no separate add and its output array. The
-    backward is three Tensor ops, so it can be differentiated again.
-    """
+    """x @ weight.T + bias as one op: x (..., in), weight (out, in), bias (out,) -> (..., out)."""
 
     def forward(self, x, weight, bias=None):
-        xp = self.xp
-        x2 = xp.reshape(x, (-1, x.shape[-1]))                     # (N, in)
-        out = self.backend.matmul(x2, xp.permute_dims(weight, (1, 0)), add=bias)    # (N, out)
-        return xp.reshape(out, tuple(x.shape[:-1]) + (weight.shape[0],))
+        out = self.xp.matmul(x, self.xp.permute_dims(weight, (1, 0)))   # (..., out)
+        return out if bias is None else out + bias
 
     def backward(self, g):                                         # g (..., out)
         x, weight = self.parents[:2]
         need = self.needs_input_grad
-        if not is_grad_enabled():                                  # on arrays (no graph is recorded)
-            return self._backward_arrays(g.data, x.data, weight.data, need)
         g2 = g.reshape(-1, g.shape[-1])                            # (N, out)
         dx = g @ weight if need[0] else None                       # (..., in)
         dw = g2.mT @ x.reshape(-1, x.shape[-1]) if need[1] else None   # (out, in)
         if len(self.parents) == 2:
             return dx, dw
         return dx, dw, g2.sum(0) if need[2] else None              # (out,)
-
-    def _backward_arrays(self, g, x, weight, need):
-        """The same products on arrays, in one split over the CPU's threads (backend.matmuls):
-        on two threads, dx and db on one and dW on the other (dx and dW cost the same)."""
-        backend, xp = self.backend, self.xp
-        g2 = xp.reshape(g, (-1, g.shape[-1]))                      # (N, out)
-        x2 = xp.reshape(x, (-1, x.shape[-1]))                      # (N, in)
-        products = {0: (g2, weight)}                               # dx (N, in)
-        if len(self.parents) == 3 and need[2]:                     # db (1, out): the sum over rows
-            products[2] = (backend.full((1, g2.shape[0]), 1, backend.dtype_of(g2)), g2)
-        products[1] = (xp.permute_dims(g2, (1, 0)), x2)            # dW (out, in): last, a thread of its own
-        wanted = [i for i in products if need[i]]
-        results = dict(zip(wanted, backend.matmuls([products[i] for i in wanted])))
-        if 0 in results:
-            results[0] = xp.reshape(results[0], x.shape)           # (..., in)
-        if 2 in results:
-            results[2] = xp.reshape(results[2], (g2.shape[1],))   # (out,)
-        return tuple(self.constant(results[i]) if i in results else None for i in range(len(self.parents)))
 
 
 def linear(x, weight, bias=None):
@@ -358,47 +291,36 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropo
 
 
 def _fused_attention_fits(q, k, v, allowed, attn_mask, dropout_p, return_weights):
-    """Whether the naive path can run as one Attention op: a backend with the "attention"
-    kernel, stacked q, k, v over the same leading dims, float32 or float64, and a boolean
-    (Tq, Tk) mask (causal, or given); no additive mask, dropout or returned weights."""
+    """Whether the naive path can run as one Attention op: stacked q, k, v over the same leading
+    dims and a boolean (Tq, Tk) mask (causal, or given); no additive mask, dropout or returned
+    weights (those need the weights as a tensor of their own)."""
     if allowed is None or allowed.ndim != 2 or dropout_p > 0.0 or return_weights:
         return False
     if attn_mask is not None and attn_mask.dtype.kind != "b":
-        return False
-    if q.backend.kernel("attention") is None or not q.dtype == k.dtype == v.dtype or q.dtype.itemsize < 4:
         return False
     return q.ndim >= 3 and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
 
 
 class Attention(Function):
-    """softmax(q k^T * scale where allowed) v as one op, where the backend has an "attention"
-    kernel (the CPU's: backend/cpu_kernels.py). The naive path's scores, weights and two
-    products, without a graph node and a pass over memory for each. Recorded
-    (create_graph=True), the backward is the same formulas in Tensor ops, so it
-    differentiates twice.
+    """softmax(q k^T * scale where allowed) v as one op: the naive path's scores, masked
+    softmax and weighted sum, with the backward by hand (exercise 13):
+
+        P = softmax(S),  S = q k^T * scale      dV = P^T dO      dP = dO V^T
+        dS = P * (dP - rowsum(dP * P))          dQ = dS K * scale      dK = dS^T Q * scale
+
+    Backward recomputes P from q and k with Tensor ops, so it differentiates twice.
     """
 
     def forward(self, q, k, v, allowed, scale):                    # (B, H, Tq, D), (B, H, Tk, D), (B, H, Tk, Dv)
+        xp = self.xp
         self.scale = scale
-        fused = self.backend.run_kernel("attention", q, k, v, allowed, scale)
-        if fused is None:                                          # the kernel declined: the formula
-            xp = self.xp
-            scores = xp.matmul(q * scale, xp.matrix_transpose(k))  # (B, H, Tq, Tk)
-            weights = MaskedSoftmax().forward_arrays(self.backend, scores, allowed)
-            fused = xp.matmul(weights, v), weights
-        out, weights = fused
-        self.save(weights)                                         # (B, H, Tq, Tk)
-        return out
+        scores = xp.matmul(q, matrix_transpose(xp, k)) * scale      # (B, H, Tq, Tk)
+        return xp.matmul(masked_softmax(xp, scores, allowed), v)   # (B, H, Tq, Dv)
 
     def backward(self, g):                                         # g (B, H, Tq, Dv)
         q, k, v, allowed = self.parents
-        if not is_grad_enabled():
-            (weights,) = self.saved
-            grads = self.backend.run_kernel("attention_backward", g.data, q.data, k.data, v.data, weights, self.scale)
-            if grads is not None:
-                return tuple(self.constant(a) for a in grads) + (None,)
-        p = MaskedSoftmax.apply((q * self.scale) @ k.mT, allowed)  # the weights again, recorded
-        dp = g @ v.mT
+        p = MaskedSoftmax.apply((q @ k.mT) * self.scale, allowed)  # the weights again, as Tensors
+        dp = g @ v.mT                                              # (B, H, Tq, Tk)
         ds = p * (dp - (dp * p).sum(-1, keepdim=True))             # softmax's backward
         return ds @ k * self.scale, ds.mT @ q * self.scale, p.mT @ g, None
 

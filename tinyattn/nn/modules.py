@@ -5,7 +5,7 @@ from collections import OrderedDict
 from .. import autograd as _engine
 from ..tensor import Tensor, ones, rand, randn, tensor, zeros
 from ..ops import cat, causal_mask, constant
-from ..backend import get_backend, threads
+from ..backend import get_backend
 from . import functional as F
 
 
@@ -66,8 +66,7 @@ class Module:
     def __call__(self, *args, **kwargs):
         if _engine.hooks is not None:             # ta.detect_anomaly checks the parameters first
             _engine.hooks.module_called(self)
-        with threads.hold_blas():                 # BLAS on one thread while the CPU's threads split ops
-            out = self.forward(*args, **kwargs)
+        out = self.forward(*args, **kwargs)
         _note_call(self, args, out)
         return out
 

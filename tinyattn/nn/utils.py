@@ -13,8 +13,7 @@ def clip_grad_norm_(parameters, max_norm):
     if not grads:
         raise ValueError("clip_grad_norm_: no parameter has a gradient")
     xp, backend = grads[0].xp, grads[0].backend
-    with backend.hold_blas():                  # BLAS's own threads would still spin when the next step starts
-        total_sq = sum(backend.sum_of_squares(g.data) for g in grads)
+    total_sq = sum(backend.sum_of_squares(g.data) for g in grads)
     norm = xp.sqrt(total_sq)
     coef = xp.minimum(max_norm / (norm + 1e-6), 1.0)
     if backend.on_host and float(coef) >= 1.0:      # on the host the read is free: no pass needed

@@ -1,4 +1,4 @@
-"""tinyattn's own threads on the CPU: one op's rows split over the cores.
+"""tinyattn's own threads on the CPU: one op's rows split over the cores (the fast layer).
 
 numpy runs every pass on the calling thread, except BLAS: OpenBLAS splits a
 large product over its own threads, which then spin for about 0.1 s waiting
@@ -13,17 +13,19 @@ inside it. That is what ``split`` does here:
 
 runs ``work`` on ``get_num_threads()`` parts of the rows at once: the calling
 thread takes the first part, the pool's threads the others (numpy and the
-compiled kernels release the GIL, so they run in parallel). While it runs,
-BLAS is held at one thread (threadpoolctl; ``hold_blas``). A Module's forward
-and the engine's backward pass hold it from start to end, so no OpenBLAS
-thread spins beside the pool. BLAS goes back to its own setting afterwards:
-numpy code of yours outside tinyattn's ops runs as it did.
+compiled kernels release the GIL, so they run in parallel). From the first
+split on, BLAS stays at one thread (threadpoolctl; ``hold_blas``), so no
+OpenBLAS thread spins beside the pool: numpy products of your own then run
+on one thread too. ``ta.set_num_threads(1)`` or ``ta.set_fast(False)`` gives
+BLAS back its own setting. (Changing BLAS's thread count around every op
+instead made the pool's products up to 2x slower with OpenBLAS 0.3.31.)
 
 Off (every op on the calling thread, BLAS as it is) with one core, without
 threadpoolctl (the ``fast`` extra), after ``set_num_threads(1)``, or with
 ``TINYATTN_NUM_THREADS=1``; small ops never split (``MIN_WORK``): waking a
 thread costs about 20 us.
 """
+import math
 import os
 import queue
 import threading
@@ -72,18 +74,20 @@ def _split_threads():
 
 
 def set_num_threads(n):
-    """Split the CPU ops' work over ``n`` threads (the calling one and n - 1 of the pool); 1 turns it off."""
+    """Split the CPU ops' work over ``n`` threads (the calling one and n - 1 of the pool); 1 turns it off
+    and gives BLAS back its own threads."""
     global _num_threads
     if int(n) < 1:
         raise ValueError(f"set_num_threads: n must be at least 1, got {n}")
     _num_threads = int(n)
+    if _num_threads == 1:
+        release_blas()
 
 
 # ---------------------------------------------------------------- BLAS at one thread
 _blas = None                # threadpoolctl's controllers of the loaded BLAS libraries; () without threadpoolctl
 _hold = threading.Lock()
-_held = 0                   # how many hold_blas blocks are open, in any thread
-_saved = []                 # (controller, its thread count before the first open block)
+_saved = []                 # (controller, its thread count before hold_blas), while BLAS is held
 
 
 def blas_controllers():
@@ -98,38 +102,42 @@ def blas_controllers():
     return _blas
 
 
-class hold_blas:
-    """``with hold_blas():`` BLAS runs on one thread inside the block (and blocks nested in it),
-    while tinyattn's threads are on; the first block to open sets that, the last to close puts
-    back what was there. Hold it around a whole forward or backward pass, not op by op:
-    measured with OpenBLAS 0.3.31, a thread count changed before every product made the
-    pool's products up to 2x slower."""
+def hold_blas():
+    """BLAS on one thread from now on (tinyattn's threads split the work), once; release_blas undoes it."""
+    if _saved or not blas_controllers():
+        return
+    with _hold:
+        if not _saved:
+            for lib in blas_controllers():
+                _saved.append((lib, lib.get_num_threads()))
+                lib.set_num_threads(1)
 
-    def __enter__(self):
-        global _held
-        if _split_threads() < 2:
-            self.on = False
-            return
-        self.on = True
-        with _hold:
-            if _held == 0:
-                for lib in blas_controllers():
-                    before = lib.get_num_threads()
-                    if before != 1:
-                        lib.set_num_threads(1)
-                        _saved.append((lib, before))
-            _held += 1
 
-    def __exit__(self, *exc):
-        global _held
-        if not self.on:
-            return
-        with _hold:
-            _held -= 1
-            if _held == 0:
-                while _saved:
-                    lib, before = _saved.pop()
-                    lib.set_num_threads(before)
+def release_blas():
+    """BLAS back to the thread count it had before hold_blas."""
+    with _hold:
+        while _saved:
+            lib, before = _saved.pop()
+            lib.set_num_threads(before)
+
+
+def blas_held():
+    return bool(_saved)
+
+
+_warned = False                      # the warning below is given once per process
+
+
+def warn_without_threadpoolctl(n_items, n_threads):
+    """Say once that heads that would be shared over ``n_threads`` threads run in order, for want
+    of threadpoolctl."""
+    global _warned
+    if not _warned and not blas_controllers() and n_threads > 1:
+        _warned = True
+        warnings.warn(f"tinyattn: tiled attention runs its {n_items} heads one after another, because "
+                      "threadpoolctl is not installed (it holds BLAS at one thread while the heads share "
+                      "the cores), which can be many times slower. "
+                      "pip install threadpoolctl (or tinyattn[fast])", RuntimeWarning, stacklevel=4)
 
 
 _woken = threading.local()
@@ -192,8 +200,8 @@ _pool = None
 
 
 def _forget_pool():
-    global _pool, _held, _hold
-    _pool, _held, _hold = None, 0, threading.Lock()
+    global _pool, _hold
+    _pool, _hold = None, threading.Lock()
     _saved.clear()
 
 
@@ -206,11 +214,11 @@ def parts(n, k):
     return [(i * n // k, (i + 1) * n // k) for i in range(k)]
 
 
-def split(fn, n, work):
-    """``fn(start, stop)`` over rows 0..n, split in get_num_threads() parts when ``work`` is at least
-    MIN_WORK, with BLAS held at one thread; else one call, ``fn(0, n)``."""
+def split(fn, n, work, n_threads=None):
+    """``fn(start, stop)`` over rows 0..n, split in get_num_threads() (or ``n_threads``) parts when
+    ``work`` is at least MIN_WORK, with BLAS held at one thread; else one call, ``fn(0, n)``."""
     global _pool
-    k = min(_split_threads(), n)
+    k = min(_split_threads() if n_threads is None else (n_threads if blas_controllers() else 1), n)
     if k < 2 or work < MIN_WORK:
         fn(0, n)
         return
@@ -221,7 +229,68 @@ def split(fn, n, work):
         fn(0, n)
         return
     try:
-        with hold_blas():
-            pool.run(fn, parts(n, k))
+        hold_blas()
+        pool.run(fn, parts(n, k))
     finally:
         pool.lock.release()
+
+
+# ---------------------------------------------------------------- products split over the threads
+def matmul(xp, a, b, add=None):
+    """a @ b, plus ``add`` (broadcast over the rows) when given: (n, k) @ (k, m), or stacked
+    (S, ..., n, k) @ (S, ..., k, m), on namespace ``xp``. For numpy, the rows, or the S stacked products, are split
+    over the threads (one BLAS thread each); other shapes and other arrays run as xp.matmul."""
+    stacked = a.ndim == b.ndim > 2 and a.shape[:-2] == b.shape[:-2]
+    if xp is not np or not (a.ndim == b.ndim == 2 or stacked):
+        out = xp.matmul(a, b)
+        return out if add is None else out + add
+    n = a.shape[0]                                            # rows of a, or the stack's first dim
+    out = np.empty(a.shape[:-1] + b.shape[-1:], dtype=np.result_type(a, b))
+
+    def rows(start, stop):
+        np.matmul(a[start:stop], b if a.ndim == 2 else b[start:stop], out=out[start:stop])
+        if add is not None:
+            out[start:stop] += add
+
+    split(rows, n, work=a.size * b.shape[-1] // 32)
+    return out
+
+
+def matmuls(xp, pairs):
+    """[a @ b for (a, b) in pairs], 2-d products, in one split over the threads.
+
+    The threads take the products' rows in order, each row weighted by its cost
+    (k * m), so two products of equal cost on two threads run one on each, whole:
+    a Linear backward's dx = g @ W beside its dW = g^T @ x. Other arrays: one by one."""
+    if xp is not np:
+        return [xp.matmul(a, b) for a, b in pairs]
+    outs = [np.empty((a.shape[0], b.shape[1]), dtype=np.result_type(a, b)) for a, b in pairs]
+    costs = [a.shape[1] * b.shape[1] for a, b in pairs]          # of one row of each product
+    firsts = np.cumsum([0] + [len(a) * c for (a, _), c in zip(pairs, costs)]).tolist()
+
+    def units(start, stop):                                       # a row goes where its first unit is
+        for (a, b), out, cost, first in zip(pairs, outs, costs, firsts):
+            i, j = max(0, -((first - start) // cost)), min(len(a), -((first - stop) // cost))
+            if i < j:
+                np.matmul(a[i:j], b, out=out[i:j])
+
+    split(units, firsts[-1], work=firsts[-1] // 32)
+    return outs
+
+
+def joined(arrays, shape, dim):
+    """The numpy array of ``shape`` whose consecutive slices along ``dim`` the ``arrays`` are,
+    exactly (views of it, in order, covering it): their concat without a copy. None when
+    they are anything else."""
+    base = arrays[0].base if isinstance(arrays[0], np.ndarray) else None
+    if base is None or base.size != math.prod(shape) or not base.flags.c_contiguous:
+        return None
+    whole, start, lead = base.reshape(shape), 0, (slice(None),) * dim
+    for a in arrays:
+        piece = whole[lead + (slice(start, start + a.shape[dim]),)]
+        if a.base is not base or a.dtype != piece.dtype or a.shape != piece.shape \
+                or a.strides != piece.strides or a.ctypes.data != piece.ctypes.data:
+            return None
+        start += a.shape[dim]
+    return whole if start == shape[dim] else None
+

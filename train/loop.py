@@ -117,6 +117,8 @@ def build_parser():
     p.add_argument("--data", help="a UTF-8 text file for character-level training (default: the lesson corpus)")
     p.add_argument("--out_dir", help="where ckpt.npz, log.csv, loss.png and summary.json go")
     p.add_argument("--resume", action="store_true", help="continue from out_dir/ckpt.npz")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start a new run in an --out_dir that holds one (its ckpt.npz and best.npz are deleted)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, or strict (the test stand-in for a GPU)")
     p.add_argument("--seed", type=int, default=1337)
     for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "max_iters", "lr_decay_iters",
@@ -183,6 +185,8 @@ def validate_args(args):
     """
     problems, notes = [], []
     given = set(args._given)
+    if args.resume and args.overwrite:
+        problems.append("--resume continues the run in --out_dir, --overwrite replaces it: give one of them")
     if args.data and args.layout:
         problems.append("--layout is for the 'it' corpus only, not with --data")
     for name in AT_LEAST_1:
@@ -444,6 +448,7 @@ def setup(args):
     ckpt_path = os.path.join(args.out_dir, "ckpt.npz")
     if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
         raise ValueError(f"--out_dir {args.out_dir} is a file, not a folder")
+    replaced = None if args.resume else checkpoint.refuse_to_replace(args.out_dir, args.overwrite)
     dataset = load_text(args.data) if args.data else load_coref(seed=0, layout=args.layout)
     device_backend = ta.backend.get_backend(args.device)      # a clear error when CUDA is missing
     ta.manual_seed(args.seed)
@@ -467,6 +472,9 @@ def setup(args):
                      train_losses=(meta.get("train_losses", []) + [None] * meta["step"])[:meta["step"]])
         state["data_rng"].bit_generator.state = meta["data_rng"]
         device_backend.set_rng_state(meta["device_rng"])
+    if replaced and dist.rank() == 0:
+        checkpoint.remove_run(args.out_dir)
+        args._notes = [*getattr(args, "_notes", ()), replaced]
     os.makedirs(args.out_dir, exist_ok=True)
     return dataset, model, optimizer, state, meta
 

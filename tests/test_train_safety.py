@@ -73,3 +73,117 @@ def test_the_refusal_is_one_line_from_the_command(text_file, tmp_path):
                            "--max_iters", "2"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "--overwrite" in proc.stderr
+
+
+# ---------------------------------------------------------------- Ctrl-C and --resume
+import signal                                                       # noqa: E402
+
+import tinyattn as ta                                               # noqa: E402
+import train.loop as program                                        # noqa: E402
+from tinyattn.models import GPT                                    # noqa: E402
+
+RUN = [*TINY, "--dropout", "0.1", "--eval_interval", "5", "--log_interval", "1"]   # dropout: the device generator counts
+
+
+def final_state(out):
+    """Everything a resumed run must reproduce to the bit: weights, AdamW's state, every step's loss, the evals."""
+    model, optim, meta = checkpoint.load(str(out / "ckpt.npz"))
+    optim_arrays = {f"{i}/{k}": v for i, values in optim["state"].items() for k, v in values.items()}
+    evals = [(r["step"], r["train_loss"], r["val_loss"]) for r in meta["log"]]
+    return model, optim_arrays, meta["train_losses"], evals, meta["step"]
+
+
+@pytest.fixture
+def uninterrupted(text_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("straight")
+    assert main(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 0
+    return final_state(out)
+
+
+def ctrl_c(how):
+    """What the patched call does at its chosen call: a real SIGINT (as Ctrl-C sends), or a
+    KeyboardInterrupt raised right there (as a second Ctrl-C would be)."""
+    if how == "signal":
+        os.kill(os.getpid(), signal.SIGINT)
+    else:
+        raise KeyboardInterrupt
+
+
+# (what is patched, which call, how): eval at steps 0, 5, 10 (2 + 2 forwards each), 12 steps
+INTERRUPTS = [
+    ("forward", 7, "signal"), ("forward", 16, "signal"), ("forward", 12, "signal"),     # steps 2, 7; eval at 5
+    ("backward", 3, "signal"), ("backward", 8, "signal"), ("optimizer", 4, "signal"), ("optimizer", 11, "signal"),
+    ("batch", 2, "signal"), ("batch", 9, "signal"), ("eval", 2, "signal"), ("save", 1, "signal"), ("save", 2, "signal"),
+    ("forward", 6, "raise"), ("forward", 17, "raise"), ("backward", 9, "raise"), ("batch", 6, "raise"),
+    ("eval", 3, "raise"),
+]
+TARGETS = {"forward": (GPT, "forward"), "backward": (ta.Tensor, "backward"), "optimizer": (ta.optim.AdamW, "step"),
+           "batch": (program.parallel, "local_batch"), "eval": (program, "estimate_loss"),
+           "save": (checkpoint, "save")}
+
+
+@pytest.mark.parametrize("what, at_call, how", INTERRUPTS)
+def test_resume_after_ctrl_c_is_exact_wherever_it_lands(text_file, tmp_path, uninterrupted, capsys, what, at_call,
+                                                         how):
+    owner, name = TARGETS[what]
+    real, calls = getattr(owner, name), []
+
+    def patched(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == at_call:
+            ctrl_c(how)
+        return real(*args, **kwargs)
+    out = tmp_path / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(owner, name, patched)
+        assert main(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 130
+    stopped = checkpoint.read_meta(str(out / "ckpt.npz"))["step"]
+    assert 0 < stopped < 12
+    assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "12"]) == 0
+    model, optim, losses, evals, step = final_state(out)
+    want_model, want_optim, want_losses, want_evals, want_step = uninterrupted
+    assert step == want_step == 12
+    assert losses == want_losses                     # every step's training loss, to the bit
+    assert evals == want_evals
+    assert model.keys() == want_model.keys() and optim.keys() == want_optim.keys()
+    for key in model:
+        np.testing.assert_array_equal(model[key], want_model[key], err_msg=key)
+    for key in optim:
+        np.testing.assert_array_equal(optim[key], want_optim[key], err_msg=key)
+
+
+def test_ctrl_c_says_it_stops_after_the_step(text_file, tmp_path, capsys, monkeypatch):
+    real, calls = ta.Tensor.backward, []
+
+    def patched(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(ta.Tensor, "backward", patched)
+    assert main(["--data", text_file, "--out_dir", str(tmp_path / "run"), *RUN, "--max_iters", "12"]) == 130
+    out = capsys.readouterr().out
+    assert "Ctrl-C: stopping after this step, then saving (Ctrl-C again to stop at once)" in out
+    assert checkpoint.read_meta(str(tmp_path / "run" / "ckpt.npz"))["step"] == 3      # step 2 finished
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler               # put back
+
+
+def test_an_update_cut_in_two_is_never_saved(text_file, tmp_path, capsys, monkeypatch):
+    """Ctrl-C cannot land inside the optimizer's update; an exception raised there could: the
+    half-updated weights are not saved, and the last checkpoint stays."""
+    out = tmp_path / "run"
+    real, calls = ta.optim.AdamW.step, []
+
+    def patched(self):
+        calls.append(1)
+        if len(calls) == 8:                                   # step 7, after the checkpoint of step 5
+            with ta.no_grad():
+                for p in self.parameters()[:2]:
+                    p.data -= 1.0                             # half of an update
+            raise KeyboardInterrupt
+        return real(self)
+    monkeypatch.setattr(ta.optim.AdamW, "step", patched)
+    assert main(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 130
+    assert one_error_line(capsys) == ("python -m train: interrupted inside the optimizer's update (the weights are "
+                                      f"half updated): not saved; {out / 'ckpt.npz'} keeps step 5")
+    assert checkpoint.read_meta(str(out / "ckpt.npz"))["step"] == 5

@@ -27,7 +27,7 @@ from tinyattn.models.gpt import INITS
 from tinyattn.optim import warmup_cosine, set_lr
 from tinyattn.nn.utils import clip_grad_norm_
 
-from . import checkpoint, parallel
+from . import checkpoint, interrupts, parallel
 from .data import load_coref, load_text, tokenizer_to_json
 from .plots import NOT_INSTALLED, pyplot
 
@@ -283,7 +283,8 @@ def train_step(model, optimizer, batches, grad_clip, average_grads=None):
         average_grads()
     if grad_clip > 0:
         clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
+    with interrupts.optimizer_update():      # Ctrl-C never cuts the update in two (train/interrupts.py)
+        optimizer.step()
     optimizer.zero_grad()
     return total
 
@@ -356,6 +357,10 @@ def write_log(log_rows, out_dir):
 
 class Diverged(RuntimeError):
     """A non-finite loss: the run stops, and no checkpoint is written from here on."""
+
+
+class Interrupted(RuntimeError):
+    """A Ctrl-C that left no state to save (the optimizer's update was cut in two)."""
 
 
 def check_resume(args, meta, dataset):
@@ -480,8 +485,13 @@ def setup(args):
 
 
 def train(args):
-    """The training run; returns the summary dict. Under mpiexec every process runs it
-    (train/parallel.py says who does what)."""
+    """The training run; returns the summary dict (None after Ctrl-C). Under mpiexec every
+    process runs it (train/parallel.py says who does what)."""
+    with interrupts.Interrupts(tqdm.write if dist.rank() == 0 else (lambda msg: None)):
+        return _train(args)
+
+
+def _train(args):
     with parallel.together():                   # under mpiexec: an error in any process stops them all
         dataset, model, optimizer, state, meta = setup(args)
     ckpt_path = os.path.join(args.out_dir, "ckpt.npz")
@@ -529,19 +539,23 @@ def train(args):
         if args.sample_tokens and not args.quiet:
             say("  sample: " + repr(sample_text(model, dataset, args, args.sample_tokens)[:300]))
         if losses["val"] < state["best_val_loss"]:
-            state["best_val_loss"] = losses["val"]
-            if step > 0:                             # ckpt.npz: the latest state, for --resume
-                save(ckpt_path)
-                save(os.path.join(args.out_dir, "best.npz"))
+            with interrupts.uninterrupted():         # best_val_loss and best.npz change together
+                state["best_val_loss"] = losses["val"]
+                if step > 0:                         # ckpt.npz: the latest state, for --resume
+                    save(ckpt_path)
+                    save(os.path.join(args.out_dir, "best.npz"))
         return losses
 
     def save(path):
-        save_checkpoint(path, model, optimizer, state, args, dataset)
-        state["saved_step"] = state["step"]
+        with interrupts.uninterrupted():
+            save_checkpoint(path, model, optimizer, state, args, dataset)
+            state["saved_step"] = state["step"]
 
     pending = []                                     # this step's losses, still on the device
     profiler = ta.profile() if args.profile and root else None
     parallel.leave_interrupts_to_root()
+    guard = interrupts.active().arm()                # Ctrl-C from here on: stop between two steps
+    started = None                                   # the state at the start of the step under way
     try:
         while state["step"] < args.max_iters:
             step = state["step"]
@@ -549,23 +563,34 @@ def train(args):
                 read_losses(pending, state)
                 parallel.gather_streams(state, device_backend)
                 parallel.on_root(evaluate, step)
+            if guard.requested:                          # Ctrl-C: stop here, between two steps
+                raise KeyboardInterrupt
             lr = warmup_cosine(step, args.learning_rate, args.min_lr, args.warmup_iters, args.lr_decay_iters)
             set_lr(optimizer, lr)
             t0 = time.time()
+            started = interrupts.StepStart(state, device_backend, guard)
             batches = [to_device(parallel.local_batch(dataset, args, state["data_rng"]), args.device)
                        for _ in range(args.gradient_accumulation_steps)]
             with profiler if profiler and step in PROFILE_STEPS else contextlib.nullcontext():
                 pending.append(train_step(model, optimizer, batches, args.grad_clip,
                                           None if averager is None else averager.average))
-            state["step"] = step + 1
-            if step % args.log_interval == 0:          # reading the losses waits for the device: not every step
-                loss_value = read_losses(pending, state)
-                bar.set_postfix(loss=f"{loss_value:.4f}", ppl=f"{perplexity(loss_value):.2f}", lr=f"{lr:.2e}")
+            with interrupts.uninterrupted():
+                state["step"] = step + 1
+                started = None
+                if step % args.log_interval == 0:      # reading the losses waits for the device: not every step
+                    loss_value = read_losses(pending, state)
+                    bar.set_postfix(loss=f"{loss_value:.4f}", ppl=f"{perplexity(loss_value):.2f}", lr=f"{lr:.2e}")
             train_time += time.time() - t0
             steps_timed += 1
             bar.update(1)
     except KeyboardInterrupt:
         interrupted = True
+        cut = started and started.undo(state, device_backend, guard, optimizer)   # back to the step's start
+        if cut:
+            bar.close()
+            kept = "no checkpoint was written" if state["saved_step"] is None else \
+                f"{ckpt_path} keeps step {state['saved_step']}"
+            raise Interrupted(f"interrupted {cut}: not saved; {kept}") from None
         say(f"interrupted at step {state['step']}: saving {ckpt_path}")
     finally:
         bar.close()
@@ -629,6 +654,13 @@ def run(argv=None):
                 ta.detect_anomaly() if args.detect_anomaly else contextlib.nullcontext():
             # a blow-up is reported once, below
             summary = train(args)
+    except KeyboardInterrupt:                    # before the training loop began: nothing to save
+        if dist.rank() == 0:
+            print("python -m train: interrupted before training began: nothing was saved", file=sys.stderr)
+        return 130
+    except Interrupted as e:
+        print(f"python -m train: {e}", file=sys.stderr)
+        return 130
     except (parallel.Stopped, Diverged) as e:   # every process stopped here together
         if dist.rank() == 0:
             print(f"python -m train: error: {e}", file=sys.stderr)

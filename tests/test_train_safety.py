@@ -187,3 +187,31 @@ def test_an_update_cut_in_two_is_never_saved(text_file, tmp_path, capsys, monkey
     assert one_error_line(capsys) == ("python -m train: interrupted inside the optimizer's update (the weights are "
                                       f"half updated): not saved; {out / 'ckpt.npz'} keeps step 5")
     assert checkpoint.read_meta(str(out / "ckpt.npz"))["step"] == 5
+
+
+def test_ctrl_c_writes_the_log_and_summary_and_the_clock_runs_on(text_file, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    real, calls = ta.Tensor.backward, []
+
+    def patched(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 8:                                   # in step 7
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ta.Tensor, "backward", patched)
+        assert main(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 130
+    rows = (out / "log.csv").read_text().splitlines()
+    assert [r.split(",")[0] for r in rows[1:]] == ["0", "5"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["iters"] == 8 and summary["last_eval_step"] == 5
+    assert summary["val_loss"] == float(rows[2].split(",")[2])
+    elapsed = checkpoint.read_meta(str(out / "ckpt.npz"))["elapsed"]
+    assert elapsed >= float(rows[2].split(",")[-1]) > 0
+
+    assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "12"]) == 0
+    rows = [r.split(",") for r in (out / "log.csv").read_text().splitlines()[1:]]
+    assert [r[0] for r in rows] == ["0", "5", "10", "12"]
+    times = [float(r[-1]) for r in rows]
+    assert times == sorted(times) and times[2] > elapsed                   # the clock went on from the checkpoint
+    assert "interrupted" not in json.loads((out / "summary.json").read_text())

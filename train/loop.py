@@ -308,7 +308,7 @@ def save_checkpoint(path, model, optimizer, state, args, dataset):
                 args={k: v for k, v in vars(args).items() if not k.startswith("_")}, data_rng=state["data_rng"].bit_generator.state,
                 device_rng=ta.backend.get_backend(args.device).get_rng_state(),
                 tokenizer=tokenizer_to_json(dataset.tokenizer), dataset=dataset.name, log=state["log"],
-                train_losses=state["train_losses"])
+                train_losses=state["train_losses"], elapsed=state.get("elapsed"))
     if dist.world_size() > 1:                    # every rank's streams, for --resume (train/parallel.py)
         meta.update(world_size=dist.world_size(), rank_rngs=state.get("rank_rngs"))
     checkpoint.save(path, model, optimizer, meta)
@@ -462,7 +462,7 @@ def setup(args):
                        n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, bias=args.bias,
                        init=args.init, head_dropout=args.head_dropout)
     state = dict(step=0, best_val_loss=math.inf, data_rng=np.random.default_rng(args.seed), log=[],
-                 train_losses=[], saved_step=None)
+                 train_losses=[], saved_step=None, time_before=0.0)
     meta = None
     if args.resume:
         model_state, optim_state, meta = checkpoint.load(ckpt_path)
@@ -474,6 +474,7 @@ def setup(args):
         model.load_state_dict(model_state)
         optimizer.load_state_dict(optim_state)
         state.update(step=meta["step"], best_val_loss=meta["best_val_loss"], log=meta["log"], saved_step=meta["step"],
+                     time_before=meta.get("elapsed") or (meta["log"][-1]["time"] if meta["log"] else 0.0),
                      train_losses=(meta.get("train_losses", []) + [None] * meta["step"])[:meta["step"]])
         state["data_rng"].bit_generator.state = meta["data_rng"]
         device_backend.set_rng_state(meta["device_rng"])
@@ -519,6 +520,7 @@ def _train(args):
     tokens_per_step = args.batch_size * args.block_size * args.gradient_accumulation_steps
     train_time, steps_timed, interrupted = 0.0, 0, False
     start_wall = time.time()
+    clock = lambda: state["time_before"] + time.time() - start_wall      # noqa: E731  (continues over --resume)
     bar = tqdm(total=args.max_iters, initial=state["step"], disable=args.quiet or not root, dynamic_ncols=True,
                desc="train")
 
@@ -528,12 +530,13 @@ def _train(args):
                    train_perplexity=round(perplexity(losses["train"]), 4),
                    val_perplexity=round(perplexity(losses["val"]), 4),
                    lr=warmup_cosine(step, args.learning_rate, args.min_lr, args.warmup_iters, args.lr_decay_iters),
-                   time=round(time.time() - start_wall, 3))
+                   time=round(clock(), 3))
         if not all(math.isfinite(v) for v in losses.values()):
             raise Diverged(f"the eval loss is train {losses['train']}, val {losses['val']} at step {step}; "
                            f"stopped: {last_saved(state)}")
         if not state["log"] or state["log"][-1]["step"] != step:
             state["log"].append(row)
+            write_log(state["log"], args.out_dir)      # up to date, whatever stops the run
         say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
             f"(perplexity {perplexity(losses['val']):.2f})")
         if args.sample_tokens and not args.quiet:
@@ -546,8 +549,25 @@ def _train(args):
                     save(os.path.join(args.out_dir, "best.npz"))
         return losses
 
+    def stopped():
+        """After Ctrl-C: ckpt.npz, and log.csv, loss.png and summary.json as far as the run went."""
+        save(ckpt_path)
+        last = state["log"][-1] if state["log"] else {}
+        best = state["best_val_loss"] if math.isfinite(state["best_val_loss"]) else None
+        summary = dict(interrupted=True, iters=state["step"], best_val_loss=best and round(best, 6),
+                       last_eval_step=last.get("step"), val_loss=last.get("val_loss"),
+                       train_loss=last.get("train_loss"), dataset=dataset.name,
+                       tokens_per_s=round(tokens_per_step * steps_timed / train_time, 1) if train_time else None,
+                       wall_s=round(time.time() - start_wall, 2), parameters=model.num_parameters(),
+                       device=args.device, config=config.to_dict())
+        write_log(state["log"], args.out_dir)
+        say(write_plot(state["log"], args.out_dir, state["train_losses"]))
+        with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+
     def save(path):
         with interrupts.uninterrupted():
+            state["elapsed"] = clock()
             save_checkpoint(path, model, optimizer, state, args, dataset)
             state["saved_step"] = state["step"]
 
@@ -597,14 +617,14 @@ def _train(args):
     if interrupted and world > 1:                    # rank 0 alone is here: no collective, and the
         pending.clear()                              # unread losses stay unknown (None) in the checkpoint
         state["rank_rngs"] = None                    # the other ranks' streams have moved on since
-        save(ckpt_path)
+        stopped()
         dist.abort(f"python -m train: interrupted at step {state['step']}: saved {ckpt_path}; "
                    f"ending the other processes", 130)
     read_losses(pending, state)
     if profiler:
         report_profile(profiler, args.out_dir)
     if interrupted:
-        save(ckpt_path)
+        stopped()
         return None
     parallel.gather_streams(state, device_backend)
 
@@ -631,7 +651,12 @@ def _train(args):
             json.dump(summary, f, indent=2)
         return summary
 
-    return parallel.on_root(finish)              # rank 0 evaluates and writes; every process gets the summary
+    try:
+        return parallel.on_root(finish)          # rank 0 evaluates and writes; every process gets the summary
+    except KeyboardInterrupt:                    # a second Ctrl-C in the final evaluation: all steps are done
+        say(f"interrupted at step {state['step']}: saving {ckpt_path}")
+        stopped()
+        return None
 
 
 def main(argv=None):

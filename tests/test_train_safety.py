@@ -215,3 +215,36 @@ def test_ctrl_c_writes_the_log_and_summary_and_the_clock_runs_on(text_file, tmp_
     times = [float(r[-1]) for r in rows]
     assert times == sorted(times) and times[2] > elapsed                   # the clock went on from the checkpoint
     assert "interrupted" not in json.loads((out / "summary.json").read_text())
+
+
+# ---------------------------------------------------------------- the data of a --resume
+def test_resume_refuses_another_text_with_the_same_vocabulary(text_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["--data", text_file, "--out_dir", str(out), *TINY, "--max_iters", "4"]) == 0
+    other = tmp_path / "other.txt"
+    other.write_text(TEXT[::-1])                        # the same characters, another text
+    before = (out / "ckpt.npz").read_bytes()
+    capsys.readouterr()
+    assert main(["--data", str(other), "--out_dir", str(out), "--resume", "--max_iters", "8"]) == 1
+    size = f"{len(TEXT.encode()):,} bytes, sha256 "
+    line = one_error_line(capsys)
+    assert line.startswith(f"python -m train: error: --resume: {other} ({size}") and \
+        f"is not the data {out / 'ckpt.npz'} was trained on ({text_file}: {size}" in line, line
+    assert line.endswith("pass that, or use another --out_dir for a new run")
+    assert (out / "ckpt.npz").read_bytes() == before
+    assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "8"]) == 0
+
+
+def test_an_older_checkpoint_without_its_data_is_resumed_with_a_note(text_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["--data", text_file, "--out_dir", str(out), *TINY, "--max_iters", "4"]) == 0
+    with np.load(out / "ckpt.npz", allow_pickle=False) as f:
+        arrays = {k: f[k] for k in f.files}
+    meta = json.loads(str(arrays["meta"]))
+    del meta["data_source"]
+    arrays["meta"] = np.array(json.dumps(meta))
+    np.savez(out / "ckpt.npz", **arrays)
+    capsys.readouterr()
+    assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "8"]) == 0
+    assert (f"python -m train: note: {out / 'ckpt.npz'} does not say which data it was trained on (an older "
+            f"checkpoint): {text_file} is taken as that data, unchecked beyond its vocabulary") in capsys.readouterr().out

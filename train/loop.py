@@ -308,7 +308,7 @@ def save_checkpoint(path, model, optimizer, state, args, dataset):
                 args={k: v for k, v in vars(args).items() if not k.startswith("_")}, data_rng=state["data_rng"].bit_generator.state,
                 device_rng=ta.backend.get_backend(args.device).get_rng_state(),
                 tokenizer=tokenizer_to_json(dataset.tokenizer), dataset=dataset.name, log=state["log"],
-                train_losses=state["train_losses"], elapsed=state.get("elapsed"))
+                train_losses=state["train_losses"], elapsed=state.get("elapsed"), data_source=dataset.source)
     if dist.world_size() > 1:                    # every rank's streams, for --resume (train/parallel.py)
         meta.update(world_size=dist.world_size(), rank_rngs=state.get("rank_rngs"))
     checkpoint.save(path, model, optimizer, meta)
@@ -381,6 +381,7 @@ def check_resume(args, meta, dataset):
         n_theirs = len(theirs.get("chars", theirs.get("words", [])))
         raise ValueError(f"--resume: the vocabulary of {args.data or dataset.name} ({dataset.tokenizer.vocab_size} "
                          f"tokens) differs from the one {where} was trained with ({n_theirs} tokens)")
+    same_data(args, meta, dataset, where)
     config, given = meta["config"], set(args._given)
     config = {k: config.get(k, getattr(GPTConfig, k)) for k in MODEL_FLAGS}    # older ones lack init, head_dropout
     conflicts = [f"--{k} {getattr(args, k)} (the checkpoint has {config[k]})" for k in MODEL_FLAGS
@@ -390,6 +391,22 @@ def check_resume(args, meta, dataset):
                          f"{'these flags' if len(conflicts) > 1 else 'the flag'}, or use another --out_dir for a new model")
     for k in MODEL_FLAGS:
         setattr(args, k, config[k])
+
+
+def same_data(args, meta, dataset, where):
+    """--resume: the text (or corpus) is the one the checkpoint was trained on, byte for byte
+    (its size and SHA-256). A checkpoint from before they were kept: a note, and it goes on."""
+    theirs, ours = meta.get("data_source"), dataset.source
+    what = args.data or "the lesson corpus"
+    if theirs is None:
+        args._notes = [*getattr(args, "_notes", ()), f"{where} does not say which data it was trained on (an older "
+                       f"checkpoint): {what} is taken as that data, unchecked beyond its vocabulary"]
+    elif theirs != ours:
+        def described(source):
+            return f"{source['bytes']:,} bytes, sha256 {source['sha256'][:12]}"
+        trained_on = (meta.get("args") or {}).get("data") or "the lesson corpus"
+        raise ValueError(f"--resume: {what} ({described(ours)}) is not the data {where} was trained on "
+                         f"({trained_on}: {described(theirs)}): pass that, or use another --out_dir for a new run")
 
 
 RESUMED_FLAGS = ("max_iters", "batch_size", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay",

@@ -248,3 +248,19 @@ def test_an_older_checkpoint_without_its_data_is_resumed_with_a_note(text_file, 
     assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "8"]) == 0
     assert (f"python -m train: note: {out / 'ckpt.npz'} does not say which data it was trained on (an older "
             f"checkpoint): {text_file} is taken as that data, unchecked beyond its vocabulary") in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- a schedule that ended
+def test_a_resume_past_the_schedules_end_says_so(text_file, tmp_path, capsys):
+    """The preset's schedule is fitted to a short first run; a --resume with more steps would
+    train them all at --min_lr without a word."""
+    out = tmp_path / "run"
+    no_schedule = [a for i, a in enumerate(TINY) if "_iters" not in a and "_iters" not in TINY[i - 1]]
+    assert main(["--data", text_file, "--out_dir", str(out), *no_schedule, "--eval_iters", "2", "--max_iters", "10"]) == 0
+    capsys.readouterr()
+    assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "20"]) == 0
+    assert ("python -m train: note: the learning rate schedule ended at --lr_decay_iters 10: steps 10 to 19 all run "
+            "at --min_lr 0.0001 (pass --lr_decay_iters 20 for a schedule that ends at --max_iters)") in capsys.readouterr().out
+    assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "30",
+                 "--lr_decay_iters", "30"]) == 0
+    assert "schedule ended" not in capsys.readouterr().out

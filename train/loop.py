@@ -525,6 +525,10 @@ def _train(args):
     if args.resume and state["step"] >= args.max_iters and root:
         print(f"python -m train: note: {ckpt_path} is at step {state['step']}, not below --max_iters "
               f"{args.max_iters}: nothing to train (raise --max_iters to continue)")
+    elif args.resume and args.lr_decay_iters <= state["step"] and args.min_lr != args.learning_rate and root:
+        print(f"python -m train: note: the learning rate schedule ended at --lr_decay_iters {args.lr_decay_iters}: "
+              f"steps {state['step']} to {args.max_iters - 1} all run at --min_lr {args.min_lr:g} (pass "
+              f"--lr_decay_iters {args.max_iters} for a schedule that ends at --max_iters)")
     say(f"{dataset.name}: {len(dataset.train):,} train / {len(dataset.val):,} val tokens, vocab {config.vocab_size}; "
         f"model {model.num_parameters() / 1e6:.2f}M parameters on {args.device}")
     pids = dist.gather_object(os.getpid())      # a process that dies is named by its pid (mpiexec says which)

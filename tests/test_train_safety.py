@@ -264,3 +264,93 @@ def test_a_resume_past_the_schedules_end_says_so(text_file, tmp_path, capsys):
     assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "30",
                  "--lr_decay_iters", "30"]) == 0
     assert "schedule ended" not in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- too large for memory
+from tinyattn.models import GPTConfig                              # noqa: E402
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_parameter_count_is_the_models(bias):
+    from train import memory
+    config = GPTConfig(block_size=16, vocab_size=33, n_layer=3, n_head=2, n_embd=24, bias=bias)
+    assert memory.parameter_count(config) == GPT(config).num_parameters(non_embedding=False)
+
+
+@pytest.mark.parametrize("n_embd, batch", [(32, 16), (64, 4)])
+def test_the_estimate_is_a_lower_bound_of_a_real_step(n_embd, batch):
+    """A run is refused only if it could not have fitted: the estimate never exceeds what a
+    training step really allocates (numpy's allocations, traced)."""
+    import tracemalloc
+    from train import memory
+    from train.loop import train_step
+    config = GPTConfig(block_size=32, vocab_size=40, n_layer=2, n_head=2, n_embd=n_embd)
+    rng = np.random.default_rng(0)
+    x, y = (ta.tensor(rng.integers(0, 40, (batch, 32))) for _ in range(2))
+    tracemalloc.start()
+    try:
+        model = GPT(config)
+        optimizer = model.configure_optimizer(0.1, 1e-3, (0.9, 0.99))
+        train_step(model, optimizer, [(x, y)], 1.0)
+        train_step(model, optimizer, [(x, y)], 1.0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    state, activations = memory.training_bytes(config, batch, 32)
+    assert state + activations <= peak, (state, activations, peak)
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--batch_size", "100000000"], "a step's activations for 100,000,000 rows of 16 tokens"),
+    (["--n_embd", "65536", "--n_head", "1"], "the model's {:,} parameters"),
+])
+def test_a_run_too_large_for_memory_is_one_line(text_file, tmp_path, flags, said):
+    from train import memory
+    said = said.format(memory.parameter_count(GPTConfig(block_size=16, vocab_size=33, n_layer=1, n_embd=65536)))
+    proc = subprocess.run([sys.executable, "-m", "train", "--data", text_file, "--out_dir", str(tmp_path / "run"),
+                           *TINY, "--max_iters", "2", *flags], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m train: error: this run needs at least "), proc.stderr
+    assert said in lines[0] and "GiB available" in lines[0]
+    assert not (tmp_path / "run" / "ckpt.npz").exists()
+
+
+def test_the_limit_is_the_memory_available(text_file, tmp_path, capsys, monkeypatch):
+    from train import memory
+    argv = ["--data", text_file, "--out_dir", str(tmp_path / "run"), *TINY, "--max_iters", "2"]
+    monkeypatch.setattr(memory, "available_bytes", lambda: 2 ** 16)          # 64 KiB: not even the tiny run
+    assert main(argv) == 1
+    line = one_error_line(capsys)
+    assert "more than the 0.0 GiB available" in line and line.endswith("lower --batch_size or --block_size")
+    monkeypatch.setattr(memory, "available_bytes", lambda: None)             # unknown: no check
+    assert main(argv) == 0
+
+
+def test_running_out_of_memory_anyway_is_one_line(text_file, tmp_path, capsys, monkeypatch):
+    def no_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 16.0 GiB for an array with shape (65536, 65536) and data type float32")
+    monkeypatch.setattr(program, "train_step", no_memory)
+    assert main(["--data", text_file, "--out_dir", str(tmp_path / "run"), *TINY, "--max_iters", "2"]) == 1
+    assert one_error_line(capsys) == (
+        "python -m train: error: out of memory: Unable to allocate 16.0 GiB for an array with shape (65536, 65536) "
+        "and data type float32 (lower --batch_size or --block_size, or the model's --n_embd or --n_layer)")
+
+
+# ---------------------------------------------------------------- sampling flags
+@pytest.mark.parametrize("argv, said", [
+    (["--temperature", "nan"], "argument --temperature: must be a finite number >= 0, got nan"),
+    (["--temperature", "inf"], "argument --temperature: must be a finite number >= 0, got inf"),
+    (["--temperature", "-0.5"], "argument --temperature: must be a finite number >= 0, got -0.5"),
+    (["--temperature", "hot"], "argument --temperature: invalid float value: 'hot'"),
+    (["--top_p", "nan"], "argument --top_p: must be in (0, 1], got nan"),
+    (["--top_p", "0"], "argument --top_p: must be in (0, 1], got 0"),
+    (["--top_p", "1.5"], "argument --top_p: must be in (0, 1], got 1.5"),
+    (["--top_k", "0"], "argument --top_k: must be at least 1, got 0"),
+])
+def test_sample_refuses_a_bad_temperature_or_top_p(capsys, argv, said):
+    from train.sample import main as sample_main
+    with pytest.raises(SystemExit) as e:
+        sample_main(argv)
+    assert e.value.code == 2
+    assert said in one_error_line(capsys)

@@ -27,7 +27,7 @@ from tinyattn.models.gpt import INITS
 from tinyattn.optim import warmup_cosine, set_lr
 from tinyattn.nn.utils import clip_grad_norm_
 
-from . import checkpoint, interrupts, parallel
+from . import checkpoint, interrupts, memory, parallel
 from .data import load_coref, load_text, tokenizer_to_json
 from .plots import NOT_INSTALLED, pyplot
 
@@ -485,6 +485,9 @@ def setup(args):
         model_state, optim_state, meta = checkpoint.load(ckpt_path)
         check_resume(args, meta, dataset)
         config = GPTConfig(**meta["config"])
+    if device_backend.on_host:                  # refused before it is allocated, in one line
+        tokens_per_row = dataset.rows["train"].shape[1] - 1 if dataset.rows is not None else config.block_size
+        memory.check_fits(config, args.batch_size // dist.world_size(), tokens_per_row)
     model = GPT(config).to(args.device)
     optimizer = model.configure_optimizer(args.weight_decay, args.learning_rate, (args.beta1, args.beta2))
     if args.resume:
@@ -715,6 +718,12 @@ def run(argv=None):
         if dist.world_size() > 1:
             raise                                # this process's alone: run_or_abort ends the job
         print(f"python -m train: error: {e}", file=sys.stderr)
+        return 1
+    except MemoryError as e:                     # numpy's "Unable to allocate ...", CuPy's out of memory
+        if dist.world_size() > 1:
+            raise
+        print(f"python -m train: error: out of memory: {str(e).splitlines()[0] if str(e) else 'MemoryError'} "
+              f"(lower --batch_size or --block_size, or the model's --n_embd or --n_layer)", file=sys.stderr)
         return 1
     if summary is None:
         return 130

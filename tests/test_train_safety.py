@@ -354,3 +354,22 @@ def test_sample_refuses_a_bad_temperature_or_top_p(capsys, argv, said):
         sample_main(argv)
     assert e.value.code == 2
     assert said in one_error_line(capsys)
+
+
+# ---------------------------------------------------------------- --seed and --resume
+def test_resume_keeps_the_runs_own_seed(text_file, tmp_path, capsys):
+    """The seed also draws the evaluation's batches: a resumed run took the default seed's,
+    so its val losses (and best.npz) were measured on other batches than the run's."""
+    def evals(out):
+        return [(r["step"], r["val_loss"]) for r in checkpoint.read_meta(str(out / "ckpt.npz"))["log"]]
+    flags = [*RUN, "--seed", "5"]
+    assert main(["--data", text_file, "--out_dir", str(tmp_path / "a"), *flags, "--max_iters", "10"]) == 0
+    assert main(["--data", text_file, "--out_dir", str(tmp_path / "b"), *flags, "--max_iters", "5"]) == 0
+    assert main(["--data", text_file, "--out_dir", str(tmp_path / "b"), "--resume", "--max_iters", "10"]) == 0
+    assert evals(tmp_path / "b") == evals(tmp_path / "a")
+    capsys.readouterr()
+    assert main(["--data", text_file, "--out_dir", str(tmp_path / "b"), "--resume", "--max_iters", "15",
+                 "--seed", "7"]) == 1
+    assert one_error_line(capsys) == (
+        f"python -m train: error: --resume: --seed 7 (the run in {tmp_path / 'b' / 'ckpt.npz'} has --seed 5): a "
+        "resumed run continues its own random streams; drop --seed, or use another --out_dir for a new run")

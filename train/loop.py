@@ -47,6 +47,7 @@ PRESETS = {
                  learning_rate=1e-3, min_lr=1e-4, warmup_iters=100, lr_decay_iters=2000, eval_interval=250,
                  eval_iters=20, out_dir="out"),
 }
+DEFAULT_SEED = 1337
 PROFILE_STEPS = range(1, 6)   # --profile: step 0 warms up, these five are timed
 COMMON = dict(dropout=0.0, head_dropout=0.0, init="gpt2", weight_decay=0.1, beta1=0.9, beta2=0.99, grad_clip=1.0,
               gradient_accumulation_steps=1, bias=True, log_interval=10, sample_tokens=200, shared_batches=False)
@@ -120,7 +121,8 @@ def build_parser():
     p.add_argument("--overwrite", action="store_true",
                    help="start a new run in an --out_dir that holds one (its ckpt.npz and best.npz are deleted)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, or strict (the test stand-in for a GPU)")
-    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--seed", type=int, help="the random streams: init, batches, dropout, evaluation (default 1337; "
+                                            "--resume: the run's own)")
     for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "max_iters", "lr_decay_iters",
                  "warmup_iters", "eval_interval", "eval_iters", "gradient_accumulation_steps", "log_interval",
                  "sample_tokens"):
@@ -151,7 +153,7 @@ def parse_args(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     args._given = sorted(k for k, v in vars(args).items() if v is not None and k not in ("device", "seed"))
-    preset = {**COMMON, **PRESETS["text" if args.data else "coref"]}
+    preset = {**COMMON, **PRESETS["text" if args.data else "coref"], "seed": DEFAULT_SEED}
     if args.resume:                              # --resume continues the run with its own settings
         ran = resumed_settings(args.out_dir or preset["out_dir"])
         preset.update(ran)
@@ -382,6 +384,10 @@ def check_resume(args, meta, dataset):
         raise ValueError(f"--resume: the vocabulary of {args.data or dataset.name} ({dataset.tokenizer.vocab_size} "
                          f"tokens) differs from the one {where} was trained with ({n_theirs} tokens)")
     same_data(args, meta, dataset, where)
+    ran_seed = (meta.get("args") or {}).get("seed")
+    if ran_seed is not None and args.seed != ran_seed:       # it draws the evaluation's batches: they would change
+        raise ValueError(f"--resume: --seed {args.seed} (the run in {where} has --seed {ran_seed}): a resumed run "
+                         f"continues its own random streams; drop --seed, or use another --out_dir for a new run")
     config, given = meta["config"], set(args._given)
     config = {k: config.get(k, getattr(GPTConfig, k)) for k in MODEL_FLAGS}    # older ones lack init, head_dropout
     conflicts = [f"--{k} {getattr(args, k)} (the checkpoint has {config[k]})" for k in MODEL_FLAGS
@@ -409,7 +415,7 @@ def same_data(args, meta, dataset, where):
                          f"({trained_on}: {described(theirs)}): pass that, or use another --out_dir for a new run")
 
 
-RESUMED_FLAGS = ("max_iters", "batch_size", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay",
+RESUMED_FLAGS = ("seed", "max_iters", "batch_size", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay",
                  "beta1", "beta2", "grad_clip", "gradient_accumulation_steps", "eval_interval", "eval_iters",
                  "log_interval", "sample_tokens", "shared_batches")
 

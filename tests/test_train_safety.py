@@ -373,3 +373,15 @@ def test_resume_keeps_the_runs_own_seed(text_file, tmp_path, capsys):
     assert one_error_line(capsys) == (
         f"python -m train: error: --resume: --seed 7 (the run in {tmp_path / 'b' / 'ckpt.npz'} has --seed 5): a "
         "resumed run continues its own random streams; drop --seed, or use another --out_dir for a new run")
+
+
+def test_a_device_whose_generator_cannot_be_saved_says_resume_is_not_exact(text_file, tmp_path, capsys, monkeypatch):
+    """CuPy's generator state cannot be exported: with dropout, such a resume is not bit-exact, and says so."""
+    out = tmp_path / "run"
+    assert main(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "4"]) == 0
+    cpu = ta.backend.get_backend("cpu")
+    monkeypatch.setattr(type(cpu), "get_rng_state", lambda self: None)
+    capsys.readouterr()
+    assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "6"]) == 0
+    assert ("python -m train: note: the dropout generator's state was not saved (cpu cannot export it): the resumed "
+            "run draws its masks from a new stream") in capsys.readouterr().out

@@ -504,6 +504,12 @@ def setup(args):
                      train_losses=(meta.get("train_losses", []) + [None] * meta["step"])[:meta["step"]])
         state["data_rng"].bit_generator.state = meta["data_rng"]
         device_backend.set_rng_state(meta["device_rng"])
+        if (meta.get("device_rng") is None or device_backend.get_rng_state() is None) and \
+                (config.dropout or config.head_dropout):
+            device_backend.seed(parallel.device_seed(args.seed, 0, state["step"]))     # not the first steps' masks again
+            args._notes = [*getattr(args, "_notes", ()), f"the dropout generator's state was not saved ({args.device} "
+                           "cannot export it): the resumed run draws its masks from a new stream, so it is not the "
+                           "uninterrupted run to the bit (that needs --dropout 0 and --head_dropout 0 there)"]
     if replaced and dist.rank() == 0:
         checkpoint.remove_run(args.out_dir)
         args._notes = [*getattr(args, "_notes", ()), replaced]

@@ -3,12 +3,16 @@ folder that holds one, an interrupted run and its --resume, a different text fil
 that ended, a model too large for memory, a bad sampling flag."""
 import json
 import os
+import signal
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+import tinyattn as ta
+import train.loop as program
+from tinyattn.models import GPT, GPTConfig
 from train import checkpoint
 from train.loop import main
 
@@ -57,6 +61,16 @@ def test_overwrite_replaces_the_run_and_its_best_checkpoint(text_file, tmp_path,
     assert main(["--data", text_file, "--out_dir", str(out), *TINY, "--max_iters", "0", "--overwrite"]) == 0
     assert checkpoint.read_meta(str(out / "ckpt.npz"))["step"] == 0
     assert not (out / "best.npz").exists()
+    # and the old run's summary is not left behind when the new run stops before writing its own
+    real_setup = program.setup
+
+    def setup_then_crash(args):
+        real_setup(args)
+        raise OSError("disk failure")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(program, "setup", setup_then_crash)
+        assert main(["--data", text_file, "--out_dir", str(out), *TINY, "--max_iters", "4", "--overwrite"]) == 1
+    assert sorted(p.name for p in out.iterdir()) == []
 
 
 def test_resume_and_overwrite_together_are_refused(capsys):
@@ -76,11 +90,7 @@ def test_the_refusal_is_one_line_from_the_command(text_file, tmp_path):
 
 
 # ---------------------------------------------------------------- Ctrl-C and --resume
-import signal                                                       # noqa: E402
 
-import tinyattn as ta                                               # noqa: E402
-import train.loop as program                                        # noqa: E402
-from tinyattn.models import GPT                                    # noqa: E402
 
 RUN = [*TINY, "--dropout", "0.1", "--eval_interval", "5", "--log_interval", "1"]   # dropout: the device generator counts
 
@@ -267,7 +277,6 @@ def test_a_resume_past_the_schedules_end_says_so(text_file, tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- too large for memory
-from tinyattn.models import GPTConfig                              # noqa: E402
 
 
 @pytest.mark.parametrize("bias", [True, False])

@@ -84,6 +84,7 @@ def load(path):
 
 
 RUN_FILES = ("ckpt.npz", "best.npz")          # what a new run in the same folder would replace
+RUN_OUTPUTS = ("log.csv", "summary.json", "loss.png", "trace.json")     # and what describes that run
 
 
 def existing_run(out_dir):
@@ -111,13 +112,13 @@ def refuse_to_replace(out_dir, overwrite):
     if not overwrite:
         raise ValueError(f"--out_dir {out_dir} already holds a run ({found}): continue it with --resume, "
                          f"replace it with --overwrite, or pick another --out_dir")
-    return f"--overwrite: the run in {out_dir} ({found}) is replaced: its ckpt.npz and best.npz are deleted"
+    return f"--overwrite: the run in {out_dir} ({found}) is replaced: its checkpoints and logs are deleted"
 
 
 def remove_run(out_dir):
-    """--overwrite: delete the old run's checkpoints, so that no best.npz of the old run is
-    ever taken for the new run's."""
-    for name in RUN_FILES:
+    """--overwrite: delete the old run's checkpoints and logs, so that none of them (an old
+    best.npz, an old summary.json) is ever taken for the new run's."""
+    for name in RUN_FILES + RUN_OUTPUTS:
         path = os.path.join(out_dir, name)
         if os.path.exists(path):
             os.remove(path)

@@ -394,3 +394,13 @@ def test_a_device_whose_generator_cannot_be_saved_says_resume_is_not_exact(text_
     assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "6"]) == 0
     assert ("python -m train: note: the dropout generator's state was not saved (cpu cannot export it): the resumed "
             "run draws its masks from a new stream") in capsys.readouterr().out
+
+
+def test_resume_keeps_the_lesson_corpus_layout(tmp_path):
+    """A run on the 'it' corpus with --layout stream was resumed with the preset's sentence layout."""
+    out = tmp_path / "run"
+    flags = ["--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--eval_iters", "1", "--eval_interval", "100",
+             "--quiet", "--sample_tokens", "0"]
+    assert main(["--out_dir", str(out), "--layout", "stream", "--max_iters", "3", *flags]) == 0
+    assert main(["--out_dir", str(out), "--resume", "--max_iters", "4", "--quiet"]) == 0
+    assert checkpoint.read_meta(str(out / "ckpt.npz"))["args"]["layout"] == "stream"

@@ -415,7 +415,7 @@ def same_data(args, meta, dataset, where):
                          f"({trained_on}: {described(theirs)}): pass that, or use another --out_dir for a new run")
 
 
-RESUMED_FLAGS = ("seed", "max_iters", "batch_size", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay",
+RESUMED_FLAGS = ("seed", "layout", "max_iters", "batch_size", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay",
                  "beta1", "beta2", "grad_clip", "gradient_accumulation_steps", "eval_interval", "eval_iters",
                  "log_interval", "sample_tokens", "shared_batches")
 

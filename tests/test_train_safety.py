@@ -404,3 +404,29 @@ def test_resume_keeps_the_lesson_corpus_layout(tmp_path):
     assert main(["--out_dir", str(out), "--layout", "stream", "--max_iters", "3", *flags]) == 0
     assert main(["--out_dir", str(out), "--resume", "--max_iters", "4", "--quiet"]) == 0
     assert checkpoint.read_meta(str(out / "ckpt.npz"))["args"]["layout"] == "stream"
+
+
+def test_a_second_ctrl_c_in_the_final_evaluation_still_saves_every_step(text_file, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    real, calls = program.estimate_loss, []
+
+    def patched(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:                                   # the final evaluation, at step 12
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(program, "estimate_loss", patched)
+    assert main(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 130
+    assert checkpoint.read_meta(str(out / "ckpt.npz"))["step"] == 12
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["iters"] == 12 and summary["last_eval_step"] == 10
+
+
+def test_ctrl_c_before_training_began_is_one_line(text_file, tmp_path, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(program, "load_text", interrupted)
+    assert main(["--data", text_file, "--out_dir", str(tmp_path / "run"), *TINY, "--max_iters", "4"]) == 130
+    assert one_error_line(capsys) == "python -m train: interrupted before training began: nothing was saved"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -119,7 +119,7 @@ def build_parser():
     p.add_argument("--out_dir", help="where ckpt.npz, log.csv, loss.png and summary.json go")
     p.add_argument("--resume", action="store_true", help="continue from out_dir/ckpt.npz")
     p.add_argument("--overwrite", action="store_true",
-                   help="start a new run in an --out_dir that holds one (its ckpt.npz and best.npz are deleted)")
+                   help="start a new run in an --out_dir that holds one (its checkpoints and logs are deleted first)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, or strict (the test stand-in for a GPU)")
     p.add_argument("--seed", type=int, help="the random streams: init, batches, dropout, evaluation (default 1337; "
                                             "--resume: the run's own)")
@@ -650,19 +650,20 @@ def _train(args):
         say(f"interrupted at step {state['step']}: saving {ckpt_path}")
     finally:
         bar.close()
-    if interrupted and world > 1:                    # rank 0 alone is here: no collective, and the
-        pending.clear()                              # unread losses stay unknown (None) in the checkpoint
-        state["rank_rngs"] = None                    # the other ranks' streams have moved on since
-        stopped()
-        dist.abort(f"python -m train: interrupted at step {state['step']}: saved {ckpt_path}; "
-                   f"ending the other processes", 130)
-    read_losses(pending, state)
-    if profiler:
-        report_profile(profiler, args.out_dir)
-    if interrupted:
-        stopped()
-        return None
-    parallel.gather_streams(state, device_backend)
+    with interrupts.uninterrupted():                 # from here Ctrl-C waits for the results to be written
+        if interrupted and world > 1:                # rank 0 alone is here: no collective, and the
+            pending.clear()                          # unread losses stay unknown (None) in the checkpoint
+            state["rank_rngs"] = None                # the other ranks' streams have moved on since
+            stopped()
+            dist.abort(f"python -m train: interrupted at step {state['step']}: saved {ckpt_path}; "
+                       f"ending the other processes", 130)
+        read_losses(pending, state)
+        if profiler:
+            report_profile(profiler, args.out_dir)
+        if interrupted:
+            stopped()
+            return None
+        parallel.gather_streams(state, device_backend)
 
     def finish():
         final = evaluate(state["step"])
@@ -691,7 +692,8 @@ def _train(args):
         return parallel.on_root(finish)          # rank 0 evaluates and writes; every process gets the summary
     except KeyboardInterrupt:                    # a second Ctrl-C in the final evaluation: all steps are done
         say(f"interrupted at step {state['step']}: saving {ckpt_path}")
-        stopped()
+        with interrupts.uninterrupted():
+            stopped()
         return None
 
 

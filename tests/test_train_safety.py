@@ -269,11 +269,33 @@ def test_a_resume_past_the_schedules_end_says_so(text_file, tmp_path, capsys):
     assert main(["--data", text_file, "--out_dir", str(out), *no_schedule, "--eval_iters", "2", "--max_iters", "10"]) == 0
     capsys.readouterr()
     assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "20"]) == 0
-    assert ("python -m train: note: the learning rate schedule ended at --lr_decay_iters 10: steps 10 to 19 all run "
+    assert ("python -m train: note: the learning rate schedule ends at --lr_decay_iters 10: steps 10 to 19 all run "
             "at --min_lr 0.0001 (pass --lr_decay_iters 20 for a schedule that ends at --max_iters)") in capsys.readouterr().out
     assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "30",
                  "--lr_decay_iters", "30"]) == 0
-    assert "schedule ended" not in capsys.readouterr().out
+    assert "schedule ends" not in capsys.readouterr().out
+
+
+def test_a_resume_that_outgrows_a_fitted_schedule_says_so(text_file, tmp_path, capsys, monkeypatch):
+    """Stopped at step 6 of 10 (the preset's schedule fitted to 10), resumed to 20: steps 10 to 19
+    would run at --min_lr without a word."""
+    out = tmp_path / "run"
+    no_schedule = [a for i, a in enumerate(TINY) if "_iters" not in a and "_iters" not in TINY[i - 1]]
+    real, calls = ta.Tensor.backward, []
+
+    def patched(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 6:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ta.Tensor, "backward", patched)
+        assert main(["--data", text_file, "--out_dir", str(out), *no_schedule, "--eval_iters", "2",
+                     "--max_iters", "10"]) == 130
+    capsys.readouterr()
+    assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "20"]) == 0
+    assert ("python -m train: note: the learning rate schedule ends at --lr_decay_iters 10: steps 10 to 19 run "
+            "at --min_lr 0.0001 (pass --lr_decay_iters 20") in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------- too large for memory

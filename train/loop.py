@@ -457,6 +457,15 @@ def last_saved(state):
     return f"{keep} (try a lower --learning_rate, or --grad_clip)"
 
 
+def schedule_ended(args, step, meta):
+    """--resume: do new steps run past the schedule's end, at --min_lr, as the run did not? All of
+    them (the schedule ended before the step resumed from), or those after a schedule that was
+    fitted to the first run's --max_iters (a preset's, adapted) when --max_iters grew."""
+    if args.min_lr == args.learning_rate or args.lr_decay_iters >= args.max_iters:
+        return False
+    return step >= args.lr_decay_iters or args.lr_decay_iters == (meta.get("args") or {}).get("max_iters")
+
+
 def exercises_swapped_in(wanted):
     """--use_exercises: the learner's passing pieces replace the library's for this run."""
     if not wanted:
@@ -540,10 +549,11 @@ def _train(args):
     if args.resume and state["step"] >= args.max_iters and root:
         print(f"python -m train: note: {ckpt_path} is at step {state['step']}, not below --max_iters "
               f"{args.max_iters}: nothing to train (raise --max_iters to continue)")
-    elif args.resume and args.lr_decay_iters <= state["step"] and args.min_lr != args.learning_rate and root:
-        print(f"python -m train: note: the learning rate schedule ended at --lr_decay_iters {args.lr_decay_iters}: "
-              f"steps {state['step']} to {args.max_iters - 1} all run at --min_lr {args.min_lr:g} (pass "
-              f"--lr_decay_iters {args.max_iters} for a schedule that ends at --max_iters)")
+    elif args.resume and root and schedule_ended(args, state["step"], meta):
+        flat_from = max(state["step"], args.lr_decay_iters)
+        print(f"python -m train: note: the learning rate schedule ends at --lr_decay_iters {args.lr_decay_iters}: "
+              f"steps {flat_from} to {args.max_iters - 1} {'all ' if flat_from == state['step'] else ''}run at "
+              f"--min_lr {args.min_lr:g} (pass --lr_decay_iters {args.max_iters} for a schedule that ends at --max_iters)")
     say(f"{dataset.name}: {len(dataset.train):,} train / {len(dataset.val):,} val tokens, vocab {config.vocab_size}; "
         f"model {model.num_parameters() / 1e6:.2f}M parameters on {args.device}")
     pids = dist.gather_object(os.getpid())      # a process that dies is named by its pid (mpiexec says which)

@@ -452,3 +452,16 @@ def test_ctrl_c_before_training_began_is_one_line(text_file, tmp_path, capsys, m
     assert main(["--data", text_file, "--out_dir", str(tmp_path / "run"), *TINY, "--max_iters", "4"]) == 130
     assert one_error_line(capsys) == "python -m train: interrupted before training began: nothing was saved"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_log_and_summary_are_written_atomically(tmp_path, monkeypatch):
+    """log.csv is rewritten at every evaluation: a run killed while writing it keeps the last whole one."""
+    path = tmp_path / "log.csv"
+    checkpoint.write_text(str(path), "step\n0\n")
+
+    def killed(src, dst):
+        raise OSError("killed")
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(OSError):
+        checkpoint.write_text(str(path), "step\n0\n5\n")
+    assert path.read_text() == "step\n0\n" and [p.name for p in tmp_path.iterdir()] == ["log.csv"]

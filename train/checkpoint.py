@@ -41,6 +41,23 @@ def save(path, model, optimizer, meta):
         raise
 
 
+def write_text(path, text):
+    """Write a small text file (log.csv, summary.json) atomically, as checkpoints are: a run
+    killed while writing leaves the previous file whole, never half of one."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
 def check_finite(arrays, path):
     """Never write NaN or Inf: the file on disk stays the last good state."""
     for name, a in arrays.items():

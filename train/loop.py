@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import csv
 import difflib
+import io
 import json
 import math
 import os
@@ -350,11 +351,12 @@ def report_profile(profiler, out_dir):
 
 
 def write_log(log_rows, out_dir):
-    with open(os.path.join(out_dir, "log.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["step", "train_loss", "val_loss", "train_perplexity",
-                                               "val_perplexity", "lr", "time"])
-        writer.writeheader()
-        writer.writerows(log_rows)
+    f = io.StringIO()
+    writer = csv.DictWriter(f, fieldnames=["step", "train_loss", "val_loss", "train_perplexity",
+                                           "val_perplexity", "lr", "time"])
+    writer.writeheader()
+    writer.writerows(log_rows)
+    checkpoint.write_text(os.path.join(out_dir, "log.csv"), f.getvalue())
 
 
 class Diverged(RuntimeError):
@@ -608,8 +610,7 @@ def _train(args):
                        device=args.device, config=config.to_dict())
         write_log(state["log"], args.out_dir)
         say(write_plot(state["log"], args.out_dir, state["train_losses"]))
-        with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
+        checkpoint.write_text(os.path.join(args.out_dir, "summary.json"), json.dumps(summary, indent=2))
 
     def save(path):
         with interrupts.uninterrupted():
@@ -694,8 +695,7 @@ def _train(args):
             summary["wall_s"] = round(time.time() - start_wall, 2)
         write_log(state["log"], args.out_dir)
         say(write_plot(state["log"], args.out_dir, state["train_losses"]))
-        with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
+        checkpoint.write_text(os.path.join(args.out_dir, "summary.json"), json.dumps(summary, indent=2))
         return summary
 
     try:

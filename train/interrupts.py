@@ -10,9 +10,11 @@ that batch and took the dropout masks meant for the next step.
 So while ``Interrupts`` is on, the first Ctrl-C only asks the loop to stop: the step under
 way finishes, and the loop stops before the next. A second Ctrl-C stops at once (a step
 can be long), except inside the optimizer's update and a checkpoint write, which always
-finish (``uninterrupted``); the loop then puts the run back where the step began
-(``StepStart.undo``): the batch stream and the dropout generator as they were, the
-gradients dropped. The update never began, so that is exactly the state at the step's start.
+finish (``uninterrupted``); the loop then puts the run at a step boundary
+(``StepStart.undo``): if the update was not made, back where the step began (the batch
+stream and the dropout generator as they were then, the gradients dropped: the weights never
+changed); if it was made, the step counts as done. Either way the checkpoint holds one step's
+state, all of it.
 """
 import contextlib
 import signal
@@ -32,7 +34,7 @@ class Interrupts:
         self.critical = 0            # inside uninterrupted blocks
         self.updating = False        # inside the optimizer's update (True after one that raised)
         self.updates = 0             # optimizer updates finished
-        self._old = None           # SIGINT's handler before arm()
+        self._old = None             # SIGINT's handler before arm()
 
     def __enter__(self):
         global _active

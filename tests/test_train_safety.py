@@ -26,6 +26,14 @@ def text_file(tmp_path):
     return str(path)
 
 
+def main_caught(argv):
+    """main(argv), with a KeyboardInterrupt that escapes it made a failure (not the end of the test session)."""
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        pytest.fail("a KeyboardInterrupt escaped python -m train")
+
+
 def one_error_line(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
@@ -146,7 +154,7 @@ def test_resume_after_ctrl_c_is_exact_wherever_it_lands(text_file, tmp_path, uni
     out = tmp_path / "run"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(owner, name, patched)
-        assert main(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 130
+        assert main_caught(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 130
     stopped = checkpoint.read_meta(str(out / "ckpt.npz"))["step"]
     assert 0 < stopped < 12
     assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "12"]) == 0
@@ -171,7 +179,7 @@ def test_ctrl_c_says_it_stops_after_the_step(text_file, tmp_path, capsys, monkey
             os.kill(os.getpid(), signal.SIGINT)
         return real(*args, **kwargs)
     monkeypatch.setattr(ta.Tensor, "backward", patched)
-    assert main(["--data", text_file, "--out_dir", str(tmp_path / "run"), *RUN, "--max_iters", "12"]) == 130
+    assert main_caught(["--data", text_file, "--out_dir", str(tmp_path / "run"), *RUN, "--max_iters", "12"]) == 130
     out = capsys.readouterr().out
     assert "Ctrl-C: stopping after this step, then saving (Ctrl-C again to stop at once)" in out
     assert checkpoint.read_meta(str(tmp_path / "run" / "ckpt.npz"))["step"] == 3      # step 2 finished
@@ -193,7 +201,7 @@ def test_an_update_cut_in_two_is_never_saved(text_file, tmp_path, capsys, monkey
             raise KeyboardInterrupt
         return real(self)
     monkeypatch.setattr(ta.optim.AdamW, "step", patched)
-    assert main(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 130
+    assert main_caught(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 130
     assert one_error_line(capsys) == ("python -m train: interrupted inside the optimizer's update (the weights are "
                                       f"half updated): not saved; {out / 'ckpt.npz'} keeps step 5")
     assert checkpoint.read_meta(str(out / "ckpt.npz"))["step"] == 5
@@ -210,7 +218,7 @@ def test_ctrl_c_writes_the_log_and_summary_and_the_clock_runs_on(text_file, tmp_
         return real(*args, **kwargs)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ta.Tensor, "backward", patched)
-        assert main(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 130
+        assert main_caught(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 130
     rows = (out / "log.csv").read_text().splitlines()
     assert [r.split(",")[0] for r in rows[1:]] == ["0", "5"]
     summary = json.loads((out / "summary.json").read_text())
@@ -290,8 +298,8 @@ def test_a_resume_that_outgrows_a_fitted_schedule_says_so(text_file, tmp_path, c
         return real(*args, **kwargs)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ta.Tensor, "backward", patched)
-        assert main(["--data", text_file, "--out_dir", str(out), *no_schedule, "--eval_iters", "2",
-                     "--max_iters", "10"]) == 130
+        assert main_caught(["--data", text_file, "--out_dir", str(out), *no_schedule, "--eval_iters", "2",
+                            "--max_iters", "10"]) == 130
     capsys.readouterr()
     assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "20"]) == 0
     assert ("python -m train: note: the learning rate schedule ends at --lr_decay_iters 10: steps 10 to 19 run "
@@ -439,7 +447,7 @@ def test_a_second_ctrl_c_in_the_final_evaluation_still_saves_every_step(text_fil
             os.kill(os.getpid(), signal.SIGINT)
         return real(*args, **kwargs)
     monkeypatch.setattr(program, "estimate_loss", patched)
-    assert main(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 130
+    assert main_caught(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 130
     assert checkpoint.read_meta(str(out / "ckpt.npz"))["step"] == 12
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is True and summary["iters"] == 12 and summary["last_eval_step"] == 10
@@ -449,7 +457,7 @@ def test_ctrl_c_before_training_began_is_one_line(text_file, tmp_path, capsys, m
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
     monkeypatch.setattr(program, "load_text", interrupted)
-    assert main(["--data", text_file, "--out_dir", str(tmp_path / "run"), *TINY, "--max_iters", "4"]) == 130
+    assert main_caught(["--data", text_file, "--out_dir", str(tmp_path / "run"), *TINY, "--max_iters", "4"]) == 130
     assert one_error_line(capsys) == "python -m train: interrupted before training began: nothing was saved"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 

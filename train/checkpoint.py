@@ -41,6 +41,23 @@ def save(path, model, optimizer, meta):
         raise
 
 
+def write_text(path, text):
+    """Write a small text file (log.csv, summary.json) atomically, as checkpoints are: a run
+    killed while writing leaves the previous file whole, never half of one."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
 def check_finite(arrays, path):
     """Never write NaN or Inf: the file on disk stays the last good state."""
     for name, a in arrays.items():
@@ -81,6 +98,47 @@ def load(path):
         raise ValueError(_unreadable(path, e)) from None
     optim_state = {"state": state, "param_groups": [_groups_from_json(g) for g in meta.pop("optim_groups")]}
     return model_state, optim_state, meta
+
+
+RUN_FILES = ("ckpt.npz", "best.npz")          # what a new run in the same folder would replace
+RUN_OUTPUTS = ("log.csv", "summary.json", "loss.png", "trace.json")     # and what describes that run
+
+
+def existing_run(out_dir):
+    """A few words on the run whose checkpoints are in out_dir ("ckpt.npz at step 700, best val
+    loss 1.7100"), or None when out_dir holds neither ckpt.npz nor best.npz."""
+    found = [name for name in RUN_FILES if os.path.exists(os.path.join(out_dir, name))]
+    if not found:
+        return None
+    try:
+        meta = read_meta(os.path.join(out_dir, found[0]))
+        loss = meta.get("best_val_loss")
+        best = f", best val loss {loss:.4f}" if isinstance(loss, (int, float)) and loss != float("inf") else ""
+        return f"{found[0]} at step {meta.get('step')}{best}"
+    except ValueError:
+        return f"{found[0]} (unreadable)"
+
+
+def refuse_to_replace(out_dir, overwrite):
+    """A new run never replaces another run's checkpoints without being told: raises a
+    ValueError that says how to continue it, replace it or go elsewhere. -> a note for
+    --overwrite when there was a run to replace (None otherwise)."""
+    found = existing_run(out_dir)
+    if found is None:
+        return None
+    if not overwrite:
+        raise ValueError(f"--out_dir {out_dir} already holds a run ({found}): continue it with --resume, "
+                         f"replace it with --overwrite, or pick another --out_dir")
+    return f"--overwrite: the run in {out_dir} ({found}) is replaced: its checkpoints and logs are deleted"
+
+
+def remove_run(out_dir):
+    """--overwrite: delete the old run's checkpoints and logs, so that none of them (an old
+    best.npz, an old summary.json) is ever taken for the new run's."""
+    for name in RUN_FILES + RUN_OUTPUTS:
+        path = os.path.join(out_dir, name)
+        if os.path.exists(path):
+            os.remove(path)
 
 
 def _groups_from_json(group):

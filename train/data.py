@@ -9,6 +9,7 @@ random windows out of them, with targets shifted by one token. The coref
 corpus can instead give one sentence per row, starting at position 0
 (layout="sentence", its default): then get_batch picks whole sentences.
 """
+import hashlib
 import json
 import random
 from dataclasses import dataclass
@@ -119,6 +120,7 @@ class Dataset:
     examples: dict | None = None    # coref only: {"train": [Example...], "test": [Example...]}
     rows: dict | None = None        # one sentence per row: {"train": (N, W), "val": (M, W)} ids, -1 pads the end
     pad_id: int = 0                 # what the model reads at a padded position (its target is -1: no loss)
+    source: dict | None = None      # what the data is: {"bytes": size, "sha256": hash} (checkpoints keep it)
 
     @property
     def layout(self):
@@ -193,7 +195,12 @@ def load_text(path, tokenizer=None):
     n = int(0.9 * len(ids))
     # data/NAME/input.txt is named NAME, like nanoGPT's data folders; else the file's stem
     name = path.parent.name if path.stem == "input" and path.parent.name else path.stem
-    return Dataset(train=ids[:n], val=ids[n:], tokenizer=tok, name=name)
+    return Dataset(train=ids[:n], val=ids[n:], tokenizer=tok, name=name, source=fingerprint(raw))
+
+
+def fingerprint(raw):
+    """The size and SHA-256 of some bytes: what --resume compares to know the data is the same."""
+    return {"bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
 
 
 def load_coref(seed=0, layout="sentence"):
@@ -222,6 +229,7 @@ def load_coref(seed=0, layout="sentence"):
         return out
 
     rows = {"train": padded(train_examples), "val": padded(corpus.test)} if layout == "sentence" else None
-    return Dataset(train=stream(train_examples), val=stream(corpus.test), tokenizer=tok,
+    train, val = stream(train_examples), stream(corpus.test)
+    return Dataset(train=train, val=val, tokenizer=tok, source=fingerprint(train.tobytes() + val.tobytes()),
                    name="coref", examples={"train": train_examples, "test": list(corpus.test)},
                    rows=rows, pad_id=tok.stoi[coref.EOS])

@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import csv
 import difflib
+import io
 import json
 import math
 import os
@@ -28,7 +29,7 @@ from tinyattn.optim import warmup_cosine, set_lr
 from tinyattn.nn.utils import clip_grad_norm_
 from tinyattn.fast import tune_host_allocator
 
-from . import checkpoint, finetune, parallel
+from . import checkpoint, finetune, interrupts, memory, parallel
 from .data import load_coref, load_text, tokenizer_to_json
 from .plots import NOT_INSTALLED, pyplot
 
@@ -48,6 +49,7 @@ PRESETS = {
                  learning_rate=1e-3, min_lr=1e-4, warmup_iters=100, lr_decay_iters=2000, eval_interval=250,
                  eval_iters=20, out_dir="out"),
 }
+DEFAULT_SEED = 1337
 PROFILE_STEPS = range(1, 6)   # --profile: step 0 warms up, these five are timed
 COMMON = dict(dropout=0.0, head_dropout=0.0, init="gpt2", weight_decay=0.1, beta1=0.9, beta2=0.99, grad_clip=1.0,
               gradient_accumulation_steps=1, bias=True, log_interval=10, sample_tokens=200, shared_batches=False)
@@ -121,8 +123,11 @@ def build_parser():
     p.add_argument("--init_from", metavar="PATH",
                    help="fine-tune: start a new run from a trained model (a checkpoint, or a Hugging Face GPT-2 "
                         "folder written by GPT.export_hf), with its vocabulary and a fresh optimizer")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start a new run in an --out_dir that holds one (its checkpoints and logs are deleted first)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, or strict (the test stand-in for a GPU)")
-    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--seed", type=int, help="the random streams: init, batches, dropout, evaluation (default 1337; "
+                                            "--resume: the run's own)")
     for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "max_iters", "lr_decay_iters",
                  "warmup_iters", "eval_interval", "eval_iters", "gradient_accumulation_steps", "log_interval",
                  "sample_tokens"):
@@ -155,7 +160,7 @@ def parse_args(argv=None):
     args._given = sorted(k for k, v in vars(args).items() if v is not None and k not in ("device", "seed"))
     if args.resume and args.init_from:
         parser.error("--resume continues a run, --init_from starts a new one from a model: give one of them")
-    preset = {**COMMON, **PRESETS["text" if args.data else "coref"]}
+    preset = {**COMMON, **PRESETS["text" if args.data else "coref"], "seed": DEFAULT_SEED}
     if args.resume:                              # --resume continues the run with its own settings
         ran = resumed_settings(args.out_dir or preset["out_dir"])
         preset.update(ran)
@@ -189,6 +194,8 @@ def validate_args(args):
     """
     problems, notes = [], []
     given = set(args._given)
+    if args.resume and args.overwrite:
+        problems.append("--resume continues the run in --out_dir, --overwrite replaces it: give one of them")
     if args.data and args.layout:
         problems.append("--layout is for the 'it' corpus only, not with --data")
     for name in AT_LEAST_1:
@@ -285,7 +292,8 @@ def train_step(model, optimizer, batches, grad_clip, average_grads=None):
         average_grads()
     if grad_clip > 0:
         clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
+    with interrupts.optimizer_update():      # Ctrl-C never cuts the update in two (train/interrupts.py)
+        optimizer.step()
     optimizer.zero_grad()
     return total
 
@@ -309,7 +317,7 @@ def save_checkpoint(path, model, optimizer, state, args, dataset):
                 args={k: v for k, v in vars(args).items() if not k.startswith("_")}, data_rng=state["data_rng"].bit_generator.state,
                 device_rng=ta.backend.get_backend(args.device).get_rng_state(),
                 tokenizer=tokenizer_to_json(dataset.tokenizer), dataset=dataset.name, log=state["log"],
-                train_losses=state["train_losses"])
+                train_losses=state["train_losses"], elapsed=state.get("elapsed"), data_source=dataset.source)
     if dist.world_size() > 1:                    # every rank's streams, for --resume (train/parallel.py)
         meta.update(world_size=dist.world_size(), rank_rngs=state.get("rank_rngs"))
     checkpoint.save(path, model, optimizer, meta)
@@ -349,15 +357,20 @@ def report_profile(profiler, out_dir):
 
 
 def write_log(log_rows, out_dir):
-    with open(os.path.join(out_dir, "log.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["step", "train_loss", "val_loss", "train_perplexity",
-                                               "val_perplexity", "lr", "time"])
-        writer.writeheader()
-        writer.writerows(log_rows)
+    f = io.StringIO()
+    writer = csv.DictWriter(f, fieldnames=["step", "train_loss", "val_loss", "train_perplexity",
+                                           "val_perplexity", "lr", "time"])
+    writer.writeheader()
+    writer.writerows(log_rows)
+    checkpoint.write_text(os.path.join(out_dir, "log.csv"), f.getvalue())
 
 
 class Diverged(RuntimeError):
     """A non-finite loss: the run stops, and no checkpoint is written from here on."""
+
+
+class Interrupted(RuntimeError):
+    """A Ctrl-C that left no state to save (the optimizer's update was cut in two)."""
 
 
 def check_resume(args, meta, dataset):
@@ -378,6 +391,11 @@ def check_resume(args, meta, dataset):
         n_theirs = len(theirs.get("chars", theirs.get("words", [])))
         raise ValueError(f"--resume: the vocabulary of {args.data or dataset.name} ({dataset.tokenizer.vocab_size} "
                          f"tokens) differs from the one {where} was trained with ({n_theirs} tokens)")
+    same_data(args, meta, dataset, where)
+    ran_seed = (meta.get("args") or {}).get("seed")
+    if ran_seed is not None and args.seed != ran_seed:       # it draws the evaluation's batches: they would change
+        raise ValueError(f"--resume: --seed {args.seed} (the run in {where} has --seed {ran_seed}): a resumed run "
+                         f"continues its own random streams; drop --seed, or use another --out_dir for a new run")
     config, given = meta["config"], set(args._given)
     config = {k: config.get(k, getattr(GPTConfig, k)) for k in MODEL_FLAGS}    # older ones lack init, head_dropout
     conflicts = [f"--{k} {getattr(args, k)} (the checkpoint has {config[k]})" for k in MODEL_FLAGS
@@ -389,7 +407,23 @@ def check_resume(args, meta, dataset):
         setattr(args, k, config[k])
 
 
-RESUMED_FLAGS = ("max_iters", "batch_size", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay",
+def same_data(args, meta, dataset, where):
+    """--resume: the text (or corpus) is the one the checkpoint was trained on, byte for byte
+    (its size and SHA-256). A checkpoint from before they were kept: a note, and it goes on."""
+    theirs, ours = meta.get("data_source"), dataset.source
+    what = args.data or "the lesson corpus"
+    if theirs is None:
+        args._notes = [*getattr(args, "_notes", ()), f"{where} does not say which data it was trained on (an older "
+                       f"checkpoint): {what} is taken as that data, unchecked beyond its vocabulary"]
+    elif theirs != ours:
+        def described(source):
+            return f"{source['bytes']:,} bytes, sha256 {source['sha256'][:12]}"
+        trained_on = (meta.get("args") or {}).get("data") or "the lesson corpus"
+        raise ValueError(f"--resume: {what} ({described(ours)}) is not the data {where} was trained on "
+                         f"({trained_on}: {described(theirs)}): pass that, or use another --out_dir for a new run")
+
+
+RESUMED_FLAGS = ("seed", "layout", "max_iters", "batch_size", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay",
                  "beta1", "beta2", "grad_clip", "gradient_accumulation_steps", "eval_interval", "eval_iters",
                  "log_interval", "sample_tokens", "shared_batches")
 
@@ -431,6 +465,15 @@ def last_saved(state):
     return f"{keep} (try a lower --learning_rate, or --grad_clip)"
 
 
+def schedule_ended(args, step, meta):
+    """--resume: do new steps run past the schedule's end, at --min_lr, as the run did not? All of
+    them (the schedule ended before the step resumed from), or those after a schedule that was
+    fitted to the first run's --max_iters (a preset's, adapted) when --max_iters grew."""
+    if args.min_lr == args.learning_rate or args.lr_decay_iters >= args.max_iters:
+        return False
+    return step >= args.lr_decay_iters or args.lr_decay_iters == (meta.get("args") or {}).get("max_iters")
+
+
 def exercises_swapped_in(wanted):
     """--use_exercises: the learner's passing pieces replace the library's for this run."""
     if not wanted:
@@ -450,7 +493,8 @@ def setup(args):
     ckpt_path = os.path.join(args.out_dir, "ckpt.npz")
     if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
         raise ValueError(f"--out_dir {args.out_dir} is a file, not a folder")
-    pretrained = finetune.load_pretrained(args) if args.init_from else None
+    pretrained = finetune.load_pretrained(args) if args.init_from else None   # (refuses its own out_dir first)
+    replaced = None if args.resume else checkpoint.refuse_to_replace(args.out_dir, args.overwrite)
     tokenizer = pretrained.tokenizer if pretrained else finetune.resumed_tokenizer(ckpt_path) if args.resume else None
     dataset = load_text(args.data, tokenizer) if args.data else load_coref(seed=0, layout=args.layout)
     if pretrained:
@@ -462,28 +506,46 @@ def setup(args):
                        n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, bias=args.bias,
                        init=args.init, head_dropout=args.head_dropout)
     state = dict(step=0, best_val_loss=math.inf, data_rng=np.random.default_rng(args.seed), log=[],
-                 train_losses=[], saved_step=None)
+                 train_losses=[], saved_step=None, time_before=0.0)
     meta = None
     if args.resume:
         model_state, optim_state, meta = checkpoint.load(ckpt_path)
         check_resume(args, meta, dataset)
         config = GPTConfig(**meta["config"])
+    if device_backend.on_host:                  # refused before it is allocated, in one line
+        tokens_per_row = dataset.rows["train"].shape[1] - 1 if dataset.rows is not None else config.block_size
+        memory.check_fits(config, args.batch_size // dist.world_size(), tokens_per_row)
     model = (pretrained.model if pretrained else GPT(config)).to(args.device)
     optimizer = model.configure_optimizer(args.weight_decay, args.learning_rate, (args.beta1, args.beta2))
     if args.resume:
         model.load_state_dict(model_state)
         optimizer.load_state_dict(optim_state)
         state.update(step=meta["step"], best_val_loss=meta["best_val_loss"], log=meta["log"], saved_step=meta["step"],
+                     time_before=meta.get("elapsed") or (meta["log"][-1]["time"] if meta["log"] else 0.0),
                      train_losses=(meta.get("train_losses", []) + [None] * meta["step"])[:meta["step"]])
         state["data_rng"].bit_generator.state = meta["data_rng"]
         device_backend.set_rng_state(meta["device_rng"])
+        if (meta.get("device_rng") is None or device_backend.get_rng_state() is None) and \
+                (config.dropout or config.head_dropout):
+            device_backend.seed(parallel.device_seed(args.seed, 0, state["step"]))     # not the first steps' masks again
+            args._notes = [*getattr(args, "_notes", ()), f"the dropout generator's state was not saved ({args.device} "
+                           "cannot export it): the resumed run draws its masks from a new stream, so it is not the "
+                           "uninterrupted run to the bit (that needs --dropout 0 and --head_dropout 0 there)"]
+    if replaced and dist.rank() == 0:
+        checkpoint.remove_run(args.out_dir)
+        args._notes = [*getattr(args, "_notes", ()), replaced]
     os.makedirs(args.out_dir, exist_ok=True)
     return dataset, model, optimizer, state, meta
 
 
 def train(args):
-    """The training run; returns the summary dict. Under mpiexec every process runs it
-    (train/parallel.py says who does what)."""
+    """The training run; returns the summary dict (None after Ctrl-C). Under mpiexec every
+    process runs it (train/parallel.py says who does what)."""
+    with interrupts.Interrupts(tqdm.write if dist.rank() == 0 else (lambda msg: None)):
+        return _train(args)
+
+
+def _train(args):
     with parallel.together():                   # under mpiexec: an error in any process stops them all
         dataset, model, optimizer, state, meta = setup(args)
     ckpt_path = os.path.join(args.out_dir, "ckpt.npz")
@@ -499,6 +561,11 @@ def train(args):
     if args.resume and state["step"] >= args.max_iters and root:
         print(f"python -m train: note: {ckpt_path} is at step {state['step']}, not below --max_iters "
               f"{args.max_iters}: nothing to train (raise --max_iters to continue)")
+    elif args.resume and root and schedule_ended(args, state["step"], meta):
+        flat_from = max(state["step"], args.lr_decay_iters)
+        print(f"python -m train: note: the learning rate schedule ends at --lr_decay_iters {args.lr_decay_iters}: "
+              f"steps {flat_from} to {args.max_iters - 1} {'all ' if flat_from == state['step'] else ''}run at "
+              f"--min_lr {args.min_lr:g} (pass --lr_decay_iters {args.max_iters} for a schedule that ends at --max_iters)")
     say(f"{dataset.name}: {len(dataset.train):,} train / {len(dataset.val):,} val tokens, vocab {config.vocab_size}; "
         f"model {model.num_parameters() / 1e6:.2f}M parameters on {args.device}")
     pids = dist.gather_object(os.getpid())      # a process that dies is named by its pid (mpiexec says which)
@@ -511,6 +578,7 @@ def train(args):
     tokens_per_step = args.batch_size * args.block_size * args.gradient_accumulation_steps
     train_time, steps_timed, interrupted = 0.0, 0, False
     start_wall = time.time()
+    clock = lambda: state["time_before"] + time.time() - start_wall      # noqa: E731  (continues over --resume)
     bar = tqdm(total=args.max_iters, initial=state["step"], disable=args.quiet or not root, dynamic_ncols=True,
                desc="train")
 
@@ -520,30 +588,51 @@ def train(args):
                    train_perplexity=round(perplexity(losses["train"]), 4),
                    val_perplexity=round(perplexity(losses["val"]), 4),
                    lr=warmup_cosine(step, args.learning_rate, args.min_lr, args.warmup_iters, args.lr_decay_iters),
-                   time=round(time.time() - start_wall, 3))
+                   time=round(clock(), 3))
         if not all(math.isfinite(v) for v in losses.values()):
             raise Diverged(f"the eval loss is train {losses['train']}, val {losses['val']} at step {step}; "
                            f"stopped: {last_saved(state)}")
         if not state["log"] or state["log"][-1]["step"] != step:
             state["log"].append(row)
+            write_log(state["log"], args.out_dir)      # up to date, whatever stops the run
         say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
             f"(perplexity {perplexity(losses['val']):.2f})")
         if args.sample_tokens and not args.quiet:
             say("  sample: " + repr(sample_text(model, dataset, args, args.sample_tokens)[:300]))
         if losses["val"] < state["best_val_loss"]:
-            state["best_val_loss"] = losses["val"]
-            if step > 0:                             # ckpt.npz: the latest state, for --resume
-                save(ckpt_path)
-                save(os.path.join(args.out_dir, "best.npz"))
+            with interrupts.uninterrupted():         # best_val_loss and best.npz change together
+                state["best_val_loss"] = losses["val"]
+                if step > 0:                         # ckpt.npz: the latest state, for --resume
+                    save(ckpt_path)
+                    save(os.path.join(args.out_dir, "best.npz"))
         return losses
 
+    def stopped():
+        """After Ctrl-C: ckpt.npz, and log.csv, loss.png and summary.json as far as the run went."""
+        save(ckpt_path)
+        last = state["log"][-1] if state["log"] else {}
+        best = state["best_val_loss"] if math.isfinite(state["best_val_loss"]) else None
+        summary = dict(interrupted=True, iters=state["step"], best_val_loss=best and round(best, 6),
+                       last_eval_step=last.get("step"), val_loss=last.get("val_loss"),
+                       train_loss=last.get("train_loss"), dataset=dataset.name,
+                       tokens_per_s=round(tokens_per_step * steps_timed / train_time, 1) if train_time else None,
+                       wall_s=round(time.time() - start_wall, 2), parameters=model.num_parameters(),
+                       device=args.device, config=config.to_dict())
+        write_log(state["log"], args.out_dir)
+        say(write_plot(state["log"], args.out_dir, state["train_losses"]))
+        checkpoint.write_text(os.path.join(args.out_dir, "summary.json"), json.dumps(summary, indent=2))
+
     def save(path):
-        save_checkpoint(path, model, optimizer, state, args, dataset)
-        state["saved_step"] = state["step"]
+        with interrupts.uninterrupted():
+            state["elapsed"] = clock()
+            save_checkpoint(path, model, optimizer, state, args, dataset)
+            state["saved_step"] = state["step"]
 
     pending = []                                     # this step's losses, still on the device
     profiler = ta.profile() if args.profile and root else None
     parallel.leave_interrupts_to_root()
+    guard = interrupts.active().arm()                # Ctrl-C from here on: stop between two steps
+    started = None                                   # the state at the start of the step under way
     try:
         while state["step"] < args.max_iters:
             step = state["step"]
@@ -551,39 +640,51 @@ def train(args):
                 read_losses(pending, state)
                 parallel.gather_streams(state, device_backend)
                 parallel.on_root(evaluate, step)
+            if guard.requested:                          # Ctrl-C: stop here, between two steps
+                raise KeyboardInterrupt
             lr = warmup_cosine(step, args.learning_rate, args.min_lr, args.warmup_iters, args.lr_decay_iters)
             set_lr(optimizer, lr)
             t0 = time.time()
+            started = interrupts.StepStart(state, device_backend, guard)
             batches = [to_device(parallel.local_batch(dataset, args, state["data_rng"]), args.device)
                        for _ in range(args.gradient_accumulation_steps)]
             with profiler if profiler and step in PROFILE_STEPS else contextlib.nullcontext():
                 pending.append(train_step(model, optimizer, batches, args.grad_clip,
                                           None if averager is None else averager.average))
-            state["step"] = step + 1
-            if step % args.log_interval == 0:          # reading the losses waits for the device: not every step
-                loss_value = read_losses(pending, state)
-                bar.set_postfix(loss=f"{loss_value:.4f}", ppl=f"{perplexity(loss_value):.2f}", lr=f"{lr:.2e}")
+            with interrupts.uninterrupted():
+                state["step"] = step + 1
+                started = None
+                if step % args.log_interval == 0:      # reading the losses waits for the device: not every step
+                    loss_value = read_losses(pending, state)
+                    bar.set_postfix(loss=f"{loss_value:.4f}", ppl=f"{perplexity(loss_value):.2f}", lr=f"{lr:.2e}")
             train_time += time.time() - t0
             steps_timed += 1
             bar.update(1)
     except KeyboardInterrupt:
         interrupted = True
+        cut = started and started.undo(state, device_backend, guard, optimizer)   # back to the step's start
+        if cut:
+            bar.close()
+            kept = "no checkpoint was written" if state["saved_step"] is None else \
+                f"{ckpt_path} keeps step {state['saved_step']}"
+            raise Interrupted(f"interrupted {cut}: not saved; {kept}") from None
         say(f"interrupted at step {state['step']}: saving {ckpt_path}")
     finally:
         bar.close()
-    if interrupted and world > 1:                    # rank 0 alone is here: no collective, and the
-        pending.clear()                              # unread losses stay unknown (None) in the checkpoint
-        state["rank_rngs"] = None                    # the other ranks' streams have moved on since
-        save(ckpt_path)
-        dist.abort(f"python -m train: interrupted at step {state['step']}: saved {ckpt_path}; "
-                   f"ending the other processes", 130)
-    read_losses(pending, state)
-    if profiler:
-        report_profile(profiler, args.out_dir)
-    if interrupted:
-        save(ckpt_path)
-        return None
-    parallel.gather_streams(state, device_backend)
+    with interrupts.uninterrupted():                 # from here Ctrl-C waits for the results to be written
+        if interrupted and world > 1:                # rank 0 alone is here: no collective, and the
+            pending.clear()                          # unread losses stay unknown (None) in the checkpoint
+            state["rank_rngs"] = None                # the other ranks' streams have moved on since
+            stopped()
+            dist.abort(f"python -m train: interrupted at step {state['step']}: saved {ckpt_path}; "
+                       f"ending the other processes", 130)
+        read_losses(pending, state)
+        if profiler:
+            report_profile(profiler, args.out_dir)
+        if interrupted:
+            stopped()
+            return None
+        parallel.gather_streams(state, device_backend)
 
     def finish():
         final = evaluate(state["step"])
@@ -604,11 +705,16 @@ def train(args):
             summary["wall_s"] = round(time.time() - start_wall, 2)
         write_log(state["log"], args.out_dir)
         say(write_plot(state["log"], args.out_dir, state["train_losses"]))
-        with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
+        checkpoint.write_text(os.path.join(args.out_dir, "summary.json"), json.dumps(summary, indent=2))
         return summary
 
-    return parallel.on_root(finish)              # rank 0 evaluates and writes; every process gets the summary
+    try:
+        return parallel.on_root(finish)          # rank 0 evaluates and writes; every process gets the summary
+    except KeyboardInterrupt:                    # a second Ctrl-C in the final evaluation: all steps are done
+        say(f"interrupted at step {state['step']}: saving {ckpt_path}")
+        with interrupts.uninterrupted():
+            stopped()
+        return None
 
 
 def setup_process():
@@ -638,6 +744,13 @@ def run(argv=None):
                 ta.detect_anomaly() if args.detect_anomaly else contextlib.nullcontext():
             # a blow-up is reported once, below
             summary = train(args)
+    except KeyboardInterrupt:                    # before the training loop began: nothing to save
+        if dist.rank() == 0:
+            print("python -m train: interrupted before training began: nothing was saved", file=sys.stderr)
+        return 130
+    except Interrupted as e:
+        print(f"python -m train: {e}", file=sys.stderr)
+        return 130
     except (parallel.Stopped, Diverged) as e:   # every process stopped here together
         if dist.rank() == 0:
             print(f"python -m train: error: {e}", file=sys.stderr)
@@ -646,6 +759,12 @@ def run(argv=None):
         if dist.world_size() > 1:
             raise                                # this process's alone: run_or_abort ends the job
         print(f"python -m train: error: {e}", file=sys.stderr)
+        return 1
+    except MemoryError as e:                     # numpy's "Unable to allocate ...", CuPy's out of memory
+        if dist.world_size() > 1:
+            raise
+        print(f"python -m train: error: out of memory: {str(e).splitlines()[0] if str(e) else 'MemoryError'} "
+              f"(lower --batch_size or --block_size, or the model's --n_embd or --n_layer)", file=sys.stderr)
         return 1
     if summary is None:
         return 130

@@ -1,4 +1,6 @@
 """python -m train.sample --out_dir DIR: generate text from a checkpoint."""
+import argparse
+import math
 import sys
 
 import tinyattn as ta
@@ -18,15 +20,35 @@ def build_parser():
     p.add_argument("--start", default=None, help="the prompt (default: the first token of the vocabulary)")
     p.add_argument("--num_samples", type=at_least(1), default=3)
     p.add_argument("--max_new_tokens", type=at_least(0), default=200)
-    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--temperature", type=finite_at_least_0, default=0.8,
+                   help="0: always the likeliest token; higher: more varied (default 0.8)")
     p.add_argument("--top_k", type=at_least(1), default=None)
-    p.add_argument("--top_p", type=float, default=None)
+    p.add_argument("--top_p", type=probability, default=None, help="in (0, 1]")
     p.add_argument("--stop", default=None,
                    help='end each sample at this text, kept in the output ("\\n" is a newline; "" turns it off; '
                         'default: <eos> for a word model that has it, else none)')
     p.add_argument("--seed", type=at_least(0), default=1337)
     p.add_argument("--device", default="cpu")
     return p
+
+
+def finite_at_least_0(text):
+    """An argparse type: a finite float >= 0 (NaN and infinity are refused)."""
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def probability(text):
+    """An argparse type: a float in (0, 1]."""
+    value = float(text)
+    if not 0 < value <= 1:                       # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+finite_at_least_0.__name__ = probability.__name__ = "float"     # argparse's "invalid float value"
 
 
 def load_model(out_dir, device="cpu", which="ckpt"):
@@ -43,8 +65,6 @@ def load_model(out_dir, device="cpu", which="ckpt"):
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
-        if args.temperature < 0 or (args.top_p is not None and not 0 < args.top_p <= 1):
-            raise ValueError("--temperature must be >= 0 and --top_p in (0, 1]")
         model, tokenizer = load_model(args.out_dir, args.device, args.checkpoint)
         start = tokenizer.encode(args.start) if args.start else [0]
         if not start:

@@ -40,13 +40,14 @@ SHORT = {"heldout_accuracy": "accuracy", "heldout_exact": "exact", "heldout_atte
 # --tiny: a model small enough to train in a couple of seconds (what the tests use)
 TINY_FLAGS = ["--n_layer", "2", "--n_head", "1", "--n_embd", "16", "--batch_size", "16", "--max_iters", "30",
               "--lr_decay_iters", "30", "--warmup_iters", "5", "--eval_interval", "1000", "--eval_iters", "1"]
-OWN_FLAGS = ("--seed", "--out_dir", "--data", "--resume")     # set here, or not for this experiment
+OWN_FLAGS = ("--seed", "--out_dir", "--data", "--resume", "--overwrite")     # set here, or not for this experiment
 
 
 def train_command(seed, out_dir, train_flags=()):
-    """The `python -m train` command line for one seed."""
+    """The `python -m train` command line for one seed (a seed's folder is this experiment's own:
+    running it again replaces the seed's run)."""
     return [sys.executable, "-m", "train", "--quiet", "--seed", str(seed), "--out_dir", out_dir,
-            "--sample_tokens", "0", *train_flags]
+            "--sample_tokens", "0", "--overwrite", *train_flags]
 
 
 def one_thread_env():

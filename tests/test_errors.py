@@ -356,7 +356,8 @@ def test_more_newcomer_mistakes(fn, error, message):
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(temperature=-1), "temperature -1"), (dict(top_k=0), "top_k 0"), (dict(top_p=0.0), "top_p 0.0"),
-    (dict(top_p=1.5), "top_p 1.5"),
+    (dict(top_p=1.5), "top_p 1.5"), (dict(temperature=float("nan")), "temperature nan"),
+    (dict(temperature=float("inf")), "temperature inf"),
 ])
 def test_generate_checks_its_settings(gpt, kwargs, message):
     with pytest.raises(ValueError, match=f"generate: need temperature >= 0, top_k >= 1 and top_p in .*{message}"):

@@ -152,7 +152,8 @@ class GPT(nn.Module):
         Randomness comes from the host generator (``ta.manual_seed``).
         """
         _check_model_input(idx, None)
-        if temperature < 0 or (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
+        if not 0 <= temperature < math.inf or (top_k is not None and top_k < 1) or \
+                (top_p is not None and not 0 < top_p <= 1):                       # (NaN fails too)
             raise ValueError(f"generate: need temperature >= 0, top_k >= 1 and top_p in (0, 1]; got temperature "
                              f"{temperature}, top_k {top_k}, top_p {top_p}")
         was_training = self.training

@@ -18,7 +18,7 @@ Prints one JSON line per shape: the median ms of each path, tiled / naive where
 both ran, and each tinyattn path over torch where torch ran, with the largest
 relative difference (max |a - b| / max |b|) of the output and of dq, dk, dv
 from PyTorch's. Where tiled / naive is above 1, auto should stay naive
-(TILED_MIN_SCORES in tinyattn/nn/functional.py).
+(TILED_MIN_SCORES in tinyattn/nn/attention.py).
 """
 import argparse
 import json
@@ -30,6 +30,7 @@ import numpy as np
 
 import tinyattn as ta
 import tinyattn.nn.functional as F
+from tinyattn.nn import attention
 
 SHAPES = ["1,8,256", "1,8,384", "1,8,512", "1,8,768", "1,8,1024", "4,6,256"]
 PATHS = ["naive", "tiled"]
@@ -97,7 +98,7 @@ def measure(B, H, T, paths, repeats, rng, torch=None, settle=0.0):
         row["tiled_over_naive"] = round(median["tiled"] / median["naive"], 3)
     if "torch" in median:
         row.update({f"{p}_over_torch": round(median[p] / median["torch"], 3) for p in paths if p != "torch"})
-    row.update(threshold_scores=F.TILED_MIN_SCORES, auto=F.attention_impl(ta.tensor(arrays[0]), ta.tensor(arrays[1])))
+    row.update(threshold_scores=attention.TILED_MIN_SCORES, auto=attention.attention_impl(ta.tensor(arrays[0]), ta.tensor(arrays[1])))
     return row
 
 

@@ -9,7 +9,7 @@ import tinyattn as ta
 import tinyattn.nn.functional as F
 from tinyattn.models import GPT, GPTConfig
 from tinyattn.fast import threads as fast_threads
-from tinyattn.nn import flash
+from tinyattn.nn import attention, flash
 from tinyattn.nn.flash import FlashAttention
 
 
@@ -67,31 +67,31 @@ def count_tiled(monkeypatch):
 ])
 def test_auto_picks_the_path_by_size(B, H, Tq, Tk, expected):
     q, k = ta.zeros(B, H, Tq, 1), ta.zeros(B, H, Tk, 1)
-    assert F.attention_impl(q, k) == expected
+    assert attention.attention_impl(q, k) == expected
 
 
 def test_off_the_cpu_auto_waits_for_longer_sequences():
     pytest.importorskip("array_api_strict")
     short, long = ta.zeros(1, 8, 1024, 1, device="strict"), ta.zeros(1, 8, 2048, 1, device="strict")
-    assert F.attention_impl(short, short) == "naive"
-    assert F.attention_impl(long, long) == "tiled"
+    assert attention.attention_impl(short, short) == "naive"
+    assert attention.attention_impl(long, long) == "tiled"
 
 
 def test_auto_keeps_naive_for_weights_and_learned_masks():
     q = ta.zeros(1, 1, 2048, 1)
-    assert F.attention_impl(q, q) == "tiled"
-    assert F.attention_impl(q, q, return_weights=True) == "naive"
-    assert F.attention_impl(q, q, dropout_p=0.1) == "tiled"
-    assert F.attention_impl(q, q, attn_mask=ta.zeros(2048, 2048)) == "tiled"
-    assert F.attention_impl(q, q, attn_mask=ta.zeros(2048, 2048, requires_grad=True)) == "naive"
-    assert F.attention_impl(q, q, impl="naive") == "naive"
-    assert F.attention_impl(ta.zeros(1, 1, 4, 1), q, impl="tiled") == "tiled"
+    assert attention.attention_impl(q, q) == "tiled"
+    assert attention.attention_impl(q, q, return_weights=True) == "naive"
+    assert attention.attention_impl(q, q, dropout_p=0.1) == "tiled"
+    assert attention.attention_impl(q, q, attn_mask=ta.zeros(2048, 2048)) == "tiled"
+    assert attention.attention_impl(q, q, attn_mask=ta.zeros(2048, 2048, requires_grad=True)) == "naive"
+    assert attention.attention_impl(q, q, impl="naive") == "naive"
+    assert attention.attention_impl(ta.zeros(1, 1, 4, 1), q, impl="tiled") == "tiled"
 
 
 def test_the_path_said_is_the_path_run_and_both_agree(count_tiled, rng, monkeypatch):
     """With the threshold at 256 x 256 (to keep this test small), auto runs the tiled op at T=256
     and not at T=200; forcing either gives the same numbers."""
-    monkeypatch.setattr(F, "TILED_MIN_SCORES", 256 * 256)
+    monkeypatch.setattr(attention, "TILED_MIN_SCORES", 256 * 256)
     for T, tiled in ((200, False), (256, True)):
         q, k, v, u = _tensors(rng, 1, 2, T, T)
         count_tiled.clear()
@@ -118,7 +118,7 @@ def test_tiled_refuses_what_it_cannot_do():
 
 def test_double_backward_needs_the_naive_path(rng, monkeypatch):
     """Auto takes the tiled path at long T, whose backward is fused: create_graph names it; naive works."""
-    monkeypatch.setattr(F, "TILED_MIN_SCORES", 256 * 256)      # T = 256 counts as long here
+    monkeypatch.setattr(attention, "TILED_MIN_SCORES", 256 * 256)      # T = 256 counts as long here
     q, k, v, _ = _tensors(rng, 1, 1, 256, 256, D=2, Dv=2)
     with pytest.raises(RuntimeError, match="FlashAttention has a fused backward"):
         ta.grad(F.scaled_dot_product_attention(q, k, v).sum(), q, create_graph=True)
@@ -367,7 +367,7 @@ def test_gpt_trains_through_the_tiled_path(count_tiled, monkeypatch):
     idx = ta.tensor(np.random.default_rng(1).integers(0, 23, (2, 301)))
     results = {}
     for impl, threshold in (("tiled", 300 * 300), ("naive", 10 ** 12)):
-        monkeypatch.setattr(F, "TILED_MIN_SCORES", threshold)
+        monkeypatch.setattr(attention, "TILED_MIN_SCORES", threshold)
         model.zero_grad()
         count_tiled.clear()
         _, loss = model(idx[:, :-1], idx[:, 1:])
@@ -383,11 +383,11 @@ def test_generate_with_the_kv_cache_uses_the_tiled_path(count_tiled, monkeypatch
     the same greedy tokens as the naive path, and the same as without a cache."""
     model = _gpt().eval()
     prompt = ta.tensor(np.random.default_rng(2).integers(0, 23, (2, 9)))
-    monkeypatch.setattr(F, "TILED_MIN_SCORES", 1)
+    monkeypatch.setattr(attention, "TILED_MIN_SCORES", 1)
     tiled = model.generate(prompt, 12, temperature=0).numpy()
     assert len(count_tiled) == 2 * 12                             # 2 layers, 12 steps
     no_cache = model.generate(prompt, 12, temperature=0, use_cache=False).numpy()
-    monkeypatch.setattr(F, "TILED_MIN_SCORES", 10 ** 12)
+    monkeypatch.setattr(attention, "TILED_MIN_SCORES", 10 ** 12)
     naive = model.generate(prompt, 12, temperature=0).numpy()
     np.testing.assert_array_equal(tiled, naive)
     np.testing.assert_array_equal(tiled, no_cache)
@@ -411,7 +411,7 @@ def _tiled_sum(array):
 
 
 def test_gpt_with_dropout_trains_through_the_tiled_path(count_tiled, monkeypatch):
-    monkeypatch.setattr(F, "TILED_MIN_SCORES", 256 * 256)
+    monkeypatch.setattr(attention, "TILED_MIN_SCORES", 256 * 256)
     ta.manual_seed(0)
     model = GPT(GPTConfig(block_size=256, vocab_size=23, n_layer=2, n_head=2, n_embd=16, dropout=0.1))
     idx = ta.tensor(np.random.default_rng(1).integers(0, 23, (1, 257)))

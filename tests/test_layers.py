@@ -148,7 +148,8 @@ def test_nothing_above_the_backend_compares_a_device_name():
 
 
 TEACHING = ["tinyattn/autograd.py", "tinyattn/ops.py", "tinyattn/tensor.py", "tinyattn/nn/functional.py",
-            "tinyattn/nn/modules.py", "tinyattn/nn/flash.py", "tinyattn/nn/utils.py", "tinyattn/optim/__init__.py",
+            "tinyattn/nn/modules.py", "tinyattn/nn/attention.py", "tinyattn/nn/flash.py", "tinyattn/nn/utils.py",
+            "tinyattn/optim/__init__.py",
             "tinyattn/models/gpt.py"]
 SPEED_WORDS = re.compile(r"\b(run_kernel|hold_blas|several_outputs|use_kernels)\b|\.kernel\(|threads\.")
 

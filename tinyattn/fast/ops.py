@@ -18,7 +18,7 @@ import math
 
 from .. import ops
 from ..autograd import is_grad_enabled
-from ..nn import flash, functional as F
+from ..nn import attention, flash, functional as F
 from . import threads
 
 
@@ -315,7 +315,7 @@ class Linear(F.Linear):
         return tuple(self.constant(results[i]) if i in results else None for i in range(len(self.parents)))
 
 
-class Attention(F.Attention):
+class Attention(attention.Attention):
     """The kernel (both products and the softmax of a part of the batch in one thread, outputs
     and gradients in their inputs' memory order), else the formula; forward keeps the weights,
     so backward on arrays recomputes nothing."""

@@ -2,7 +2,8 @@
 from . import functional  # noqa: F401
 from . import utils  # noqa: F401
 from .modules import (Module, Parameter, Linear, Embedding, LayerNorm, Dropout, GELU, ReLU,
-                      Sequential, ModuleList, MultiHeadAttention, KVCache)
+                      Sequential, ModuleList)
+from .attention import MultiHeadAttention, KVCache
 
 __all__ = ["Module", "Parameter", "Linear", "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU",
-           "Sequential", "ModuleList", "MultiHeadAttention", "KVCache", "functional", "utils"]
+           "Sequential", "ModuleList", "MultiHeadAttention", "KVCache", "functional", "utils", "attention"]

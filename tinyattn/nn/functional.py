@@ -6,11 +6,9 @@ its backward written by hand, in Tensor ops, so it can be differentiated
 twice. As in ops.py, each is only its formula: the fast layer
 (``tinyattn/fast``) runs faster versions of them where it can.
 """
-import math
-
 from ..autograd import Function, is_tensor
-from ..ops import (constant, gelu as _gelu, softmax, log_softmax, logsumexp, MaskedSoftmax, causal_mask,  # noqa: F401
-                   stable_exp, check_float, check_same_kind, masked_softmax, matrix_transpose)
+from ..ops import (constant, gelu as _gelu, softmax, log_softmax, logsumexp,  # noqa: F401 (softmax family: F.*)
+                   stable_exp, check_float, check_same_kind)
 
 __all__ = ["softmax", "log_softmax", "logsumexp", "cross_entropy", "embedding", "layer_norm",
            "dropout", "gelu", "relu", "linear", "scaled_dot_product_attention",
@@ -209,120 +207,6 @@ def linear(x, weight, bias=None):
     return Linear.apply(x, weight) if bias is None else Linear.apply(x, weight, bias)
 
 
-# ---------------------------------------------------------------- attention
-# When scaled_dot_product_attention(impl="auto") takes the tiled path (flash.py):
-TILED_MIN_SCORES = 1024 * 1024       # Tq * Tk from which it is faster on a CPU (measured: causal, D=64)
-TILED_MIN_SCORES_DEVICE = 2048 ** 2  # elsewhere (GPU): batched naive matmuls are fast there; not measured
-TILED_MAX_SCORE_BYTES = 2 ** 28      # and always when B * H * Tq * Tk scores would take more (256 MiB)
-
-
-def attention_impl(q, k, attn_mask=None, dropout_p=0.0, return_weights=False, impl="auto"):
-    """Which path scaled_dot_product_attention takes with these arguments: "naive" or "tiled".
-
-    "auto" is naive for the attention weights (return_weights=True), for a
-    mask that needs a gradient, and for short
-    sequences; tiled when Tq * Tk reaches TILED_MIN_SCORES (TILED_MIN_SCORES_DEVICE
-    off the CPU) or when the scores would take more than TILED_MAX_SCORE_BYTES.
-    Double backward is not knowable here: it needs impl="naive". dropout_p does not
-    change the choice: both paths take dropout.
-    """
-    if impl not in ("auto", "naive", "tiled"):
-        raise ValueError(f"scaled_dot_product_attention: impl must be 'auto', 'naive' or 'tiled', got {impl!r}")
-    if impl != "auto":
-        return impl
-    if return_weights or (attn_mask is not None and attn_mask.requires_grad):
-        return "naive"
-    t_q, t_k = q.shape[-2], k.shape[-2]
-    heads = math.prod(q.shape[:-2])
-    score_bytes = heads * t_q * t_k * q.dtype.itemsize
-    long = TILED_MIN_SCORES if q.backend.on_host else TILED_MIN_SCORES_DEVICE
-    return "tiled" if t_q * t_k >= long or score_bytes > TILED_MAX_SCORE_BYTES else "naive"
-
-
-def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0,
-                                 scale=None, return_weights=False, impl="auto"):
-    """softmax(q k^T / sqrt(d_k) + mask) v.
-
-    q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) -> (B, H, Tq, Dv).
-    attn_mask: boolean (True = may attend) or float (added to the scores),
-    broadcastable to (B, H, Tq, Tk). is_causal: query i sees keys j <= i
-    (aligned at the top left, as in PyTorch). With return_weights=True the
-    (B, H, Tq, Tk) attention weights come back too, for visualisation.
-
-    impl: "naive" builds the (Tq, Tk) scores and weights; "tiled" is
-    flash_attention (tiles, memory O(T)); "auto" (the default) picks, see
-    attention_impl. The tiled backward cannot be differentiated again: for
-    gradients of gradients (create_graph=True) pass impl="naive".
-    """
-    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"scaled_dot_product_attention: q {q.shape}, k {k.shape} and v {v.shape} do not fit")
-    check_same_kind("scaled_dot_product_attention", q, k, v)
-    if attention_impl(q, k, attn_mask, dropout_p, return_weights, impl) == "tiled":
-        if return_weights:
-            raise ValueError("scaled_dot_product_attention: impl='tiled' never builds the weights, so it "
-                             "cannot return them; use impl='naive'")
-        return flash_attention(q, k, v, is_causal=is_causal, scale=scale, attn_mask=attn_mask, dropout_p=dropout_p)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    allowed = None
-    if is_causal:
-        allowed = causal_mask(q.shape[-2], k.shape[-2], q.backend)
-    if attn_mask is not None and attn_mask.dtype.kind == "b":
-        allowed = attn_mask.data if allowed is None else allowed & attn_mask.data
-    if allowed is not None and allowed.ndim <= 2:                  # (Tk,) or (1, Tk): one (Tq, Tk) table
-        allowed = q.xp.broadcast_to(allowed, (q.shape[-2], k.shape[-2]))
-    if _fused_attention_fits(q, k, v, allowed, attn_mask, dropout_p, return_weights):
-        return Attention.apply(q, k, v, constant(q, allowed), scale=scale)
-    scores = (q * scale) @ k.mT                                    # (B, H, Tq, Tk); scaling q is cheaper
-    if attn_mask is not None and attn_mask.dtype.kind != "b":
-        scores = scores + attn_mask
-    if allowed is None:
-        weights = softmax(scores, -1)
-    else:
-        shape = tuple(max(a, b) for a, b in zip((1,) * (scores.ndim - allowed.ndim) + tuple(allowed.shape), scores.shape))
-        if shape != scores.shape:
-            scores = scores.expand(shape)
-        weights = MaskedSoftmax.apply(scores, constant(scores, allowed))
-    if dropout_p > 0.0:
-        weights_used = dropout(weights, dropout_p)
-    else:
-        weights_used = weights
-    out = weights_used @ v                                          # (B, H, Tq, Dv)
-    return (out, weights) if return_weights else out
-
-
-def _fused_attention_fits(q, k, v, allowed, attn_mask, dropout_p, return_weights):
-    """Whether the naive path can run as one Attention op: stacked q, k, v over the same leading
-    dims and a boolean (Tq, Tk) mask (causal, or given); no additive mask, dropout or returned
-    weights (those need the weights as a tensor of their own)."""
-    if allowed is None or allowed.ndim != 2 or dropout_p > 0.0 or return_weights:
-        return False
-    if attn_mask is not None and attn_mask.dtype.kind != "b":
-        return False
-    return q.ndim >= 3 and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
-
-
-class Attention(Function):
-    """softmax(q k^T * scale where allowed) v as one op: the naive path's scores, masked
-    softmax and weighted sum, with the backward by hand (exercise 13):
-
-        P = softmax(S),  S = q k^T * scale      dV = P^T dO      dP = dO V^T
-        dS = P * (dP - rowsum(dP * P))          dQ = dS K * scale      dK = dS^T Q * scale
-
-    Backward recomputes P from q and k with Tensor ops, so it differentiates twice.
-    """
-
-    def forward(self, q, k, v, allowed, scale):                    # (B, H, Tq, D), (B, H, Tk, D), (B, H, Tk, Dv)
-        xp = self.xp
-        self.scale = scale
-        scores = xp.matmul(q, matrix_transpose(xp, k)) * scale      # (B, H, Tq, Tk)
-        return xp.matmul(masked_softmax(xp, scores, allowed), v)   # (B, H, Tq, Dv)
-
-    def backward(self, g):                                         # g (B, H, Tq, Dv)
-        q, k, v, allowed = self.parents
-        p = MaskedSoftmax.apply((q @ k.mT) * self.scale, allowed)  # the weights again, as Tensors
-        dp = g @ v.mT                                              # (B, H, Tq, Tk)
-        ds = p * (dp - (dp * p).sum(-1, keepdim=True))             # softmax's backward
-        return ds @ k * self.scale, ds.mT @ q * self.scale, p.mT @ g, None
-
-
+# ---------------------------------------------------------------- attention (nn/attention.py)
+from .attention import scaled_dot_product_attention  # noqa: E402,F401 (F.scaled_dot_product_attention)
 from .flash import flash_attention  # noqa: E402

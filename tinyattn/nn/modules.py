@@ -4,7 +4,6 @@ from collections import OrderedDict
 
 from .. import autograd as _engine
 from ..tensor import Tensor, ones, rand, randn, tensor, zeros
-from ..ops import cat, causal_mask, constant
 from ..backend import get_backend
 from . import functional as F
 
@@ -295,85 +294,3 @@ class ModuleList(Module):
 
     def __len__(self):
         return len(self._modules)
-
-
-class MultiHeadAttention(Module):
-    """Self-attention with n_head heads: one fused qkv projection, heads split,
-    scaled dot-product attention, heads merged, an output projection.
-
-    forward(x (B, T, C), attn_mask=None, is_causal=False, kv_cache=None) -> (B, T, C).
-    With ``keep_weights = True`` the last (B, H, T, T) attention weights stay in
-    ``self.last_weights``, for visualisation. ``head_dropout`` p: while training,
-    each head's output is zeroed for a whole sequence with probability p and the
-    kept heads scaled by 1/(1-p) (DropHead), so no head can lean on another to
-    do half of its job.
-    """
-
-    def __init__(self, n_embd, n_head, bias=True, dropout=0.0, head_dropout=0.0):
-        super().__init__()
-        if n_head < 1 or n_embd < 1:
-            raise ValueError(f"MultiHeadAttention needs n_embd >= 1 and n_head >= 1, got {n_embd} and {n_head}")
-        if n_embd % n_head:
-            raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
-        if not 0.0 <= head_dropout < 1.0:
-            raise ValueError(f"MultiHeadAttention: head_dropout must be in [0, 1), got {head_dropout}")
-        self.n_embd, self.n_head, self.dropout, self.head_dropout = n_embd, n_head, dropout, head_dropout
-        self.c_attn = Linear(n_embd, 3 * n_embd, bias=bias)       # q, k, v in one matmul
-        self.c_proj = Linear(n_embd, n_embd, bias=bias)
-        self.resid_dropout = Dropout(dropout)
-        self.keep_weights = False
-        self.last_weights = None
-
-    def forward(self, x, attn_mask=None, is_causal=False, kv_cache=None):
-        expect_shape(self, x, (None, None, self.n_embd), "(B, T, C)")
-        B, T, C = x.shape
-        H, D = self.n_head, C // self.n_head
-        q, k, v = self.c_attn(x).split(C, dim=2)                     # 3 x (B, T, C)
-        q = q.view(B, T, H, D).transpose(1, 2)                       # (B, H, T, D)
-        k = k.view(B, T, H, D).transpose(1, 2)
-        v = v.view(B, T, H, D).transpose(1, 2)
-        if kv_cache is not None:                                     # the keys and values so far
-            k, v = kv_cache.append(k, v)                             # (B, H, T_past + T, D)
-            if T > 1:                                                # new queries sit at the end
-                attn_mask = kv_cache.causal_mask(T, k.shape[2], x)
-                is_causal = False
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0, return_weights=self.keep_weights)
-        if self.keep_weights:
-            y, weights = y
-            self.last_weights = weights.detach()
-        if self.head_dropout > 0.0 and self.training:                # whole heads, per sequence
-            keep = F.dropout(ones(B, H, 1, 1, dtype=y.dtype, device=y.device), self.head_dropout)   # 0 or 1/(1-p)
-            y = y * keep                                             # (B, H, T, D)
-        y = y.transpose(1, 2).reshape(B, T, C)                      # merge heads: (B, T, C)
-        return self.resid_dropout(self.c_proj(y))
-
-
-class KVCache:
-    """Keys and values of the tokens seen so far, for one attention layer."""
-
-    def __init__(self):
-        self.k = self.v = None
-
-    def __len__(self):
-        return 0 if self.k is None else self.k.shape[2]
-
-    def append(self, k, v):                                          # (B, H, T, D) each
-        if self.k is not None:
-            k = cat([self.k, k], dim=2)
-            v = cat([self.v, v], dim=2)
-        self.k, self.v = k.detach(), v.detach()
-        return k, v
-
-    def crop(self, length):
-        """Keep only the last ``length`` positions."""
-        if self.k is not None and self.k.shape[2] > length:
-            self.k = self.k[:, :, -length:]
-            self.v = self.v[:, :, -length:]
-
-    @staticmethod
-    def causal_mask(t_new, t_total, like):
-        """(t_new, t_total): query i (at absolute position t_total - t_new + i) sees keys <= it."""
-        return constant(like, causal_mask(t_new, t_total, like.backend, offset=t_total - t_new))
-

@@ -8,14 +8,17 @@ replaces. They are patched on entry and restored on exit.
 """
 import contextlib
 import importlib
+import math
+
+import tinyattn as ta
 
 from .progress import check_all, extend
 
 
 def _attention(module):
     """The library's attention signature, running yours when no mask, dropout or weights are asked for."""
-    import tinyattn.nn.functional as F
-    library = F.scaled_dot_product_attention
+    from tinyattn.nn import attention
+    library = attention.scaled_dot_product_attention
 
     def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0, scale=None,
                                      return_weights=False, impl="auto"):
@@ -69,11 +72,84 @@ SWAPS = {
     # your engine runs one backward per output Tensor: split then makes one op per piece
     "engine": [("tinyattn.autograd", "_toposort", _yours("toposort")), ("tinyattn.tensor:Tensor", "backward", _backward),
                ("tinyattn.ops", "split", _split_piece_by_piece)],
-    "attention": [("tinyattn.nn.functional", "scaled_dot_product_attention", _attention)],
+    "attention": [("tinyattn.nn.attention", "scaled_dot_product_attention", _attention),
+                  ("tinyattn.nn.functional", "scaled_dot_product_attention", _attention)],
     "adamw": [("tinyattn.optim", "AdamW", _yours("AdamW"))],
     "kv_cache": [("tinyattn.nn", "KVCache", _yours("KVCache"))],
 }
 NOT_SWAPPED = {"online_softmax": "the GPT's training does not run tiled attention"}
+
+
+def _attention_through_softmax(module):
+    """Attention as the library writes it, scores, softmax and the weighted sum, with the softmax
+    the library's softmax is now (yours): the library's one-op attention has a softmax of its own."""
+    from tinyattn import ops
+    from tinyattn.nn import attention
+    library = attention.scaled_dot_product_attention
+
+    def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0, scale=None,
+                                     return_weights=False, impl="auto"):
+        additive = attn_mask is not None and attn_mask.dtype.kind != "b"
+        if additive or dropout_p or return_weights or impl == "tiled":
+            return library(q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
+                           return_weights=return_weights, impl=impl)
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        scores = (q @ k.mT) * scale                                          # (B, H, Tq, Tk)
+        for mask in ([ops.constant(scores, ops.causal_mask(q.shape[-2], k.shape[-2], q.backend))] if is_causal
+                     else []) + ([attn_mask] if attn_mask is not None else []):
+            scores = scores.masked_fill(~mask, float("-inf"))                # True = may attend
+        return ops.softmax(scores, -1) @ v
+    return scaled_dot_product_attention
+
+
+def _cross_entropy_through_exp_log(module):
+    """Cross-entropy written with Tensor ops: -(x[target] - max - log(sum(exp(x - max)))), so that
+    the library's Exp and Log (yours) run: the library's one-op cross-entropy does its own."""
+    from tinyattn.nn import functional as F
+    library = F.cross_entropy
+
+    def cross_entropy(logits, targets, ignore_index=-100):
+        F.check_ids("cross_entropy", "targets", targets)
+        if logits.ndim != 2 or targets.shape != logits.shape[:1]:
+            return library(logits, targets, ignore_index)                    # its error, naming the shapes
+        xp, backend = logits.xp, logits.backend
+        m = logits.detach().max(1, keepdim=True)                             # (N, 1), a constant
+        logp = logits - m - (logits - m).exp().sum(1, keepdim=True).log()    # (N, C)
+        keep = targets.data != ignore_index
+        picked = xp.astype((backend.arange(logits.shape[1])[None, :] == xp.reshape(targets.data, (-1, 1)))
+                           & xp.reshape(keep, (-1, 1)), logits.data.dtype)   # (N, C): one 1 per counted row
+        count = max(int(xp.sum(xp.astype(keep, xp.int64))), 1) if backend.on_host else xp.sum(keep)
+        return -(logp * F.constant(logits, picked)).sum() * (1.0 / count)
+    return cross_entropy
+
+
+# when your piece is in and the one that would call it is the library's: the library's op, rewritten
+# to call it. -> (exercise, the one it needs to be the library's, [(module, attribute, replacement)])
+THROUGH_YOURS = [("softmax", "attention", [("tinyattn.nn.attention", "scaled_dot_product_attention",
+                                            _attention_through_softmax)]),
+                 ("elementwise", "cross_entropy", [("tinyattn.nn.functional", "cross_entropy",
+                                                     _cross_entropy_through_exp_log)])]
+
+
+def _where_yours_run(passing):
+    """Where the GPT calls your softmax, Exp, Log and Tanh (pieces that no op of the GPT is made
+    of directly), or why it does not: one line each."""
+    lines = []
+    if "softmax" in passing:
+        if "attention" not in passing:
+            lines.append("attention runs as scores, your softmax, and the weighted sum")
+        elif "cross_entropy" not in passing and "elementwise" not in passing:
+            lines.append("your softmax runs in cross-entropy's backward")
+        else:
+            lines.append("softmax passes, but this GPT does not call it: your attention computes its own, and "
+                         + ("your cross-entropy too" if "cross_entropy" in passing else "cross-entropy runs on "
+                            "your Exp and Log"))
+    if "elementwise" in passing:
+        lines.append("your Tanh runs in GELU's backward (GPT-2's tanh approximation)")
+        lines.append("cross-entropy runs as -(x[target] - max - log(sum(exp(x - max)))), with your Exp and Log"
+                     if "cross_entropy" not in passing else
+                     "Exp and Log pass, but this GPT does not call them: your cross-entropy computes its own")
+    return lines
 
 
 def _owner(path):
@@ -91,19 +167,24 @@ def use_exercises(package="exercises", say=print):
     """
     results = [r for r in check_all(package) if r.exercise.name in SWAPS or r.exercise.name in NOT_SWAPPED]
     passing = [r.exercise.name for r in results if r.passing and r.exercise.name in SWAPS]
-    saved = []
+    saved, fast = [], ta.is_fast()
     try:
-        for name in passing:
-            module = extend.load_exercise(name, package)
-            for path, attr, replacement in SWAPS[name]:
-                owner = _owner(path)
-                saved.append((owner, attr, owner.__dict__[attr]))
-                setattr(owner, attr, replacement(module))
+        patches = [(path, attr, replacement, extend.load_exercise(name, package))
+                   for name in passing for path, attr, replacement in SWAPS[name]]
+        patches += [(path, attr, replacement, None) for yours, needs, swaps in THROUGH_YOURS
+                    if yours in passing and needs not in passing for path, attr, replacement in swaps]
+        for path, attr, replacement, module in patches:
+            owner = _owner(path)
+            saved.append((owner, attr, owner.__dict__[attr]))
+            setattr(owner, attr, replacement(module))
+        if passing:
+            ta.set_fast(False)          # the library's fused ops would skip your pieces: its formulas call them
         say(describe(results, passing, package))
         yield passing
     finally:
         for owner, attr, value in reversed(saved):
             setattr(owner, attr, value)
+        ta.set_fast(fast)
 
 
 def describe(results, passing, package):
@@ -114,6 +195,10 @@ def describe(results, passing, package):
     waiting = [f"{r.exercise.name} ({r.status})" for r in results if r.exercise.name in SWAPS and not r.passing]
     if waiting:
         lines.append("  still the library's: " + ", ".join(waiting))
+    if passing:
+        lines.append("  the fast layer is off for this run (ta.set_fast(False)): the library's ops run their "
+                     "formulas, which call your pieces where a fused op would skip them")
+    lines += [f"  {line}" for line in _where_yours_run(set(passing))]
     for name, why in NOT_SWAPPED.items():
         if name in [r.exercise.name for r in results if r.passing]:
             lines.append(f"  {name} passes but is not swapped in: {why}")

@@ -4,6 +4,9 @@ With every reference solution swapped in, a short training run gives the same
 losses as the library's own run, to the last bit, and the solutions' code is what ran.
 """
 import collections
+import pathlib
+import shutil
+import sys
 
 import pytest
 
@@ -12,8 +15,8 @@ import tinyattn.nn.functional as F
 from tinyattn import ops
 from train.loop import main, parse_args, train
 
-from exercise_solutions import (attention, cross_entropy, embedding, engine, kv_cache, layernorm, matmul,
-                                sum_to, adamw)
+from exercise_solutions import (attention, cross_entropy, elementwise, embedding, engine, kv_cache, layernorm,
+                                matmul, softmax, sum_to, adamw)
 from exercises.checks import SOLUTIONS
 from exercises.swap import SWAPS, use_exercises
 from test_train import TEXT, TINY
@@ -41,7 +44,11 @@ def counting(calls, name, fn):
 
 
 def test_with_every_solution_swapped_in_the_run_matches_the_library(text_file, tmp_path, monkeypatch):
-    library = short_run(text_file, tmp_path / "library")
+    ta.set_fast(False)                            # as the swapped-in run does: the library's formulas
+    try:
+        library = short_run(text_file, tmp_path / "library")
+    finally:
+        ta.set_fast(True)
 
     calls = collections.Counter()                 # the solutions' plain functions and methods, counted
     monkeypatch.setattr(sum_to, "sum_to", counting(calls, "sum_to", sum_to.sum_to))
@@ -53,7 +60,11 @@ def test_with_every_solution_swapped_in_the_run_matches_the_library(text_file, t
         applied = record_applied_ops(monkeypatch)      # every Function class applied during the run
         yours = short_run(text_file, tmp_path / "yours")
     assert swapped == list(SWAPS)
-    assert "11 of 11 pieces are yours" in said[0]
+    assert "11 of 11 pieces are yours" in said[0] and "the fast layer is off for this run" in said[0]
+    assert "softmax passes, but this GPT does not call it" in said[0]     # named, and why it did not run
+    assert "Exp and Log pass, but this GPT does not call them" in said[0]
+    assert "your Tanh runs in GELU's backward" in said[0] and elementwise.Tanh in applied
+    assert ta.is_fast()                                                   # put back after the run
 
     for key in ("val_loss", "train_loss", "best_val_loss"):
         assert yours[key] == library[key], key            # the same numbers to the last bit
@@ -76,3 +87,34 @@ def test_the_flag_says_what_it_swapped(text_file, tmp_path, capsys):
                  "--use_exercises"]) == 0
     out = capsys.readouterr().out
     assert "--use_exercises:" in out and "pieces are yours (exercises/)" in out
+
+
+def test_pieces_that_no_op_of_the_gpt_is_made_of_run_where_the_librarys_formulas_call_them(text_file, tmp_path,
+                                                                                           monkeypatch):
+    """With softmax and Exp/Log/Tanh yours but attention and cross-entropy the library's (whose fused
+    ops compute their own softmax and exp), attention and cross-entropy are written with yours:
+    every piece the line names as running runs (by trace), and the losses are the library's to
+    float32 rounding."""
+    package = tmp_path / "some_solutions"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name in ("softmax", "elementwise"):
+        shutil.copy(pathlib.Path(softmax.__file__).parent / f"{name}.py", package / f"{name}.py")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    library = short_run(text_file, tmp_path / "library")
+    said, calls = [], collections.Counter()
+    with use_exercises("some_solutions", say=said.append) as swapped:
+        monkeypatch.setattr(ta.ops, "softmax", counting(calls, "softmax", ta.ops.softmax))
+        applied = record_applied_ops(monkeypatch)
+        yours = short_run(text_file, tmp_path / "yours")
+    assert sorted(swapped) == ["elementwise", "softmax"]
+    line = said[0]
+    assert "attention runs as scores, your softmax, and the weighted sum" in line
+    assert "cross-entropy runs as -(x[target] - max - log(sum(exp(x - max)))), with your Exp and Log" in line
+    assert "your Tanh runs in GELU's backward" in line
+    mine = sys.modules["some_solutions.elementwise"]
+    assert {mine.Exp, mine.Log, mine.Tanh, sys.modules["some_solutions.softmax"].Softmax} <= applied
+    assert calls["softmax"] > 0
+    assert not {F.CrossEntropy, ta.nn.attention.Attention} & applied          # the fused ops did not run
+    for key in ("val_loss", "train_loss"):
+        assert yours[key] == pytest.approx(library[key], rel=1e-5), key

@@ -153,3 +153,29 @@ def test_joined_finds_the_array_whose_slices_the_pieces_are():
     assert cpu.joined(pieces[:2], (2, 3, 9), 2) is None                               # not all of it
     assert cpu.joined([whole[:, :, 0:2], whole[:, :, 3:7], whole[:, :, 7:9]], (2, 3, 9), 2) is None   # a gap
     assert cpu.joined([whole[:1], whole[1:]], (2, 3, 9), 0) is not None
+
+
+@needs_kernels
+def test_every_kernel_returns_arrays_or_none():
+    """One convention for every kernel: its result (an array, or a tuple of arrays), or None when it declines."""
+    from optable import KERNEL_CASES
+    cpu = get_backend("cpu")
+    results = {}
+
+    def recording(name, fn):
+        def wrapper(*args):
+            results.setdefault(name, []).append(fn(*args))
+            return results[name][-1]
+        return wrapper
+
+    import pytest as _pytest
+    with _pytest.MonkeyPatch.context() as mp:
+        for name, fn in list(cpu.kernels.items()):
+            mp.setitem(cpu.kernels, name, recording(name, fn))
+        for case in KERNEL_CASES:
+            case.run(case.inputs(np.random.default_rng(0)), "cpu", "float32")
+    assert set(results) == set(cpu.kernels)
+    for name, outs in results.items():
+        for out in outs:
+            parts = out if isinstance(out, tuple) else (out,)
+            assert out is None or all(isinstance(a, np.ndarray) for a in parts), (name, type(out))

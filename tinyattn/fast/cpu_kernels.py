@@ -10,9 +10,10 @@ Each kernel does in one or two passes over memory what its numpy formula
 does in five to fifteen, and each compiles on its first call for the dtype it
 meets (float32 in training, float64 in the gradient checks), about a second
 a kernel; ``cache=True`` keeps the machine code on disk, so that happens
-once per machine. Every function returns None for inputs it does not take
-(a dtype other than float32 or float64, an empty array): the op then runs
-its own formula.
+once per machine. Every function returns its result, an array or a tuple of
+arrays (the in-place ones, the arrays they updated), and None for inputs it
+does not take (a dtype other than float32 or float64, an empty array): the op
+then runs its own formula.
 
     gelu_tanh, gelu_tanh_backward          elementwise, one pass
     layer_norm, layer_norm_backward        one row at a time
@@ -485,7 +486,7 @@ def _adamw(p, g, m, v, b1, one_minus_b1, b2, one_minus_b2, eps, decay, step_size
 
 
 def adamw_(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step):
-    """One AdamW step for one flat or shaped parameter, in place. True when done."""
+    """One AdamW step for one flat or shaped parameter, in place. Returns p (None: not for these inputs)."""
     if not _floats(p, g, m, v) or not (p.shape == g.shape == m.shape == v.shape):
         return None
     if not all(a.flags.c_contiguous for a in (p, g, m, v)):
@@ -495,7 +496,7 @@ def adamw_(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step):
     consts = (real(beta1), real(1 - beta1), real(beta2), real(1 - beta2), real(eps), real(1 - lr * weight_decay),
               real(lr / (1 - beta1 ** step)), real(1.0 / math.sqrt(1 - beta2 ** step)))
     split(lambda i, j: _adamw(p1[i:j], g1[i:j], m1[i:j], v1[i:j], *consts), p1.size, work=p1.size)
-    return True
+    return p
 
 
 # --------------------------------------------------------------------------
@@ -578,11 +579,11 @@ def attention_tile_softmax_(s, m, l, first):
 
 def attention_tile_backward_(s, dp, lse, d, first):
     """One tile of the backward, in place: s (bk, bq) scores becomes P^T = exp(s - L) (0 where masked),
-    dp (bk, bq) = (dO V^T)^T becomes dS^T = P^T * (dP^T - D). lse, d (bq,). True when done."""
+    dp (bk, bq) = (dO V^T)^T becomes dS^T = P^T * (dP^T - D). lse, d (bq,). Returns (s, dp), or None."""
     if not _tile_args(s, lse, d) or dp.shape != s.shape or dp.dtype != s.dtype or not dp.flags.c_contiguous:
         return None
     _attention_tile_backward(s, dp, lse, d, int(first))
-    return True
+    return s, dp
 
 
 # The one table the backend reads: ``backend.kernel(name)``.

@@ -93,7 +93,7 @@ _adamw = cupy.ElementwiseKernel(
 
 
 def adamw_(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step):
-    """The AdamW update of ``AdamW.step`` for one parameter, in place. True when done.
+    """The AdamW update of ``AdamW.step`` for one parameter, in place. Returns p (None: not for these inputs).
 
     The same arithmetic as the array code: the bias corrections are folded
     into step_size = lr / (1 - beta1^t) and 1 / sqrt(1 - beta2^t).
@@ -104,7 +104,7 @@ def adamw_(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step):
     _adamw(g, real(beta1), real(1 - beta1), real(beta2), real(1 - beta2), real(eps),
            real(1 - lr * weight_decay), real(lr / (1 - beta1 ** step)),
            real(1.0 / (1 - beta2 ** step) ** 0.5), p, m, v)
-    return True
+    return p
 
 
 # --------------------------------------------------------------------------

@@ -374,10 +374,9 @@ class FlashAttention(flash.FlashAttention):
         return (s, alpha, m, l) if alpha is not None else super()._softmax_tile(s, m, l, first)
 
     def _softmax_grad_tile(self, s, dp, lse, d, first):
-        if self.backend.run_kernel("attention_tile_backward_", s, dp, lse, d,
-                                   first if self.is_causal else -s.shape[-2]):
-            return s, dp
-        return super()._softmax_grad_tile(s, dp, lse, d, first)
+        done = self.backend.run_kernel("attention_tile_backward_", s, dp, lse, d,
+                                       first if self.is_causal else -s.shape[-2])   # s, dp in place
+        return done if done is not None else super()._softmax_grad_tile(s, dp, lse, d, first)
 
 
 FAST_OPS = {cls.__mro__[1]: cls for cls in (MatMul, GeluTanh, Sum, Split, Softmax, MaskedSoftmax, CrossEntropy,

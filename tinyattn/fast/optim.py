@@ -29,7 +29,7 @@ class AdamW(optim.AdamW):
             state = self.state[id(p)]
             t = state["step"] + 1
             if p.backend.run_kernel("adamw_", p.data, p.grad.data, state["exp_avg"], state["exp_avg_sq"],
-                                    lr, b1, b2, eps, wd, t):
+                                    lr, b1, b2, eps, wd, t) is not None:
                 state["step"] = t
                 return
         super().update(p, group)
@@ -56,7 +56,7 @@ class AdamW(optim.AdamW):
         for group, (lo, hi) in zip(self.param_groups, flat.group_ranges(self.param_groups)):
             lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
             p, g, m, v, tmp = (a[lo:hi] for a in (flat.p, flat.g, flat.m, flat.v, flat.tmp))
-            if backend.run_kernel("adamw_", p, g, m, v, lr, b1, b2, eps, wd, t):
+            if backend.run_kernel("adamw_", p, g, m, v, lr, b1, b2, eps, wd, t) is not None:
                 continue                                         # a fused kernel did all of the below
             xp = backend.xp
             m *= b1

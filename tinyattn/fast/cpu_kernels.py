@@ -32,8 +32,8 @@ Why not numpy's ``exp``: numba calls the C library's scalar ``exp`` once per
 element, several times slower than numpy's SIMD loop. ``_exp`` below is
 the classic Cephes float32 exp (a range reduction and a degree-6
 polynomial, within 1e-7 relative), written so that the compiler turns the
-loop into SIMD code: about three times the speed of numpy's own float32 exp
-here. float64 keeps the exact ``np.exp``.
+loop into SIMD code: faster than numpy's own float32 exp on the CPUs measured
+(bench/BENCHMARKS.md). float64 keeps the exact ``np.exp``.
 """
 import math
 
@@ -172,8 +172,7 @@ def gelu_tanh_backward(x, g):
 # layer norm over the last dim, one row at a time
 # --------------------------------------------------------------------------
 # Layer norm costs about half as much an element as the other kernels, so it splits from twice as
-# many elements (measured: the baby and default GPT steps were 0.6 and 0.4 ms faster with their
-# layer norms of 98k and 82k elements on one thread).
+# many elements (bench/BENCHMARKS.md: what this bought the baby and default GPT steps).
 _LIGHT = 2
 
 
@@ -509,7 +508,7 @@ def adamw_(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step):
 # i0 + c when c >= first + r, first = j0 - i0 (any first <= -bk: no causal mask).
 # Masked entries (causal, or -inf from a user's mask) get weight exactly 0.
 # (Every inner loop runs over the whole row: a loop that starts at a varying
-# column, range(c0, bq), stopped numba from vectorising it, 6x slower.)
+# column, range(c0, bq), stopped numba from vectorising it.)
 @kernel
 def _causal_fill(s, first):                        # s[r, c] = -inf where c < first + r
     bk, bq = s.shape

@@ -18,7 +18,7 @@ split on, BLAS stays at one thread (threadpoolctl; ``hold_blas``), so no
 OpenBLAS thread spins beside the pool: numpy products of your own then run
 on one thread too. ``ta.set_num_threads(1)`` or ``ta.set_fast(False)`` gives
 BLAS back its own setting. (Changing BLAS's thread count around every op
-instead made the pool's products up to 2x slower with OpenBLAS 0.3.31.)
+instead made the pool's products slower: bench/BENCHMARKS.md.)
 
 Off (every op on the calling thread, BLAS as it is) with one core, without
 threadpoolctl (the ``fast`` extra), after ``set_num_threads(1)``, or with
@@ -146,11 +146,11 @@ _woken = threading.local()
 def wake_blas():
     """Run one (512, 64) x (64, 512) float32 product, once in each thread that uses BLAS here.
 
-    Measured with numpy 2.4's OpenBLAS 0.3.31 on an AMD Zen CPU: until a thread
-    has run one product of about this size, OpenBLAS runs smaller one-thread
-    products in it ((256, 256) x (256, 64)) about 3x slower (860 against 290 us),
-    however many it runs. The pool's threads, and tiled attention's, would only
-    ever run such products. It costs about a millisecond per thread, once.
+    Some OpenBLAS builds run smaller one-thread products ((256, 256) x (256, 64))
+    several times slower in a thread that has not yet run one product of about
+    this size, however many it runs (bench/BENCHMARKS.md, "What the fast layer's
+    choices rest on"). The pool's threads, and tiled attention's, would only ever
+    run such products. It costs about a millisecond per thread, once.
     """
     if not getattr(_woken, "done", False):
         _woken.done = True

@@ -39,9 +39,10 @@ def is_tensor(x):
     return isinstance(x, _Tensor)
 
 
-def wrap(array, backend, requires_grad=False):
-    """A Tensor around an array already on ``backend``: no copy, no graph."""
-    return _Tensor._make(array, backend, requires_grad)
+def constant(like, array):
+    """A Tensor without gradient around a raw ``array`` on ``like``'s device: no copy, no graph.
+    (Inside an op, ``self.constant(array)`` is the same.)"""
+    return _Tensor._make(array, like.backend)
 
 
 # --------------------------------------------------------------------------
@@ -124,7 +125,7 @@ class Function:
 
     def constant(self, array):
         """A Tensor without gradient around ``array``, on this op's device (for backward)."""
-        return wrap(array, self.backend)
+        return _Tensor._make(array, self.backend)
 
     @property
     def output(self):
@@ -157,7 +158,7 @@ class Function:
             return _several_outputs(ctx, inputs, data)
         data = forward_result(ctx, data)
         requires_grad = _grad_mode.enabled and any(t.requires_grad for t in inputs)
-        out = wrap(data, ctx.backend, requires_grad)     # forward may move ctx to another device
+        out = _Tensor._make(data, ctx.backend, requires_grad)     # forward may move ctx to another device
         if requires_grad:
             ctx.parents = inputs
             ctx.needs_input_grad = tuple(t.requires_grad for t in inputs)
@@ -170,7 +171,7 @@ def _several_outputs(ctx, inputs, arrays):
     """apply for a forward that returned a tuple: one Tensor per array, all made by ``ctx``."""
     arrays = [forward_result(ctx, a) for a in arrays]
     requires_grad = _grad_mode.enabled and any(t.requires_grad for t in inputs)
-    outs = tuple(wrap(a, ctx.backend, requires_grad) for a in arrays)
+    outs = tuple(_Tensor._make(a, ctx.backend, requires_grad) for a in arrays)
     if requires_grad:
         ctx.parents = inputs
         ctx.needs_input_grad = tuple(t.requires_grad for t in inputs)
@@ -369,7 +370,7 @@ def initial_grad(output, gradient):
         if output.numel() != 1:
             raise RuntimeError(f"grad can be implicitly created only for scalar outputs; this output has "
                                f"shape {output.shape}: pass a gradient of that shape to backward()")
-        return wrap(output.backend.full(output.shape, 1, output.dtype), output.backend)
+        return constant(output, output.backend.full(output.shape, 1, output.dtype))
     if not isinstance(gradient, _Tensor):
         gradient = _Tensor(gradient, dtype=output.dtype, device=output.device)
     if gradient.shape != output.shape:

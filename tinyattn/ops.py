@@ -14,7 +14,7 @@ runs these formulas everywhere.
 import functools
 import math
 
-from .autograd import Function, describe, is_tensor, wrap
+from .autograd import Function, constant, describe, is_tensor
 from .backend import get_backend
 
 
@@ -27,11 +27,6 @@ def sum_to(g, shape):
     return g.sum(axes, keepdim=True).reshape(shape)
 
 
-def constant(like, array):
-    """A Tensor without gradient around a raw ``array`` on ``like``'s device."""
-    return wrap(array, like.backend)
-
-
 def lift(like, value, op="an op"):
     """``value`` as a Tensor on ``like``'s device: a Tensor as it is, a Python number
     as a 0-d array. A number takes like's dtype when it fits in it (a float next to
@@ -41,7 +36,7 @@ def lift(like, value, op="an op"):
         return value
     kind = check_operand(value, op)
     fits = like.dtype.kind == "f" or (like.dtype.kind in "iu" and kind in "biu")
-    return wrap(like.backend.asarray(value, like.dtype if fits else None), like.backend)
+    return constant(like, like.backend.asarray(value, like.dtype if fits else None))
 
 
 def operands(t, other, op, reverse=False, true_division=False):

@@ -278,8 +278,8 @@ class LayerNorm(F.LayerNorm):
             dx = gx - self._row_means(gx)
             dx -= xhat * self._row_means(gx * xhat)
             dx *= rstd
-        wrap = lambda a, need=True: self.constant(a) if need and a is not None else None    # noqa: E731
-        return wrap(dx), wrap(dw, weight.requires_grad), wrap(db, bias.requires_grad)
+        kept = lambda a, need=True: self.constant(a) if need and a is not None else None    # noqa: E731
+        return kept(dx), kept(dw, weight.requires_grad), kept(db, bias.requires_grad)
 
 
 class Linear(F.Linear):

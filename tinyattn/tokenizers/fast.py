@@ -1,0 +1,81 @@
+"""BPE encoding compiled with numba (the ``fast`` extra): encode_piece over many pieces at once.
+
+bpe.encode_piece works on bytes and looks up each joined pair in the ranks. Here the
+same merges run on token ids: a table maps a pair of ids (a, b) to the rank of the
+token their bytes make, when there is one (every way of cutting every token into two
+tokens is in it), so the results are the same as encode_piece's, id for id. The
+tokenizer uses this module when numba imports and TINYATTN_CPU_KERNELS is not 0.
+"""
+import numpy as np
+from numba import njit
+
+EMPTY = -1
+
+
+class PairTable:
+    """An open-addressing hash table from a pair of ids to the rank of their joined bytes."""
+
+    def __init__(self, ranks):
+        self.n = max(ranks.values()) + 1
+        pairs = []
+        for tok, rank in ranks.items():
+            for cut in range(1, len(tok)):
+                a, b = ranks.get(tok[:cut]), ranks.get(tok[cut:])
+                if a is not None and b is not None:
+                    pairs.append((a * self.n + b, rank))
+        size = 1 << max(4, (2 * len(pairs)).bit_length())      # at most half full
+        self.keys = np.full(size, EMPTY, dtype=np.int64)
+        self.vals = np.zeros(size, dtype=np.int64)
+        for key, rank in pairs:
+            _insert(self.keys, self.vals, key, rank)
+        self.byte_ids = np.array([ranks[bytes([b])] for b in range(256)], dtype=np.int64)
+
+    def encode_pieces(self, pieces):
+        """A list of byte strings -> a list of id lists, as [encode_piece(p, ranks) for p in pieces]."""
+        starts = np.zeros(len(pieces) + 1, dtype=np.int64)
+        np.cumsum([len(p) for p in pieces], out=starts[1:])
+        data = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+        out = np.empty(len(data), dtype=np.int64)
+        lengths = _encode_pieces(data, starts, self.byte_ids, self.keys, self.vals, self.n, out)
+        return [out[s:s + m].tolist() for s, m in zip(starts[:-1].tolist(), lengths.tolist())]
+
+
+@njit(cache=True)
+def _slot(keys, key):
+    mask = len(keys) - 1
+    h = (key * 0x9E3779B1) & mask          # multiplicative hash, then linear probing
+    while keys[h] != EMPTY and keys[h] != key:
+        h = (h + 1) & mask
+    return h
+
+
+@njit(cache=True)
+def _insert(keys, vals, key, val):
+    h = _slot(keys, key)
+    keys[h] = key
+    vals[h] = val
+
+
+@njit(cache=True, nogil=True)
+def _encode_pieces(data, starts, byte_ids, keys, vals, n, out):
+    """Each piece data[starts[k]:starts[k+1]] -> its ids in out from starts[k]; returns their counts."""
+    lengths = np.empty(len(starts) - 1, dtype=np.int64)
+    for k in range(len(starts) - 1):
+        s = starts[k]
+        m = starts[k + 1] - s
+        for i in range(m):
+            out[s + i] = byte_ids[data[s + i]]
+        while m > 1:                       # merge the pair of lowest rank (the leftmost of equals)
+            best, best_i = -1, -1
+            for i in range(m - 1):
+                h = _slot(keys, out[s + i] * n + out[s + i + 1])
+                if keys[h] != EMPTY and (best < 0 or vals[h] < best):
+                    best, best_i = vals[h], i
+            if best < 0:
+                break
+            out[s + best_i] = best
+            for i in range(best_i + 1, m - 1):
+                out[s + i] = out[s + i + 1]
+            m -= 1
+        lengths[k] = m
+    return lengths

@@ -309,3 +309,5 @@ def test_bad_files(tmp_path):
 def test_dict_round_trip(tok):
     back = BPE.from_dict(tok.to_dict())
     assert back.ranks == tok.ranks and back.special_tokens == tok.special_tokens
+    with pytest.raises(ValueError, match="not a BPE tokenizer"):
+        BPE.from_dict({"kind": "bpe"})

@@ -28,7 +28,7 @@ from tinyattn.optim import warmup_cosine, set_lr
 from tinyattn.nn.utils import clip_grad_norm_
 
 from . import checkpoint, parallel
-from .data import load_coref, load_text, tokenizer_to_json
+from .data import load_coref, load_data, tokenizer_to_json
 from .plots import NOT_INSTALLED, pyplot
 
 # Defaults per dataset, like nanoGPT's config files. Flags override them.
@@ -114,7 +114,8 @@ def unknown_argument_message(parser, extras):
 def build_parser():
     p = OneLineParser(prog="python -m train", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", help="a UTF-8 text file for character-level training (default: the lesson corpus)")
+    p.add_argument("--data", help="a UTF-8 text file for character-level training, or a folder of token files "
+                                   "from python -m data.prepare (default: the lesson corpus)")
     p.add_argument("--out_dir", help="where ckpt.npz, log.csv, loss.png and summary.json go")
     p.add_argument("--resume", action="store_true", help="continue from out_dir/ckpt.npz")
     p.add_argument("--device", default="cpu", help="cpu, cuda, or strict (the test stand-in for a GPU)")
@@ -345,7 +346,7 @@ def report_profile(profiler, out_dir):
 def write_log(log_rows, out_dir):
     with open(os.path.join(out_dir, "log.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["step", "train_loss", "val_loss", "train_perplexity",
-                                               "val_perplexity", "lr", "time"])
+                                               "val_perplexity", "lr", "time", "val_bpb"])
         writer.writeheader()
         writer.writerows(log_rows)
 
@@ -444,7 +445,7 @@ def setup(args):
     ckpt_path = os.path.join(args.out_dir, "ckpt.npz")
     if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
         raise ValueError(f"--out_dir {args.out_dir} is a file, not a folder")
-    dataset = load_text(args.data) if args.data else load_coref(seed=0, layout=args.layout)
+    dataset = load_data(args.data) if args.data else load_coref(seed=0, layout=args.layout)
     device_backend = ta.backend.get_backend(args.device)      # a clear error when CUDA is missing
     ta.manual_seed(args.seed)
 
@@ -511,13 +512,16 @@ def train(args):
                    val_perplexity=round(perplexity(losses["val"]), 4),
                    lr=warmup_cosine(step, args.learning_rate, args.min_lr, args.warmup_iters, args.lr_decay_iters),
                    time=round(time.time() - start_wall, 3))
+        bpb = dataset.bits_per_byte(losses["val"])      # val bits per byte: comparable across tokenizers
+        if bpb is not None:
+            row["val_bpb"] = round(bpb, 6)
         if not all(math.isfinite(v) for v in losses.values()):
             raise Diverged(f"the eval loss is train {losses['train']}, val {losses['val']} at step {step}; "
                            f"stopped: {last_saved(state)}")
         if not state["log"] or state["log"][-1]["step"] != step:
             state["log"].append(row)
         say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
-            f"(perplexity {perplexity(losses['val']):.2f})")
+            f"(perplexity {perplexity(losses['val']):.2f}" + ("" if bpb is None else f", {bpb:.4f} bits per byte") + ")")
         if args.sample_tokens and not args.quiet:
             say("  sample: " + repr(sample_text(model, dataset, args, args.sample_tokens)[:300]))
         if losses["val"] < state["best_val_loss"]:
@@ -586,6 +590,9 @@ def train(args):
                        tokens_per_s=round(tokens_per_step * steps_timed / train_time, 1) if train_time else None,
                        wall_s=round(time.time() - start_wall, 2), parameters=model.num_parameters(),
                        device=args.device, config=config.to_dict())
+        if dataset.text_bytes:
+            summary.update(best_val_bpb=round(dataset.bits_per_byte(state["best_val_loss"]), 6),
+                           val_bpb=round(dataset.bits_per_byte(final["val"]), 6))
         if world > 1:
             summary["processes"] = world
         if dataset.name == "coref":

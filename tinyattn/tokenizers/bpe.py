@@ -450,7 +450,10 @@ class BPE:
 
     @classmethod
     def from_dict(cls, d):
-        return cls({base64.b64decode(t): i for t, i in d["ranks"]}, d["pattern"], d["special_tokens"])
+        try:
+            return cls({base64.b64decode(t): i for t, i in d["ranks"]}, d["pattern"], d["special_tokens"])
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a BPE tokenizer's dict (missing or bad {e})") from None
 
     def __repr__(self):
         return f"BPE(n_vocab={self.n_vocab}, special_tokens={sorted(self.special_tokens)})"

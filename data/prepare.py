@@ -45,6 +45,21 @@ def read_text(path):
     return text
 
 
+class CharTokenizer:
+    """One id per character of the sorted set (train.data.CharTokenizer reads its dict)."""
+
+    def __init__(self, chars):
+        self.chars = chars
+        self.stoi = {c: i for i, c in enumerate(chars)}
+        self.vocab_size = len(chars)
+
+    def encode(self, text):
+        return [self.stoi[c] for c in text]
+
+    def to_dict(self):
+        return {"kind": "char", "chars": self.chars}
+
+
 def default_out_dir(path, tokenizer, vocab_size):
     """data/NAME/input.txt -> data/NAME/bpe1024 (or .../char); other files: FOLDER/STEM-bpe1024."""
     path = Path(path)
@@ -70,7 +85,6 @@ def write_atomically(path, write):
 
 def prepare(path, tokenizer="bpe", vocab_size=None, out_dir=None):
     """Write out_dir/{train.bin, val.bin, tokenizer.*, meta.json} from the text file; returns meta."""
-    from train.data import CharTokenizer
     if tokenizer not in ("bpe", "char"):
         raise ValueError(f"--tokenizer must be bpe or char, got {tokenizer!r}")
     if tokenizer == "bpe" and (vocab_size is None or vocab_size < 257):
@@ -89,7 +103,7 @@ def prepare(path, tokenizer="bpe", vocab_size=None, out_dir=None):
         tok = BPE.train(splits["train"], vocab_size - 1, special_tokens=[ENDOFTEXT])
         tok_file = "tokenizer.bpe"
     else:
-        tok = CharTokenizer.from_text(text)
+        tok = CharTokenizer(sorted(set(text)))
         tok_file = "tokenizer.json"
     dtype = dtype_for(tok.vocab_size)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ LAYERS = [
     ("tinyattn.nn", 4),
     ("tinyattn.optim", 4),
     ("tinyattn.distributed", 4),
+    ("tinyattn.tokenizers", 4),     # text to ids: stdlib, numpy and numba only
     ("tinyattn.models", 5),
     ("data", 6),
     ("train", 7),

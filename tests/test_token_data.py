@@ -134,3 +134,25 @@ def test_train_from_a_token_folder_then_sample(bpe_dir, tmp_path, capsys):
     assert sample_main(["--out_dir", str(out), "--start", "First Citizen:", "--num_samples", "1",
                         "--max_new_tokens", "10"]) == 0
     assert capsys.readouterr().out.startswith("First Citizen:")
+
+
+def test_explorer_shows_bpe_tokens_escaped(tmp_path):
+    from train import explore
+    import tinyattn as ta
+    from tinyattn.models import GPT, GPTConfig
+    from train.data import tokenizer_to_json
+    text = 'a <b>&amp; "q" </script><script>alert(1)</script> \n' * 20
+    tok = BPE.train(text, 320)
+    assert any(b"</" in t for t in tok.ranks)                           # a token holds "</"
+    ta.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=64, vocab_size=tok.vocab_size))
+    checkpoint.save(str(tmp_path / "ckpt.npz"), model, model.configure_optimizer(0.1, 1e-3, (0.9, 0.99)),
+                    dict(config=model.config.to_dict(), tokenizer=tokenizer_to_json(tok)))
+    prompt = text[:50]
+    assert explore.main(["--out_dir", str(tmp_path), "--text", prompt]) == 0
+    page = (tmp_path / "attention.html").read_text()
+    labels = explore.token_labels(tok, tok.encode(prompt))
+    assert "".join(labels) == prompt.replace(" ", "\u2423")            # every token, spaces made visible
+    assert page.count("</script>") == 1                                  # only the page's own
+    assert '"tokens": ' + json.dumps(labels).replace("</", "<\\/") in page   # the labels, "</" escaped
+    assert "<script>alert" not in page

@@ -60,6 +60,20 @@ class CharTokenizer:
         return {"kind": "char", "chars": self.chars}
 
 
+def chunks(text, size=1 << 20):
+    """text in pieces of about size characters, each cut after a newline that a non-space
+    follows: no piece of GPT-2's split pattern crosses such a cut, so encoding the chunks
+    one by one gives the ids of the whole text."""
+    start = 0
+    while start < len(text):
+        cut = text.find("\n", start + size)
+        while cut >= 0 and cut + 1 < len(text) and text[cut + 1].isspace():
+            cut = text.find("\n", cut + 1)
+        end = len(text) if cut < 0 else cut + 1
+        yield text[start:end]
+        start = end
+
+
 def default_out_dir(path, tokenizer, vocab_size):
     """data/NAME/input.txt -> data/NAME/bpe1024 (or .../char); other files: FOLDER/STEM-bpe1024."""
     path = Path(path)
@@ -110,9 +124,16 @@ def prepare(path, tokenizer="bpe", vocab_size=None, out_dir=None):
     meta = dict(tokenizer=tokenizer, tokenizer_file=tok_file, vocab_size=tok.vocab_size,
                 dtype=np.dtype(dtype).name, source=str(path))
     for split, part in splits.items():
-        ids = np.array(tok.encode(part), dtype=dtype)
-        write_atomically(out_dir / f"{split}.bin", ids.tofile)
-        meta[f"{split}_tokens"] = len(ids)
+        n_tokens = 0
+
+        def write(f):
+            nonlocal n_tokens
+            for chunk in chunks(part):                 # a list of ids per chunk, not per file
+                ids = np.array(tok.encode(chunk), dtype=dtype)
+                ids.tofile(f)
+                n_tokens += len(ids)
+        write_atomically(out_dir / f"{split}.bin", write)
+        meta[f"{split}_tokens"] = n_tokens
         meta[f"{split}_bytes"] = len(part.encode("utf-8"))
     if tokenizer == "bpe":
         tok.save(out_dir / tok_file)

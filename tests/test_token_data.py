@@ -156,3 +156,12 @@ def test_explorer_shows_bpe_tokens_escaped(tmp_path):
     assert page.count("</script>") == 1                                  # only the page's own
     assert '"tokens": ' + json.dumps(labels).replace("</", "<\\/") in page   # the labels, "</" escaped
     assert "<script>alert" not in page
+
+
+def test_chunked_encoding_equals_whole(text_file):
+    n = int(0.9 * len(TEXT))
+    tok = BPE.train(TEXT[:n], 299)
+    text = TEXT + "\n\n\n   \n x\n\ny \n" * 50
+    parts = list(prep.chunks(text, size=100))
+    assert "".join(parts) == text and len(parts) > 10
+    assert [i for p in parts for i in tok.encode(p)] == tok.encode(text)

@@ -6,6 +6,7 @@ plain recount of every pair at every merge. The texts are generated here.
 """
 import base64
 import collections
+import importlib.util
 import itertools
 import random
 
@@ -311,3 +312,16 @@ def test_dict_round_trip(tok):
     assert back.ranks == tok.ranks and back.special_tokens == tok.special_tokens
     with pytest.raises(ValueError, match="not a BPE tokenizer"):
         BPE.from_dict({"kind": "bpe"})
+
+
+def test_long_pieces_encode_as_short_ones_do(tok):
+    # a long piece takes the heap path (encode_long_piece and its compiled twin): same ids
+    rng = random.Random(6)
+    for n in (bpe_module.LONG_PIECE + 1, 1000, 3000):
+        for alphabet in ("etaoinshr", "ab", " ", "th e"):
+            piece = "".join(rng.choice(alphabet) for _ in range(n)).encode()
+            want = bpe_module.encode_piece(piece, tok.ranks)
+            assert bpe_module.encode_long_piece(piece, tok.ranks) == want
+            if importlib.util.find_spec("numba"):
+                from tinyattn.tokenizers.fast import PairTable
+                assert PairTable(tok.ranks).encode_pieces([piece]) == [want]

@@ -20,6 +20,7 @@ rewritten, so only their pairs' counts change.
 """
 import base64
 import collections
+import heapq
 import itertools
 import json
 import os
@@ -187,6 +188,43 @@ def encode_piece(piece, ranks):
     return [ranks[p] for p in parts]
 
 
+LONG_PIECE = 200   # bytes: a longer piece is encoded by encode_long_piece
+
+
+def encode_long_piece(piece, ranks):
+    """encode_piece's ids for a long piece, in O(n log n) rather than O(n^2).
+
+    encode_piece scans every pair after each merge; here the pairs wait in a heap keyed
+    by (rank, position), the parts form a linked list, and a merge pushes only the two
+    pairs it makes. A heap entry whose pair has changed since is skipped when popped.
+    """
+    parts = [piece[i:i + 1] for i in range(len(piece))]      # parts[i]: the part starting at byte i
+    nxt = list(range(1, len(piece) + 1))                      # the next part's start (len(piece): none)
+    prv = list(range(-1, len(piece) - 1))
+    heap = []
+
+    def push(i):
+        j = nxt[i]
+        if 0 <= i and j < len(piece):
+            rank = ranks.get(parts[i] + parts[j])
+            if rank is not None:
+                heapq.heappush(heap, (rank, i, j))
+
+    for i in range(len(piece) - 1):
+        push(i)
+    while heap:
+        rank, i, j = heapq.heappop(heap)
+        if parts[i] is None or nxt[i] != j or ranks.get(parts[i] + parts[j]) != rank:
+            continue                                          # stale: a part has changed since
+        parts[i], parts[j] = parts[i] + parts[j], None        # join j into i
+        nxt[i] = nxt[j]
+        if nxt[i] < len(piece):
+            prv[nxt[i]] = i
+        push(prv[i])
+        push(i)
+    return [ranks[p] for p in parts if p is not None]
+
+
 # ---------------------------------------------------------------------------------------
 # The tokenizer
 # ---------------------------------------------------------------------------------------
@@ -292,7 +330,8 @@ class BPE:
         if self._fast and pieces:
             return self._fast.encode_pieces(pieces)
         ranks = self.ranks
-        return [[ranks[p]] if p in ranks else encode_piece(p, ranks) for p in pieces]
+        return [[ranks[p]] if p in ranks else encode_piece(p, ranks) if len(p) <= LONG_PIECE
+                else encode_long_piece(p, ranks) for p in pieces]
 
     def encode(self, text, allowed_special=()):
         """str -> list of ids. Special tokens encode as one id each if allowed.

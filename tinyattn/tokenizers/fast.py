@@ -56,6 +56,89 @@ def _insert(keys, vals, key, val):
     vals[h] = val
 
 
+LONG_PIECE = 200   # bytes: a longer piece goes to _encode_long (bpe.encode_long_piece's twin)
+
+
+@njit(cache=True, nogil=True)
+def _rank(keys, vals, n, a, b):
+    h = _slot(keys, a * n + b)
+    return vals[h] if keys[h] != EMPTY else -1
+
+
+@njit(cache=True, nogil=True)
+def _heap_push(heap, size, key, other):
+    """Push (key, other) on the binary min-heap heap[:size] (rows of two int64); returns the new size."""
+    i = size
+    heap[i, 0], heap[i, 1] = key, other
+    while i > 0 and heap[(i - 1) // 2, 0] > heap[i, 0]:
+        p = (i - 1) // 2
+        heap[p, 0], heap[i, 0] = heap[i, 0], heap[p, 0]
+        heap[p, 1], heap[i, 1] = heap[i, 1], heap[p, 1]
+        i = p
+    return size + 1
+
+
+@njit(cache=True, nogil=True)
+def _heap_pop(heap, size):
+    """Move the smallest row of heap[:size] to heap[size - 1], restore the heap in heap[:size - 1]."""
+    size -= 1
+    heap[0, 0], heap[size, 0] = heap[size, 0], heap[0, 0]
+    heap[0, 1], heap[size, 1] = heap[size, 1], heap[0, 1]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= size:
+            break
+        if c + 1 < size and heap[c + 1, 0] < heap[c, 0]:
+            c += 1
+        if heap[i, 0] <= heap[c, 0]:
+            break
+        heap[c, 0], heap[i, 0] = heap[i, 0], heap[c, 0]
+        heap[c, 1], heap[i, 1] = heap[i, 1], heap[c, 1]
+        i = c
+    return size
+
+
+@njit(cache=True, nogil=True)
+def _encode_long(ids, keys, vals, n):
+    """Merge ids (one piece's, from bytes) in place as bpe.encode_long_piece does; returns their count.
+
+    Heap rows are (rank * m + i, j): the pair of the parts starting at i and j.
+    """
+    m = len(ids)
+    nxt = np.arange(1, m + 1)
+    prv = np.arange(-1, m - 1)
+    alive = np.ones(m, dtype=np.bool_)
+    heap = np.empty((3 * m, 2), dtype=np.int64)          # m - 1 pairs, then at most two per merge
+    size = 0
+    for i in range(m - 1):
+        r = _rank(keys, vals, n, ids[i], ids[i + 1])
+        if r >= 0:
+            size = _heap_push(heap, size, r * m + i, i + 1)
+    while size > 0:
+        size = _heap_pop(heap, size)
+        r, i, j = heap[size, 0] // m, heap[size, 0] % m, heap[size, 1]
+        if not alive[i] or nxt[i] != j or _rank(keys, vals, n, ids[i], ids[j]) != r:
+            continue                                      # stale: a part has changed since
+        ids[i] = r                                        # the joined token's id is its rank
+        alive[j] = False
+        nxt[i] = nxt[j]
+        if nxt[i] < m:
+            prv[nxt[i]] = i
+        for a in (prv[i], i):                             # the two pairs this merge made
+            if a >= 0 and nxt[a] < m:
+                ra = _rank(keys, vals, n, ids[a], ids[nxt[a]])
+                if ra >= 0:
+                    size = _heap_push(heap, size, ra * m + a, nxt[a])
+    count = 0
+    i = 0
+    while i < m:                                          # the surviving parts, in order
+        ids[count] = ids[i]
+        count += 1
+        i = nxt[i]
+    return count
+
+
 @njit(cache=True, nogil=True)
 def _encode_pieces(data, starts, byte_ids, keys, vals, n, out):
     """Each piece data[starts[k]:starts[k+1]] -> its ids in out from starts[k]; returns their counts."""
@@ -65,6 +148,9 @@ def _encode_pieces(data, starts, byte_ids, keys, vals, n, out):
         m = starts[k + 1] - s
         for i in range(m):
             out[s + i] = byte_ids[data[s + i]]
+        if m > LONG_PIECE:
+            lengths[k] = _encode_long(out[s:s + m], keys, vals, n)
+            continue
         while m > 1:                       # merge the pair of lowest rank (the leftmost of equals)
             best, best_i = -1, -1
             for i in range(m - 1):

@@ -291,7 +291,8 @@ class BPE:
             names = sorted(specials, key=len, reverse=True)
             chunks = regex.split("|".join(regex.escape(n) for n in names), text)
         # each distinct piece once, with its count, in order of first occurrence
-        pieces = collections.Counter(p.encode("utf-8") for chunk in chunks for p in pat.findall(chunk))
+        counts = collections.Counter(p for chunk in chunks for p in pat.findall(chunk))
+        pieces = {p.encode("utf-8"): n for p, n in counts.items()}
         merges, vocab = train_merges(pieces, vocab_size)
         ranks = {tok: i for i, tok in enumerate(vocab)}
         tok = cls(ranks, pattern, {s: len(vocab) + i for i, s in enumerate(specials)})

@@ -26,8 +26,8 @@ class PairTable:
         size = 1 << max(4, (2 * len(pairs)).bit_length())      # at most half full
         self.keys = np.full(size, EMPTY, dtype=np.int64)
         self.vals = np.zeros(size, dtype=np.int64)
-        for key, rank in pairs:
-            _insert(self.keys, self.vals, key, rank)
+        pairs = np.array(pairs, dtype=np.int64).reshape(-1, 2)  # (P, 2): key, rank
+        _insert_all(self.keys, self.vals, pairs[:, 0].copy(), pairs[:, 1].copy())
         self.byte_ids = np.array([ranks[bytes([b])] for b in range(256)], dtype=np.int64)
 
     def encode_pieces(self, pieces):
@@ -50,10 +50,11 @@ def _slot(keys, key):
 
 
 @njit(cache=True)
-def _insert(keys, vals, key, val):
-    h = _slot(keys, key)
-    keys[h] = key
-    vals[h] = val
+def _insert_all(keys, vals, new_keys, new_vals):
+    for k in range(len(new_keys)):
+        h = _slot(keys, new_keys[k])
+        keys[h] = new_keys[k]
+        vals[h] = new_vals[k]
 
 
 LONG_PIECE = 200   # bytes: a longer piece goes to _encode_long (bpe.encode_long_piece's twin)

@@ -112,8 +112,8 @@ def train_merges(pieces, n_tokens):
         return first[pair]
 
     # buckets[c]: the pairs that occur c times. The most frequent pairs are in buckets[top].
-    # No count rises above the count of the pair just merged (a new pair is only made
-    # where that pair was), so top only moves down.
+    # A new pair occurs only where the merged pair did, so top mostly moves down; it can
+    # rise only when a merge reuses a token that already had pairs of its own.
     buckets = collections.defaultdict(set)
     for pair, c in counts.items():
         buckets[c].add(pair)
@@ -159,6 +159,7 @@ def train_merges(pieces, n_tokens):
             counts[p] += d
             if counts[p] > 0:
                 buckets[counts[p]].add(p)
+                top = max(top, counts[p])
             else:
                 del counts[p]                      # gone from the text (the merged pair, too)
                 where.pop(p, None)

@@ -165,3 +165,14 @@ def test_chunked_encoding_equals_whole(text_file):
     parts = list(prep.chunks(text, size=100))
     assert "".join(parts) == text and len(parts) > 10
     assert [i for p in parts for i in tok.encode(p)] == tok.encode(text)
+
+
+def test_resume_names_both_vocabularies(bpe_dir, text_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train_main(["--data", str(bpe_dir), "--out_dir", str(out), *TINY, "--max_iters", "4"]) == 0
+    other = tmp_path / "bpe280"
+    assert prep.main([str(text_file), "--vocab_size", "280", "--out_dir", str(other)]) == 0
+    capsys.readouterr()
+    assert train_main(["--data", str(other), "--out_dir", str(out), "--resume", "--max_iters", "8"]) == 1
+    err = capsys.readouterr().err
+    assert "(280 tokens) differs from the one" in err and "trained with (300 tokens)" in err

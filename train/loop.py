@@ -28,7 +28,7 @@ from tinyattn.optim import warmup_cosine, set_lr
 from tinyattn.nn.utils import clip_grad_norm_
 
 from . import checkpoint, parallel
-from .data import load_coref, load_data, tokenizer_to_json
+from .data import load_coref, load_data, tokenizer_from_json, tokenizer_to_json
 from .plots import NOT_INSTALLED, pyplot
 
 # Defaults per dataset, like nanoGPT's config files. Flags override them.
@@ -369,8 +369,7 @@ def check_resume(args, meta, dataset):
         raise ValueError(f"--resume: {where} was trained on a text file ({trained_on or meta.get('dataset')}): "
                          f"pass --data {trained_on or 'FILE'} to resume it")
     if tokenizer_to_json(dataset.tokenizer) != meta["tokenizer"]:
-        theirs = json.loads(meta["tokenizer"])
-        n_theirs = len(theirs.get("chars", theirs.get("words", [])))
+        n_theirs = tokenizer_from_json(meta["tokenizer"]).vocab_size
         raise ValueError(f"--resume: the vocabulary of {args.data or dataset.name} ({dataset.tokenizer.vocab_size} "
                          f"tokens) differs from the one {where} was trained with ({n_theirs} tokens)")
     config, given = meta["config"], set(args._given)
@@ -648,6 +647,7 @@ def run(argv=None):
     print(f"done: {summary['iters']} iters, best val loss {summary['best_val_loss']:.4f} "
           f"(perplexity {summary['best_val_perplexity']:.2f}), "
           f"val loss {summary['val_loss']:.4f}{extra}, "
+          f"{'' if 'val_bpb' not in summary else str(round(summary['val_bpb'], 4)) + ' val bits per byte, '}"
           f"{'no steps timed' if summary['tokens_per_s'] is None else str(summary['tokens_per_s']) + ' tokens/s'}, "
           f"{summary['wall_s']:.0f} s; wrote {os.path.join(args.out_dir, 'summary.json')}")
     return 0

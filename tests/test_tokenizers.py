@@ -325,3 +325,14 @@ def test_long_pieces_encode_as_short_ones_do(tok):
             if importlib.util.find_spec("numba"):
                 from tinyattn.tokenizers.fast import PairTable
                 assert PairTable(tok.ranks).encode_pieces([piece]) == [want]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_pattern_that_skips_text(tok, fast, monkeypatch):
+    # pieces that do not cover the text (here the spaces are dropped) take the per-piece path
+    if not fast:
+        monkeypatch.setenv(bpe_module.CPU_KERNELS_ENV, "0")
+    t = BPE(tok.ranks, r"[a-zé]+")
+    ids = t.encode("the cat  é sat!")
+    assert ids == [i for w in ("the", "cat", "é", "sat") for i in bpe_module.encode_piece(w.encode(), tok.ranks)]
+    assert t.decode(ids) == "thecatésat"

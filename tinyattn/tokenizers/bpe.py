@@ -243,7 +243,7 @@ class BPE:
     mergeable_ranks=tok.ranks, special_tokens=tok.special_tokens) encodes the same.
     """
     kind = "bpe"
-    CACHE_SIZE = 100_000   # pieces whose ids encode() remembers (cleared when full)
+    CACHE_SIZE = 100_000   # pieces whose ids the per-piece path remembers (cleared when full)
 
     def __init__(self, ranks, pattern=None, special_tokens=None):
         self.pattern = GPT2_PATTERN if pattern is None else pattern
@@ -308,8 +308,17 @@ class BPE:
         return self.n_vocab
 
     def encode_ordinary(self, text):
-        """str -> list of ids, reading special tokens' text as ordinary text."""
+        """str -> list of ids, reading special tokens' text as ordinary text.
+
+        With numba, all pieces go to one compiled call. Otherwise each distinct piece is
+        encoded once (encode_piece) and remembered: text repeats its words.
+        """
         pieces = self._pat.findall(text)
+        fast = self._compiled()
+        if fast is not None:
+            ids = fast.encode_text(text, pieces)           # all pieces in one compiled call
+            if ids is not None:
+                return ids
         cache = self._cache
         todo = list(set(pieces).difference(cache))   # the distinct pieces not seen before
         for piece, ids in zip(todo, self._encode_pieces([p.encode("utf-8") for p in todo])):
@@ -319,8 +328,8 @@ class BPE:
             cache.clear()
         return ids
 
-    def _encode_pieces(self, pieces):
-        """[piece bytes] -> [ids of each]: encode_piece, or its compiled twin in fast.py."""
+    def _compiled(self):
+        """fast.PairTable for these ranks (built on first use), or None without numba."""
         if self._fast is None:
             self._fast = False
             if os.environ.get(CPU_KERNELS_ENV, "1") != "0":
@@ -329,7 +338,11 @@ class BPE:
                     self._fast = PairTable(self.ranks)
                 except ImportError:                # no numba: the plain loop below
                     pass
-        if self._fast and pieces:
+        return self._fast or None
+
+    def _encode_pieces(self, pieces):
+        """[piece bytes] -> [ids of each]: encode_piece, or its compiled twin in fast.py."""
+        if self._compiled() is not None and pieces:
             return self._fast.encode_pieces(pieces)
         ranks = self.ranks
         return [[ranks[p]] if p in ranks else encode_piece(p, ranks) if len(p) <= LONG_PIECE

@@ -21,7 +21,7 @@ import tinyattn as ta
 import tinyattn.nn.functional as F
 
 HERE = Path(__file__).resolve().parent                  # this package: the learner's files and the checks
-MACHINERY = {"__init__", "__main__", "checks", "checks_core", "progress", "swap"}   # not the learner's files
+MACHINERY = {"__init__", "__main__", "checks", "checks_core", "checks_bpe", "progress", "swap"}   # not the learner's files
 SOLUTIONS = "exercise_solutions"                        # the reference solutions, imported under this name
 SOLUTIONS_DIR = HERE.parent / "tests" / SOLUTIONS       # kept with the tests, out of the learner's folder
 

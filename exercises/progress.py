@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from . import checks as extend          # part one: extend the model
 from . import checks_core as core       # part two: build the core
+from . import checks_bpe                # write BPE, the tokenizer
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ EXERCISES = [Exercise(i + 1, name, title, tuple(checks)) for i, (name, title, ch
     ("adamw", "AdamW step", core.ADAMW),
     ("kv_cache", "KV cache", core.KV_CACHE),
     ("lora", "LoRA: low-rank adapters", extend.LORA),
+    ("bpe", "Write BPE (the tokenizer)", checks_bpe.BPE_CHECKS),
 ])]
 BY_NAME = {e.name: e for e in EXERCISES}
 

@@ -855,3 +855,61 @@ WRONG = {
          ("every adapter merged", "W + (alpha / r) B A")),
     ],
 }
+
+
+# ---------------------------------------------------------------- 17. write BPE
+from exercise_solutions import bpe  # noqa: E402
+
+
+def pair_counts_across_words(words):
+    """Counts the pairs of all words run together, so a word's last id pairs with the next word's first."""
+    flat = [i for ids in words for i in ids]
+    return bpe.pair_counts([flat])
+
+
+def merge_without_skipping(ids, pair, new_id):
+    """Replaces each position where the pair starts, overlapping: [1, 1, 1] -> [300, 300]."""
+    out = []
+    for i in range(len(ids)):
+        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
+            out.append(new_id)
+        elif not (i > 0 and (ids[i - 1], ids[i]) == pair):
+            out.append(ids[i])
+    return out
+
+
+def train_ties_to_smallest_pair(pieces, vocab_size):
+    """Breaks ties by the pair's ids, not by where it is met first."""
+    module = answer(bpe, pair_counts=lambda words: dict(sorted(bpe.pair_counts(words).items())))
+    return _train_with(module, pieces, vocab_size)
+
+
+def _train_with(module, pieces, vocab_size):
+    words = [list(p) for p in pieces]
+    vocab = [bytes([b]) for b in range(256)]
+    while len(vocab) < vocab_size:
+        counts = module.pair_counts(words)
+        if not counts:
+            break
+        pair = max(counts, key=counts.get)
+        vocab.append(vocab[pair[0]] + vocab[pair[1]])
+        words = [bpe.merge(ids, pair, len(vocab) - 1) for ids in words]
+    return {tok: i for i, tok in enumerate(vocab)}
+
+
+def encode_leftmost_first(piece, ranks):
+    """Joins the leftmost pair that makes a token, not the one of lowest id."""
+    parts = [bytes([b]) for b in piece]
+    while True:
+        i = next((i for i in range(len(parts) - 1) if parts[i] + parts[i + 1] in ranks), None)
+        if i is None:
+            return [ranks[p] for p in parts]
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+
+
+WRONG["bpe"] = [
+    ("pairs counted across words", answer(bpe, pair_counts=pair_counts_across_words), "never across two words"),
+    ("overlapping merges", answer(bpe, merge=merge_without_skipping), "skip both ids"),
+    ("ties to the smallest pair", answer(bpe, train=train_ties_to_smallest_pair), "met first"),
+    ("encode joins the leftmost pair", answer(bpe, encode=encode_leftmost_first), "not the leftmost"),
+]

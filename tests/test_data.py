@@ -227,7 +227,7 @@ def test_word_tokenizer_round_trip():
 
 def test_tokenizer_from_json_unknown_kind():
     with pytest.raises(ValueError, match="unknown tokenizer kind"):
-        tokenizer_from_json('{"kind": "bpe"}')
+        tokenizer_from_json('{"kind": "unigram"}')
 
 
 # ---- datasets and batches ---------------------------------------------------

@@ -26,6 +26,7 @@ LAYERS = [
     ("tinyattn.optim", 4),
     ("tinyattn.distributed", 4),
     ("tinyattn.safetensors", 4),   # a file format: Tensors in and out
+    ("tinyattn.tokenizers", 4),    # text to ids: stdlib, numpy and numba only
     ("tinyattn.fast", 5),          # the fast layer: subclasses of the ops above, never imported by them
     ("tinyattn.models", 6),
     ("data", 7),

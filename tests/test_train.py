@@ -40,7 +40,7 @@ def test_tiny_run_lowers_val_loss_and_writes_its_files(text_file, tmp_path):
         assert key in summary
     assert summary["iters"] == 40
     rows = (out / "log.csv").read_text().splitlines()
-    assert rows[0] == "step,train_loss,val_loss,train_perplexity,val_perplexity,lr,time" and len(rows) == 4
+    assert rows[0] == "step,train_loss,val_loss,train_perplexity,val_perplexity,lr,time,val_bpb" and len(rows) == 4
     first_val = float(rows[1].split(",")[2])
     assert summary["val_loss"] < first_val - 0.3
     assert (out / "ckpt.npz").exists()

@@ -1,7 +1,9 @@
 """Tokenizers, data sets and batches for the training program.
 
-Two data sets:
+Three data sets:
   load_text(path)   any UTF-8 text file, one token per character (nanoGPT's shakespeare_char)
+  load_tokens(dir)  train.bin / val.bin written by python -m data.prepare (BPE or char),
+                    read through np.memmap, so a corpus larger than memory trains
   load_coref(seed)  the generated "it" corpus of data/coref.py, one token per word
 
 A Dataset holds two 1-d arrays of token ids (train and val); get_batch cuts
@@ -11,6 +13,7 @@ corpus can instead give one sentence per row, starting at position 0
 """
 import hashlib
 import json
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from data import coref
+from tinyattn.tokenizers import BPE
 
 MIN_CHARS = 20   # a shorter text file is refused: both splits need a few tokens
 
@@ -93,7 +97,7 @@ class WordTokenizer:
         return cls(d["words"])
 
 
-TOKENIZERS = {"char": CharTokenizer, "word": WordTokenizer}
+TOKENIZERS = {"char": CharTokenizer, "word": WordTokenizer, "bpe": BPE}
 
 
 def tokenizer_to_json(tok):
@@ -121,6 +125,18 @@ class Dataset:
     rows: dict | None = None        # one sentence per row: {"train": (N, W), "val": (M, W)} ids, -1 pads the end
     pad_id: int = 0                 # what the model reads at a padded position (its target is -1: no loss)
     source: dict | None = None      # what the data is: {"bytes": size, "sha256": hash} (checkpoints keep it)
+    text_bytes: dict | None = None  # {"train": n, "val": m}: the UTF-8 bytes of the text each split covers
+
+    def bits_per_byte(self, loss, split="val"):
+        """A mean loss in nats per token of split -> bits per byte of its text.
+
+        Loss per token is not comparable across tokenizers (a BPE token holds several
+        characters); per byte it is: total nats (loss * tokens) / bytes / ln 2.
+        """
+        if not self.text_bytes:
+            return None
+        n_tokens = len(self.train if split == "train" else self.val)
+        return loss * n_tokens / self.text_bytes[split] / math.log(2)
 
     @property
     def layout(self):
@@ -133,15 +149,8 @@ class Dataset:
             raise ValueError(f"split must be 'train' or 'val', got {split!r}")
         if self.rows is not None:
             return self.sentence_batch(split, batch_size, block_size, rng)
-        data = self.train if split == "train" else self.val
-        if len(data) < block_size + 1:
-            raise ValueError(f"the {split} split of {self.name} has {len(data)} tokens, "
-                             f"fewer than block_size + 1 = {block_size + 1}")
-        starts = rng.integers(0, len(data) - block_size, size=batch_size)   # (B,)
-        idx = starts[:, None] + np.arange(block_size)                         # (B, T)
-        x = data[idx].astype(np.int64)
-        y = data[idx + 1].astype(np.int64)
-        return x, y
+        return random_windows(self.train if split == "train" else self.val, f"the {split} split of {self.name}",
+                              batch_size, block_size, rng)
 
     def sentence_batch(self, split, batch_size, block_size, rng):
         """batch_size random sentences: x (B, W - 1) starts each at position 0, y is x shifted by one.
@@ -163,6 +172,89 @@ class Dataset:
         if self.name == "coref":
             return "the animal didn't cross the street because it was too tired . it ="
         return "\n" if "\n" in self.tokenizer.stoi else self.tokenizer.decode(self.train[:1])
+
+
+def random_windows(data, what, batch_size, block_size, rng):
+    """batch_size random windows of data: x (B, T) int64, and y, x shifted by one token."""
+    if len(data) < block_size + 1:
+        raise ValueError(f"{what} has {len(data)} tokens, fewer than block_size + 1 = {block_size + 1}")
+    starts = rng.integers(0, len(data) - block_size, size=batch_size)   # (B,)
+    idx = starts[:, None] + np.arange(block_size)                         # (B, T)
+    x = data[idx].astype(np.int64)
+    y = data[idx + 1].astype(np.int64)
+    return x, y
+
+
+def load_data(path, tokenizer=None):
+    """--data: a folder of python -m data.prepare's token files, or a text file (characters).
+    ``tokenizer``: a trained model's, to encode a text file with (fine-tuning)."""
+    if not Path(path).is_dir():
+        return load_text(path, tokenizer)
+    if tokenizer is not None:
+        raise ValueError(f"{path} is a folder of token files, made with a tokenizer of its own: fine-tune "
+                         "on a text file, which the model's vocabulary then encodes")
+    return load_tokens(path)
+
+
+class TokenDataset(Dataset):
+    """train.bin / val.bin from python -m data.prepare, read through np.memmap.
+
+    Each batch opens the file anew and lets it go: a memmap kept open for the whole run
+    holds every page it has read, so resident memory grows toward the size of the
+    corpus (nanoGPT#428). Opening one costs microseconds.
+    """
+
+    def __init__(self, folder, meta, tokenizer, name, source=None):
+        self.folder, self.meta = Path(folder), meta
+        self.dtype = np.dtype(meta["dtype"])
+        self.tokenizer, self.name, self.source = tokenizer, name, source
+        self.text_bytes = {"train": meta["train_bytes"], "val": meta["val_bytes"]}
+
+    def memmap(self, split):
+        return np.memmap(self.folder / f"{split}.bin", dtype=self.dtype, mode="r")
+
+    # train and val: a fresh memmap at each use (len(dataset.train) opens and closes one)
+    train = property(lambda self: self.memmap("train"))
+    val = property(lambda self: self.memmap("val"))
+
+    def get_batch(self, split, batch_size, block_size, rng):
+        if split not in ("train", "val"):
+            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+        return random_windows(self.memmap(split), f"{self.folder / split}.bin", batch_size, block_size, rng)
+
+    def sample_prompt(self):
+        return "\n" if self.tokenizer.kind == "bpe" or "\n" in self.tokenizer.stoi else self.tokenizer.decode([0])
+
+
+def load_tokens(folder):
+    """A folder written by python -m data.prepare as a TokenDataset."""
+    folder = Path(folder)
+    try:
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+        kind, tok_path = meta["tokenizer"], folder / meta["tokenizer_file"]
+        dtype = np.dtype(meta["dtype"])
+        if kind == "bpe":
+            tok = BPE.load(tok_path)
+        elif kind == "char":
+            tok = CharTokenizer.from_dict(json.loads(tok_path.read_text(encoding="utf-8")))
+        else:
+            raise ValueError(f"unknown tokenizer {kind!r}")
+        for split in ("train", "val"):
+            size = (folder / f"{split}.bin").stat().st_size
+            if size != meta[f"{split}_tokens"] * dtype.itemsize:
+                raise ValueError(f"{split}.bin has {size:,} bytes, meta.json says {meta[f'{split}_tokens']:,} "
+                                 f"{dtype.name} tokens")
+    except FileNotFoundError as e:
+        raise ValueError(f"{folder}: no {Path(e.filename).name} (write the folder with python -m data.prepare)") from None
+    except (KeyError, TypeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{folder}/meta.json: not written by python -m data.prepare ({e})") from None
+    except ValueError as e:
+        raise ValueError(f"{folder}: {e}") from None
+    if tok.vocab_size != meta["vocab_size"]:
+        raise ValueError(f"{folder}: the tokenizer has {tok.vocab_size} ids, meta.json says {meta['vocab_size']}")
+    # what --resume compares: meta.json (the tokenizer, the token counts, the text's bytes)
+    return TokenDataset(folder, meta, tok, name=f"{folder.name}",
+                        source=fingerprint((folder / "meta.json").read_bytes()))
 
 
 def load_text(path, tokenizer=None):
@@ -195,7 +287,8 @@ def load_text(path, tokenizer=None):
     n = int(0.9 * len(ids))
     # data/NAME/input.txt is named NAME, like nanoGPT's data folders; else the file's stem
     name = path.parent.name if path.stem == "input" and path.parent.name else path.stem
-    return Dataset(train=ids[:n], val=ids[n:], tokenizer=tok, name=name, source=fingerprint(raw))
+    return Dataset(train=ids[:n], val=ids[n:], tokenizer=tok, name=name, source=fingerprint(raw),
+                   text_bytes={"train": len(text[:n].encode("utf-8")), "val": len(text[n:].encode("utf-8"))})
 
 
 def fingerprint(raw):
@@ -229,7 +322,10 @@ def load_coref(seed=0, layout="sentence"):
         return out
 
     rows = {"train": padded(train_examples), "val": padded(corpus.test)} if layout == "sentence" else None
+    # the text a word model covers: the words with a space after each
+    text_bytes = {split: sum(len(w.encode("utf-8")) + 1 for ex in examples for w in ex.words)
+                  for split, examples in (("train", train_examples), ("val", corpus.test))}
     train, val = stream(train_examples), stream(corpus.test)
     return Dataset(train=train, val=val, tokenizer=tok, source=fingerprint(train.tobytes() + val.tobytes()),
                    name="coref", examples={"train": train_examples, "test": list(corpus.test)},
-                   rows=rows, pad_id=tok.stoi[coref.EOS])
+                   rows=rows, pad_id=tok.stoi[coref.EOS], text_bytes=text_bytes)

@@ -64,11 +64,14 @@ def rollout(weights):
 
 
 def token_labels(tokenizer, ids):
-    """What each token shows in the page: words as they are, characters with space and newline made visible."""
-    if getattr(tokenizer, "kind", "char") == "word":
+    """What each token shows in the page: words as they are; characters and BPE tokens with
+    space and newline made visible (a BPE token that is part of a character shows U+FFFD)."""
+    kind = getattr(tokenizer, "kind", "char")
+    if kind == "word":
         return [tokenizer.words[i] for i in ids]
     shown = {" ": "\u2423", "\n": "\u21b5", "\t": "\u21e5"}
-    return [shown.get(tokenizer.chars[i], tokenizer.chars[i]) for i in ids]
+    texts = [tokenizer.decode([i]) for i in ids] if kind == "bpe" else [tokenizer.chars[i] for i in ids]
+    return ["".join(shown.get(c, c) for c in t) for t in texts]
 
 
 def page(weights, tokens, title):

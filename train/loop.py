@@ -30,7 +30,7 @@ from tinyattn.nn.utils import clip_grad_norm_
 from tinyattn.fast import tune_host_allocator
 
 from . import checkpoint, finetune, interrupts, memory, parallel
-from .data import load_coref, load_text, tokenizer_to_json
+from .data import load_coref, load_data, tokenizer_from_json, tokenizer_to_json
 from .plots import NOT_INSTALLED, pyplot
 
 # Defaults per dataset, like nanoGPT's config files. Flags override them.
@@ -117,7 +117,8 @@ def unknown_argument_message(parser, extras):
 def build_parser():
     p = OneLineParser(prog="python -m train", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", help="a UTF-8 text file for character-level training (default: the lesson corpus)")
+    p.add_argument("--data", help="a UTF-8 text file for character-level training, or a folder of token files "
+                                   "from python -m data.prepare (default: the lesson corpus)")
     p.add_argument("--out_dir", help="where ckpt.npz, log.csv, loss.png and summary.json go")
     p.add_argument("--resume", action="store_true", help="continue from out_dir/ckpt.npz")
     p.add_argument("--init_from", metavar="PATH",
@@ -359,7 +360,7 @@ def report_profile(profiler, out_dir):
 def write_log(log_rows, out_dir):
     f = io.StringIO()
     writer = csv.DictWriter(f, fieldnames=["step", "train_loss", "val_loss", "train_perplexity",
-                                           "val_perplexity", "lr", "time"])
+                                           "val_perplexity", "lr", "time", "val_bpb"])
     writer.writeheader()
     writer.writerows(log_rows)
     checkpoint.write_text(os.path.join(out_dir, "log.csv"), f.getvalue())
@@ -387,8 +388,7 @@ def check_resume(args, meta, dataset):
         raise ValueError(f"--resume: {where} was trained on a text file ({trained_on or meta.get('dataset')}): "
                          f"pass --data {trained_on or 'FILE'} to resume it")
     if tokenizer_to_json(dataset.tokenizer) != meta["tokenizer"]:
-        theirs = json.loads(meta["tokenizer"])
-        n_theirs = len(theirs.get("chars", theirs.get("words", [])))
+        n_theirs = tokenizer_from_json(meta["tokenizer"]).vocab_size
         raise ValueError(f"--resume: the vocabulary of {args.data or dataset.name} ({dataset.tokenizer.vocab_size} "
                          f"tokens) differs from the one {where} was trained with ({n_theirs} tokens)")
     same_data(args, meta, dataset, where)
@@ -496,7 +496,7 @@ def setup(args):
     pretrained = finetune.load_pretrained(args) if args.init_from else None   # (refuses its own out_dir first)
     replaced = None if args.resume else checkpoint.refuse_to_replace(args.out_dir, args.overwrite)
     tokenizer = pretrained.tokenizer if pretrained else finetune.resumed_tokenizer(ckpt_path) if args.resume else None
-    dataset = load_text(args.data, tokenizer) if args.data else load_coref(seed=0, layout=args.layout)
+    dataset = load_data(args.data, tokenizer) if args.data else load_coref(seed=0, layout=args.layout)
     if pretrained:
         args._notes = [*getattr(args, "_notes", []), finetune.fit_args(args, pretrained, dataset)]
     device_backend = ta.backend.get_backend(args.device)      # a clear error when CUDA is missing
@@ -589,6 +589,9 @@ def _train(args):
                    val_perplexity=round(perplexity(losses["val"]), 4),
                    lr=warmup_cosine(step, args.learning_rate, args.min_lr, args.warmup_iters, args.lr_decay_iters),
                    time=round(clock(), 3))
+        bpb = dataset.bits_per_byte(losses["val"])      # val bits per byte: comparable across tokenizers
+        if bpb is not None:
+            row["val_bpb"] = round(bpb, 6)
         if not all(math.isfinite(v) for v in losses.values()):
             raise Diverged(f"the eval loss is train {losses['train']}, val {losses['val']} at step {step}; "
                            f"stopped: {last_saved(state)}")
@@ -596,7 +599,7 @@ def _train(args):
             state["log"].append(row)
             write_log(state["log"], args.out_dir)      # up to date, whatever stops the run
         say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
-            f"(perplexity {perplexity(losses['val']):.2f})")
+            f"(perplexity {perplexity(losses['val']):.2f}" + ("" if bpb is None else f", {bpb:.4f} bits per byte") + ")")
         if args.sample_tokens and not args.quiet:
             say("  sample: " + repr(sample_text(model, dataset, args, args.sample_tokens)[:300]))
         if losses["val"] < state["best_val_loss"]:
@@ -697,6 +700,9 @@ def _train(args):
                        tokens_per_s=round(tokens_per_step * steps_timed / train_time, 1) if train_time else None,
                        wall_s=round(time.time() - start_wall, 2), parameters=model.num_parameters(),
                        device=args.device, config=config.to_dict())
+        if dataset.text_bytes:
+            summary.update(best_val_bpb=round(dataset.bits_per_byte(state["best_val_loss"]), 6),
+                           val_bpb=round(dataset.bits_per_byte(final["val"]), 6))
         if world > 1:
             summary["processes"] = world
         if dataset.name == "coref":
@@ -777,6 +783,7 @@ def run(argv=None):
     print(f"done: {summary['iters']} iters, best val loss {summary['best_val_loss']:.4f} "
           f"(perplexity {summary['best_val_perplexity']:.2f}), "
           f"val loss {summary['val_loss']:.4f}{extra}, "
+          f"{'' if 'val_bpb' not in summary else str(round(summary['val_bpb'], 4)) + ' val bits per byte, '}"
           f"{'no steps timed' if summary['tokens_per_s'] is None else str(summary['tokens_per_s']) + ' tokens/s'}, "
           f"{summary['wall_s']:.0f} s; wrote {os.path.join(args.out_dir, 'summary.json')}")
     return 0

@@ -10,8 +10,8 @@ records them and gradients of gradients work.
 
 This file knows nothing of the Tensor API: it only reads a tensor's
 ``data``, ``backend``, ``requires_grad``, ``grad`` and ``grad_fn``, copies a
-gradient with ``clone()`` (a leaf owns its ``.grad``), and builds outputs
-with the Tensor class that ``tinyattn/tensor.py`` hands it.
+gradient that a leaf would share with ``clone()`` (a leaf owns its ``.grad``),
+and builds outputs with the Tensor class that ``tinyattn/tensor.py`` hands it.
 """
 import contextlib
 import threading
@@ -280,6 +280,9 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs=None):
     pending = {}
     for root, g in zip(roots, root_grads):
         pending[id(root)] = g if id(root) not in pending else pending[id(root)] + g
+    handed = {}             # the arrays a gradient kept by a leaf may share memory with: see _own
+    for g in root_grads:
+        _own(g, handed)
     wanted = None if inputs is None else {id(t): None for t in inputs}
     waiting = {}            # id(ctx) -> [grad per output, outputs still to come], for several outputs
     with set_grad_enabled(create_graph):
@@ -296,11 +299,9 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs=None):
                 continue
             if g is not None and wanted is not None:
                 if id(node) in wanted:
-                    wanted[id(node)] = g.clone()         # its own array, as for .grad below
+                    wanted[id(node)] = _own(g, handed)
             elif g is not None and (ctx is None or node.retains_grad):
-                # A leaf owns its .grad, as in PyTorch: the first gradient is copied (the same
-                # array may have gone to another input, or be the caller's), later ones added.
-                node.grad = g.clone() if node.grad is None else node.grad + g
+                node.grad = _own(g, handed) if node.grad is None else node.grad + g   # later ones added
             if ctx is None:
                 continue
             if several:                                  # backward once, when every output's gradient is in
@@ -332,6 +333,23 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs=None):
                 ctx.__dict__.pop("saved", None)
     if wanted is not None:
         return tuple(wanted[id(t)] for t in inputs)
+
+
+def _own(g, handed):
+    """``g`` as a gradient that a leaf (or ta.grad's caller) owns, as in PyTorch: ``g`` itself when
+    its memory is new to this backward pass, else a copy (``clone()``). Add hands both inputs the
+    same gradient, a view shares its base's memory, and the caller's gradient is the caller's:
+    ``handed`` holds the base array of each one handed out so far, by id. Arrays that do not say
+    what they view (no ``.base``) are always copied."""
+    base = g.data
+    if not hasattr(base, "base"):
+        return g.clone()
+    while base.base is not None:
+        base = base.base
+    if id(base) in handed:
+        return g.clone()
+    handed[id(base)] = base                          # kept alive, so that its id stays its own
+    return g
 
 
 def check_backward_grads(ctx, grads):

@@ -65,7 +65,7 @@ def main(argv=None):
     for name, data in runs:
         cmd = [sys.executable, "-m", "train", "--data", str(data), "--max_iters", str(args.steps),
                "--eval_interval", str(args.steps), "--eval_iters", "20", "--sample_tokens", "0", "--quiet",
-               "--out_dir", str(folder / "out")]
+               "--out_dir", str(folder / "out"), "--overwrite"]          # a new run each time
         child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         peak = last = 0.0
         while child.poll() is None:

@@ -29,8 +29,9 @@ def _note_call(module, args, out):
             _note_call(module, args, t)
         return
     ctx = getattr(out, "grad_fn", None)
-    if ctx is not None:     # (module, its inputs, the call noted before: an inner module returning the same op)
-        ctx.module_call = (module, args, ctx.__dict__.get("module_call"))
+    if ctx is None or any(out is a for a in args):   # a module that hands its input back (Dropout(0)) made
+        return                                       # nothing; noting it would tie out to itself, a cycle
+    ctx.module_call = (module, args, ctx.__dict__.get("module_call"))   # (its inputs; a call noted before)
 
 
 class Module:

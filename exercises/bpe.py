@@ -1,4 +1,4 @@
-"""Exercise 17 (EXERCISES.md): write BPE, the tokenizer of GPT-2: the pair count, the merge,
+"""Exercise 18 (EXERCISES.md): write BPE, the tokenizer of GPT-2: the pair count, the merge,
 training, and encoding by rank.
 
     python -m exercises bpe             # or: pytest tests/test_exercises_bpe.py -v

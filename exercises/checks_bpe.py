@@ -1,4 +1,4 @@
-"""The checks of exercise 17 (EXERCISES.md): write BPE.
+"""The checks of exercise 18 (EXERCISES.md): write BPE.
 
 The learner's pair count and merge are checked on small cases, then training and
 encoding against the library's (tinyattn.tokenizers.bpe) on a generated text the

@@ -1,4 +1,4 @@
-"""EXERCISES.md, exercise 17: write BPE. Skipped until you start exercises/bpe.py.
+"""EXERCISES.md, exercise 18: write BPE. Skipped until you start exercises/bpe.py.
 
     pytest tests/test_exercises_bpe.py -v
 """

@@ -22,7 +22,7 @@ import numpy as np
 
 import tinyattn as ta
 
-from .loop import OneLineParser
+from .config import OneLineParser
 from .lesson import attention_modules, watching
 from .sample import load_model
 

@@ -7,7 +7,7 @@ exported: its words are in the checkpoint's metadata only.
 """
 import sys
 
-from .loop import OneLineParser
+from .config import OneLineParser
 from .sample import load_model
 
 

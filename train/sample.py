@@ -7,7 +7,7 @@ import tinyattn as ta
 from tinyattn.models import GPT, GPTConfig
 
 from . import checkpoint, finetune
-from .loop import OneLineParser, at_least
+from .config import OneLineParser, at_least
 from .data import tokenizer_from_json
 
 

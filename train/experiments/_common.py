@@ -10,7 +10,7 @@ import tinyattn as ta
 from tinyattn.models import GPT, GPTConfig
 
 from .. import checkpoint, plots
-from ..loop import PRESETS, OneLineParser, at_least
+from ..config import PRESETS, OneLineParser, at_least
 from ..data import load_coref, load_text
 
 TINY_CONFIG = dict(n_layer=2, n_head=4, n_embd=32, block_size=32)

@@ -176,7 +176,7 @@ def main(argv=None):
         return _common.error("seeds", "--seeds and --jobs must be at least 1")
     if args.tiny:
         train_flags = TINY_FLAGS + train_flags
-    from ..loop import parse_args
+    from ..config import parse_args
     try:
         parse_args(train_flags)                       # a bad flag fails here, once, not in every worker
     except SystemExit:

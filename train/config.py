@@ -1,0 +1,303 @@
+"""python -m train's settings: the flags (named as nanoGPT names them), the presets they
+override, their checks, and what --resume carries over and refuses."""
+import argparse
+import difflib
+import math
+import os
+
+from tinyattn import distributed as dist
+from tinyattn.models import GPTConfig
+from tinyattn.models.gpt import INITS
+
+from . import checkpoint
+from .data import tokenizer_from_json, tokenizer_to_json
+
+# Defaults per dataset, like nanoGPT's config files. Flags override them.
+PRESETS = {
+    # the lesson's corpus, one sentence per sequence (18 tokens at most). 4 heads of 16 channels:
+    # with one head per layer the exact answer failed at some seeds. Head dropout (a head is dropped
+    # for a whole sentence a quarter of the time) makes a head that handles one kind of noun only,
+    # and leaves the other kind to another head, a bad bet: one head learns to choose for both.
+    # PyTorch's default init (not GPT-2's) made that head appear at more seeds. Over seeds:
+    # bench/BENCHMARKS.md, python -m train.experiments.seeds.
+    "coref": dict(layout="sentence", n_layer=2, n_head=4, n_embd=64, block_size=20, batch_size=64, max_iters=1500,
+                  learning_rate=3e-3, min_lr=3e-4, warmup_iters=100, lr_decay_iters=1500, eval_interval=200,
+                  eval_iters=10, out_dir="out-coref", init="default", head_dropout=0.25),
+    # nanoGPT's CPU "baby" Shakespeare config
+    "text": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, max_iters=2000,
+                 learning_rate=1e-3, min_lr=1e-4, warmup_iters=100, lr_decay_iters=2000, eval_interval=250,
+                 eval_iters=20, out_dir="out"),
+}
+DEFAULT_SEED = 1337
+PROFILE_STEPS = range(1, 6)   # --profile: step 0 warms up, these five are timed
+COMMON = dict(dropout=0.0, head_dropout=0.0, init="gpt2", weight_decay=0.1, beta1=0.9, beta2=0.99, grad_clip=1.0,
+              gradient_accumulation_steps=1, bias=True, log_interval=10, sample_tokens=200, shared_batches=False)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line, without the usage block. Flags are never
+    abbreviated (``--lr`` is not ``--lr_decay_iters``): an unknown flag is refused by name,
+    with the closest real ones suggested."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n" if dist.rank() == 0 else None)
+
+    def parse_args(self, args=None, namespace=None):
+        args, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(unknown_argument_message(self, extras))
+        return args
+
+
+def at_least(lo, kind=int):
+    """An argparse type: a number of ``kind`` that is at least ``lo``."""
+    def parse(text):
+        value = kind(text)
+        if not value >= lo:                      # NaN fails too
+            raise argparse.ArgumentTypeError(f"must be at least {lo}, got {text}")
+        return value
+    parse.__name__ = kind.__name__               # argparse's "invalid int value" message
+    return parse
+
+
+def yes_or_no(text):
+    """An argparse type for on/off flags: true/false, yes/no, 1/0."""
+    if text.lower() in ("1", "true", "yes"):
+        return True
+    if text.lower() in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+ALIASES = {"--lr": "--learning_rate", "--epochs": "--max_iters", "--steps": "--max_iters", "--iters": "--max_iters",
+           "--bs": "--batch_size", "--context": "--block_size", "--layers": "--n_layer", "--heads": "--n_head"}
+
+
+def unknown_argument_message(parser, extras):
+    """One line about the first argument argparse did not know, with a suggestion."""
+    flags = [f for action in parser._actions for f in action.option_strings if f.startswith("--")]
+    first = next((e for e in extras if e.startswith("-")), extras[0])
+    if not first.startswith("-"):
+        hint = f" (did you mean --data {first}?)" if os.path.isfile(first) else ""
+        return f"unexpected argument {first!r}: every value follows its flag, as in --max_iters 100{hint}"
+    name = first.split("=", 1)[0]
+    full = "--" + name.lstrip("-")                           # -lr and --lr alike
+    close = [ALIASES[full]] if full in ALIASES else [full] if full in flags else []
+    close += [f for f in flags if f.startswith(full) and len(full) > 3 and f not in close]
+    if not close:
+        close = difflib.get_close_matches(full, flags, n=3, cutoff=0.6)
+    hint = f" (did you mean {' or '.join(close[:3])}?)" if close else ""
+    return f"unknown flag {name}{hint}; flags are never abbreviated"
+
+
+def build_parser():
+    p = OneLineParser(prog="python -m train", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", help="a UTF-8 text file for character-level training, or a folder of token files "
+                                   "from python -m data.prepare (default: the lesson corpus)")
+    p.add_argument("--out_dir", help="where ckpt.npz, log.csv, loss.png and summary.json go")
+    p.add_argument("--resume", action="store_true", help="continue from out_dir/ckpt.npz")
+    p.add_argument("--init_from", metavar="PATH",
+                   help="fine-tune: start a new run from a trained model (a checkpoint, or a Hugging Face GPT-2 "
+                        "folder written by GPT.export_hf), with its vocabulary and a fresh optimizer")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start a new run in an --out_dir that holds one (its checkpoints and logs are deleted first)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, or strict (the test stand-in for a GPU)")
+    p.add_argument("--seed", type=int, help="the random streams: init, batches, dropout, evaluation (default 1337; "
+                                            "--resume: the run's own)")
+    for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "max_iters", "lr_decay_iters",
+                 "warmup_iters", "eval_interval", "eval_iters", "gradient_accumulation_steps", "log_interval",
+                 "sample_tokens"):
+        p.add_argument(f"--{name}", type=int)
+    for name in ("learning_rate", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip", "dropout", "head_dropout"):
+        p.add_argument(f"--{name}", type=float)
+    p.add_argument("--bias", type=yes_or_no, help="biases in Linear and LayerNorm (true or false)")
+    p.add_argument("--init", choices=INITS, help="weight init: gpt2 (nanoGPT's N(0, 0.02)) or default (each "
+                                                 "layer's own, as in PyTorch: Embedding N(0, 1), Linear uniform)")
+    p.add_argument("--layout", choices=("sentence", "stream"),
+                   help="the 'it' corpus only: one sentence per sequence from position 0 (default), "
+                        "or random windows of the sentences run together")
+    p.add_argument("--shared_batches", action="store_true", default=None,
+                   help="under mpiexec: every process draws the whole batch from --seed's stream and trains on "
+                        "its slice, so N processes see exactly the batches of one (a check; see train/parallel.py)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or samples")
+    p.add_argument("--use_exercises", action="store_true",
+                   help="run with every passing piece of exercises/ (EXERCISES.md, part two) swapped into the library")
+    p.add_argument("--detect_anomaly", action="store_true",
+                   help="stop at the first op whose output or gradient holds NaN or Inf, and name it")
+    p.add_argument("--profile", action="store_true",
+                   help=f"time every op over steps {PROFILE_STEPS.start}-{PROFILE_STEPS.stop - 1}, print the "
+                        "table and write out_dir/trace.json (for chrome://tracing or Perfetto)")
+    return p
+
+
+def parse_args(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args._given = sorted(k for k, v in vars(args).items() if v is not None and k not in ("device", "seed"))
+    if args.resume and args.init_from:
+        parser.error("--resume continues a run, --init_from starts a new one from a model: give one of them")
+    preset = {**COMMON, **PRESETS["text" if args.data else "coref"], "seed": DEFAULT_SEED}
+    if args.resume:                              # --resume continues the run with its own settings
+        ran = resumed_settings(args.out_dir or preset["out_dir"])
+        preset.update(ran)
+        args._given = sorted(set(args._given) | set(ran))      # kept as they are, like flags given again
+    for key, value in preset.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    problems, args._notes = validate_args(args)
+    if problems:
+        parser.error("; ".join(problems))
+    return args
+
+
+AT_LEAST_1 = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "eval_interval", "eval_iters",
+              "gradient_accumulation_steps", "log_interval")
+AT_LEAST_0 = ("max_iters", "warmup_iters", "lr_decay_iters", "sample_tokens", "seed")
+
+
+def refit(args, name, value, limit):
+    """Set a preset value that does not fit; -> the note that says so."""
+    note = f"--{name} set to {value} to fit {limit} (the preset's was {getattr(args, name)})"
+    setattr(args, name, value)
+    return note
+
+
+def validate_args(args):
+    """Range-check every numeric flag and fit the schedule to --max_iters.
+
+    -> (problems, notes): problems stop the run (one line, all of them); notes say what was
+    adapted. A preset value that does not fit is adapted; a flag the user gave is kept.
+    """
+    problems, notes = [], []
+    given = set(args._given)
+    if args.resume and args.overwrite:
+        problems.append("--resume continues the run in --out_dir, --overwrite replaces it: give one of them")
+    if args.data and args.layout:
+        problems.append("--layout is for the 'it' corpus only, not with --data")
+    for name in AT_LEAST_1:
+        if getattr(args, name) < 1:
+            problems.append(f"--{name} must be at least 1, got {getattr(args, name)}")
+    for name in AT_LEAST_0:
+        if getattr(args, name) < 0:
+            problems.append(f"--{name} must not be negative, got {getattr(args, name)}")
+    if args.n_embd >= 1 and args.n_head >= 1 and args.n_embd % args.n_head:
+        problems.append(f"--n_embd {args.n_embd} must be divisible by --n_head {args.n_head}")
+    world = dist.world_size()
+    if args.batch_size >= 1 and args.batch_size % world:
+        problems.append(f"--batch_size {args.batch_size} is the global batch and must split evenly over the "
+                        f"{world} processes: use a multiple of {world}")
+    for name, lo, lo_ok, hi, hi_ok in (("learning_rate", 0, False, math.inf, False), ("min_lr", 0, True, math.inf, False),
+                                       ("weight_decay", 0, True, math.inf, False), ("grad_clip", 0, True, math.inf, False),
+                                       ("beta1", 0, True, 1, False), ("beta2", 0, True, 1, False),
+                                       ("dropout", 0, True, 1, False), ("head_dropout", 0, True, 1, False)):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and (value >= lo if lo_ok else value > lo) and (value <= hi if hi_ok else value < hi)):
+            span = f"in {'[' if lo_ok else '('}{lo}, {hi}{']' if hi_ok else ')'}" if hi != math.inf else \
+                f"{'>= ' if lo_ok else '> '}{lo} and finite"
+            problems.append(f"--{name} must be {span.replace('inf', 'infinity')}, got {value}")
+    if problems:
+        return problems, notes
+    if args.min_lr > args.learning_rate:
+        if "min_lr" in given:
+            problems.append(f"--min_lr {args.min_lr} must not exceed --learning_rate {args.learning_rate}")
+        else:
+            args.min_lr = args.learning_rate / 10
+            notes.append(f"--min_lr set to {args.min_lr:g} (a tenth of --learning_rate; the preset's was higher)")
+    if args.max_iters > 0:
+        if args.lr_decay_iters > args.max_iters:
+            if "lr_decay_iters" in given:
+                notes.append(f"--lr_decay_iters {args.lr_decay_iters} is past --max_iters {args.max_iters}: "
+                             "the learning rate will not reach --min_lr in this run")
+            else:
+                notes.append(refit(args, "lr_decay_iters", args.max_iters, "--max_iters"))
+        if args.warmup_iters >= args.max_iters:
+            if "warmup_iters" in given:
+                notes.append(f"--warmup_iters {args.warmup_iters} is not below --max_iters {args.max_iters}: "
+                             "the whole run is warmup")
+            else:
+                notes.append(refit(args, "warmup_iters", args.max_iters // 10, "--max_iters"))
+    if args.warmup_iters > args.lr_decay_iters and "warmup_iters" not in given:
+        notes.append(refit(args, "warmup_iters", args.lr_decay_iters // 10, "--lr_decay_iters"))
+    if args.warmup_iters > args.lr_decay_iters:
+        problems.append(f"--warmup_iters {args.warmup_iters} must not exceed --lr_decay_iters {args.lr_decay_iters}")
+    return problems, notes
+
+
+def check_resume(args, meta, dataset):
+    """--resume continues the checkpoint's run: the same data, vocabulary and model.
+
+    Raises a ValueError naming every conflict. Model flags that were not given take the
+    checkpoint's values, so the summary describes the model that is trained."""
+    where = os.path.join(args.out_dir, "ckpt.npz")
+    trained_on = (meta.get("args") or {}).get("data")
+    if meta.get("dataset") == "coref" and args.data:
+        raise ValueError(f"--resume: {where} was trained on the lesson corpus, not on --data {args.data}: "
+                         "drop --data, or use another --out_dir")
+    if meta.get("dataset") != "coref" and not args.data:
+        raise ValueError(f"--resume: {where} was trained on a text file ({trained_on or meta.get('dataset')}): "
+                         f"pass --data {trained_on or 'FILE'} to resume it")
+    if tokenizer_to_json(dataset.tokenizer) != meta["tokenizer"]:
+        n_theirs = tokenizer_from_json(meta["tokenizer"]).vocab_size
+        raise ValueError(f"--resume: the vocabulary of {args.data or dataset.name} ({dataset.tokenizer.vocab_size} "
+                         f"tokens) differs from the one {where} was trained with ({n_theirs} tokens)")
+    same_data(args, meta, dataset, where)
+    ran_seed = (meta.get("args") or {}).get("seed")
+    if ran_seed is not None and args.seed != ran_seed:       # it draws the evaluation's batches: they would change
+        raise ValueError(f"--resume: --seed {args.seed} (the run in {where} has --seed {ran_seed}): a resumed run "
+                         f"continues its own random streams; drop --seed, or use another --out_dir for a new run")
+    config, given = meta["config"], set(args._given)
+    config = {k: config.get(k, getattr(GPTConfig, k)) for k in MODEL_FLAGS}    # older ones lack init, head_dropout
+    conflicts = [f"--{k} {getattr(args, k)} (the checkpoint has {config[k]})" for k in MODEL_FLAGS
+                 if k in given and getattr(args, k) != config[k]]
+    if conflicts:
+        raise ValueError(f"--resume: {', '.join(conflicts)}: the model in {where} is fixed; drop "
+                         f"{'these flags' if len(conflicts) > 1 else 'the flag'}, or use another --out_dir for a new model")
+    for k in MODEL_FLAGS:
+        setattr(args, k, config[k])
+
+
+def same_data(args, meta, dataset, where):
+    """--resume: the text (or corpus) is the one the checkpoint was trained on, byte for byte
+    (its size and SHA-256). A checkpoint from before they were kept: a note, and it goes on."""
+    theirs, ours = meta.get("data_source"), dataset.source
+    what = args.data or "the lesson corpus"
+    if theirs is None:
+        args._notes = [*getattr(args, "_notes", ()), f"{where} does not say which data it was trained on (an older "
+                       f"checkpoint): {what} is taken as that data, unchecked beyond its vocabulary"]
+    elif theirs != ours:
+        def described(source):
+            return f"{source['bytes']:,} bytes, sha256 {source['sha256'][:12]}"
+        trained_on = (meta.get("args") or {}).get("data") or "the lesson corpus"
+        raise ValueError(f"--resume: {what} ({described(ours)}) is not the data {where} was trained on "
+                         f"({trained_on}: {described(theirs)}): pass that, or use another --out_dir for a new run")
+
+
+RESUMED_FLAGS = ("seed", "layout", "max_iters", "batch_size", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay",
+                 "beta1", "beta2", "grad_clip", "gradient_accumulation_steps", "eval_interval", "eval_iters",
+                 "log_interval", "sample_tokens", "shared_batches")
+
+
+def resumed_settings(out_dir):
+    """The training flags of the run in out_dir/ckpt.npz, the defaults of its --resume ({} when
+    there is no readable checkpoint: train() then says what is wrong)."""
+    try:
+        ran = checkpoint.read_meta(os.path.join(out_dir, "ckpt.npz")).get("args") or {}
+    except (ValueError, OSError):
+        return {}
+    return {k: ran[k] for k in RESUMED_FLAGS if ran.get(k) is not None}
+
+
+MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "block_size", "dropout", "bias", "init", "head_dropout")
+
+
+def schedule_ended(args, step, meta):
+    """--resume: do new steps run past the schedule's end, at --min_lr, as the run did not? All of
+    them (the schedule ended before the step resumed from), or those after a schedule that was
+    fitted to the first run's --max_iters (a preset's, adapted) when --max_iters grew."""
+    if args.min_lr == args.learning_rate or args.lr_decay_iters >= args.max_iters:
+        return False
+    return step >= args.lr_decay_iters or args.lr_decay_iters == (meta.get("args") or {}).get("max_iters")

@@ -26,10 +26,16 @@ from pathlib import Path
 import numpy as np
 
 VAL_FRACTION = 0.1
-MIN_CHARS = 20
+MIN_CHARS = 20   # a shorter text file is refused: both splits need a few tokens
 
 
 def read_text(path):
+    """A UTF-8 text file's text; a ValueError in one line when it is missing, not UTF-8, or too short."""
+    return read_text_and_bytes(path)[0]
+
+
+def read_text_and_bytes(path):
+    """(text, raw bytes) of a UTF-8 text file, with read_text's checks."""
     try:
         raw = Path(path).read_bytes()
     except FileNotFoundError:
@@ -42,7 +48,7 @@ def read_text(path):
         raise ValueError(f"{path}: not UTF-8 text (bad byte at offset {e.start})") from None
     if len(text) < MIN_CHARS:
         raise ValueError(f"{path}: too short ({len(text)} characters, need at least {MIN_CHARS})")
-    return text
+    return text, raw
 
 
 class CharTokenizer:

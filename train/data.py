@@ -21,9 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from data import coref
+from data.prepare import read_text_and_bytes
 from tinyattn.tokenizers import BPE
-
-MIN_CHARS = 20   # a shorter text file is refused: both splits need a few tokens
 
 
 class CharTokenizer:
@@ -264,19 +263,7 @@ def load_text(path, tokenizer=None):
     with characters outside its vocabulary is refused, naming a few. Else the
     vocabulary is the text's own characters."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such file") from None
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read ({e.strerror})") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text (bad byte at offset {e.start})") from None
-    if len(text) < MIN_CHARS:
-        raise ValueError(f"{path}: too short ({len(text)} characters, need at least {MIN_CHARS})")
-
+    text, raw = read_text_and_bytes(path)
     tok = tokenizer if tokenizer is not None else CharTokenizer.from_text(text)
     unknown = sorted(set(text) - set(tok.stoi))
     if unknown:

@@ -280,9 +280,11 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs=None):
     pending = {}
     for root, g in zip(roots, root_grads):
         pending[id(root)] = g if id(root) not in pending else pending[id(root)] + g
-    handed = {}             # the arrays a gradient kept by a leaf may share memory with: see _own
-    for g in root_grads:
-        _own(g, handed)
+    handed = {}             # id -> each array whose memory a gradient kept by a leaf may share: see _own
+    for g in root_grads:    # the caller's gradients are the caller's
+        base = _base(g.data)
+        if base is not None:
+            handed[id(base)] = base
     wanted = None if inputs is None else {id(t): None for t in inputs}
     waiting = {}            # id(ctx) -> [grad per output, outputs still to come], for several outputs
     with set_grad_enabled(create_graph):
@@ -341,15 +343,21 @@ def _own(g, handed):
     same gradient, a view shares its base's memory, and the caller's gradient is the caller's:
     ``handed`` holds the base array of each one handed out so far, by id. Arrays that do not say
     what they view (no ``.base``) are always copied."""
-    base = g.data
-    if not hasattr(base, "base"):
-        return g.clone()
-    while base.base is not None:
-        base = base.base
-    if id(base) in handed:
+    base = _base(g.data)
+    if base is None or id(base) in handed:
         return g.clone()
     handed[id(base)] = base                          # kept alive, so that its id stays its own
     return g
+
+
+def _base(array):
+    """The array whose memory ``array`` views (itself when it views none); None for arrays that
+    do not say (no ``.base``)."""
+    if not hasattr(array, "base"):
+        return None
+    while getattr(array, "base", None) is not None:  # (the last may be a buffer: bytes, an mmap)
+        array = array.base
+    return array
 
 
 def check_backward_grads(ctx, grads):

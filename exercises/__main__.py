@@ -2,7 +2,7 @@
 
     python -m exercises                 one row per exercise: not started, failing (and why) or passing
     python -m exercises softmax adamw   those exercises, check by check, with the full messages
-    python -m exercises --solutions     the same checks on the reference solutions (tests/exercise_solutions/)
+    python -m exercises --solutions     the same checks on the reference solutions (tests/support/exercise_solutions/)
 """
 import argparse
 import sys
@@ -60,7 +60,7 @@ def main(argv=None):
             load_solutions()
         except FileNotFoundError as e:
             parser.exit(2, f"{parser.prog}: error: {e}\n")
-    folder = "tests/exercise_solutions" if args.solutions else "exercises"
+    folder = "tests/support/exercise_solutions" if args.solutions else "exercises"
     results = check_all(package, args.names or None)
     if args.names:
         for r in results:

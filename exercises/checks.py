@@ -1,10 +1,10 @@
 """The checks of EXERCISES.md, each written once and given the module to check.
 
 A check takes the module under test (the learner's exercises/<name>.py, or a
-reference solution from tests/exercise_solutions/) and returns quietly, raises
+reference solution from tests/support/exercise_solutions/) and returns quietly, raises
 NotStarted (a piece is not written yet: skipped), or raises ExerciseFailure
 with a message that says what was checked and how it failed, in the
-exercise's terms. tests/test_exercises_<name>.py run them under pytest,
+exercise's terms. tests/exercise_checks/test_exercises_<name>.py run them under pytest,
 ``python -m exercises`` runs them without it. Part two's checks are in
 checks_core.py.
 """
@@ -23,7 +23,7 @@ import tinyattn.nn.functional as F
 HERE = Path(__file__).resolve().parent                  # this package: the learner's files and the checks
 MACHINERY = {"__init__", "__main__", "checks", "checks_core", "checks_bpe", "progress", "swap"}   # not the learner's files
 SOLUTIONS = "exercise_solutions"                        # the reference solutions, imported under this name
-SOLUTIONS_DIR = HERE.parent / "tests" / SOLUTIONS       # kept with the tests, out of the learner's folder
+SOLUTIONS_DIR = HERE.parent / "tests" / "support" / SOLUTIONS     # kept with the tests, out of the learner's folder
 
 
 class NotStarted(Exception):
@@ -47,7 +47,7 @@ def load_exercise(name, package="exercises"):
 
 
 def load_solutions():
-    """tests/exercise_solutions/ as the package ``exercise_solutions``, found by its path.
+    """tests/support/exercise_solutions/ as the package ``exercise_solutions``, found by its path.
 
     The solutions live with the tests, not on the import path; once their package is
     imported, ``exercise_solutions.<name>`` (and imports between solutions) resolve in that folder.

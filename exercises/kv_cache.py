@@ -1,6 +1,6 @@
 """Exercise 16 (EXERCISES.md, "Build the core"): a KV cache for generation.
 
-    python -m exercises kv_cache        # or: pytest tests/test_exercises_kv_cache.py -v
+    python -m exercises kv_cache        # or: pytest tests/exercise_checks/test_exercises_kv_cache.py -v
 
 nn.MultiHeadAttention, given a cache, calls ``k, v = cache.append(k, v)``
 and, when more than one new token comes at once, attends with

@@ -3,7 +3,7 @@
 The checks are in checks.py (part one: extend the model) and checks_core.py
 (part two: build the core); this module runs them on a package of answers:
 the learner's ``exercises``, or the reference solutions ``exercise_solutions``
-(tests/exercise_solutions/, loaded by checks.load_solutions).
+(tests/support/exercise_solutions/, loaded by checks.load_solutions).
 """
 from dataclasses import dataclass
 

@@ -19,7 +19,7 @@ gathered at the last evaluation would replay batches already trained on.)
 
 --shared_batches: every rank draws the whole global batch from the seed's stream and keeps
 its own slice, so N processes see exactly the batches of a one-process run. That is for
-checking that N processes train as one (tests/test_distributed.py does); it costs N times
+checking that N processes train as one (tests/training/test_distributed.py does); it costs N times
 the batch drawing.
 """
 import contextlib

@@ -11,7 +11,7 @@ or arrays where the formula builds Tensors. Two rules keep them honest:
   shape it does not take), the op runs the teaching formula or the same
   arithmetic on arrays.
 
-The op table (tests/optable.py) runs every op with the fast layer on and
+The op table (tests/support/optable.py) runs every op with the fast layer on and
 off, and checks every kernel against its formula.
 """
 import math

@@ -1,0 +1,120 @@
+"""python -m train --use_exercises: the learner's passing pieces run inside the library.
+
+With every reference solution swapped in, a short training run gives the same
+losses as the library's own run, to the last bit, and the solutions' code is what ran.
+"""
+import collections
+import pathlib
+import shutil
+import sys
+
+import pytest
+
+import tinyattn as ta
+import tinyattn.nn.functional as F
+from tinyattn import ops
+from train.loop import main, parse_args, train
+
+from exercise_solutions import (attention, cross_entropy, elementwise, embedding, engine, kv_cache, layernorm,
+                                matmul, softmax, sum_to, adamw)
+from exercises.checks import SOLUTIONS
+from exercises.swap import SWAPS, use_exercises
+from training_data import TEXT, TINY
+from conftest import record_applied_ops
+
+SHORT = ["--max_iters", "6", "--eval_interval", "3", "--sample_tokens", "12"]
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "tiny.txt"
+    path.write_text(TEXT)
+    return str(path)
+
+
+def short_run(text_file, out_dir):
+    return train(parse_args(["--data", text_file, "--out_dir", str(out_dir), *TINY, *SHORT]))
+
+
+def counting(calls, name, fn):
+    def wrapper(*args, **kwargs):
+        calls[name] += 1
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+def test_with_every_solution_swapped_in_the_run_matches_the_library(text_file, tmp_path, monkeypatch):
+    ta.set_fast(False)                            # as the swapped-in run does: the library's formulas
+    try:
+        library = short_run(text_file, tmp_path / "library")
+    finally:
+        ta.set_fast(True)
+
+    calls = collections.Counter()                 # the solutions' plain functions and methods, counted
+    monkeypatch.setattr(sum_to, "sum_to", counting(calls, "sum_to", sum_to.sum_to))
+    monkeypatch.setattr(engine, "backward", counting(calls, "engine", engine.backward))
+    monkeypatch.setattr(adamw.AdamW, "step", counting(calls, "adamw", adamw.AdamW.step))
+    monkeypatch.setattr(kv_cache.KVCache, "append", counting(calls, "kv_cache", kv_cache.KVCache.append))
+    said = []
+    with use_exercises(SOLUTIONS, say=said.append) as swapped:
+        applied = record_applied_ops(monkeypatch)      # every Function class applied during the run
+        yours = short_run(text_file, tmp_path / "yours")
+    assert swapped == list(SWAPS)
+    assert "11 of 11 pieces are yours" in said[0] and "the fast layer is off for this run" in said[0]
+    assert "softmax passes, but this GPT does not call it" in said[0]     # named, and why it did not run
+    assert "Exp and Log pass, but this GPT does not call them" in said[0]
+    assert "your Tanh runs in GELU's backward" in said[0] and elementwise.Tanh in applied
+    assert ta.is_fast()                                                   # put back after the run
+
+    for key in ("val_loss", "train_loss", "best_val_loss"):
+        assert yours[key] == library[key], key            # the same numbers to the last bit
+    assert all(calls[name] > 0 for name in ("sum_to", "engine", "adamw", "kv_cache")), calls
+    ran = {matmul.MatMul, layernorm.LayerNorm, cross_entropy.CrossEntropy, embedding.Embedding, attention.Attention}
+    assert ran <= applied, f"not run: {ran - applied}"
+    assert not {ops.MatMul, F.LayerNorm, F.CrossEntropy, F.Embedding} & applied
+
+
+def test_the_swap_is_undone_after_the_run():
+    before = (F.cross_entropy, ops.MatMul, ta.Tensor.backward, ta.optim.AdamW, ta.nn.KVCache)
+    with use_exercises(SOLUTIONS, say=lambda line: None):
+        assert F.cross_entropy is cross_entropy.cross_entropy and ta.nn.KVCache is kv_cache.KVCache
+    assert (F.cross_entropy, ops.MatMul, ta.Tensor.backward, ta.optim.AdamW, ta.nn.KVCache) == before
+
+
+def test_the_flag_says_what_it_swapped(text_file, tmp_path, capsys):
+    """On the starter files (or a learner's work in progress) the run goes ahead and says what is whose."""
+    assert main(["--data", text_file, "--out_dir", str(tmp_path / "run"), *TINY, "--max_iters", "2",
+                 "--use_exercises"]) == 0
+    out = capsys.readouterr().out
+    assert "--use_exercises:" in out and "pieces are yours (exercises/)" in out
+
+
+def test_pieces_that_no_op_of_the_gpt_is_made_of_run_where_the_librarys_formulas_call_them(text_file, tmp_path,
+                                                                                           monkeypatch):
+    """With softmax and Exp/Log/Tanh yours but attention and cross-entropy the library's (whose fused
+    ops compute their own softmax and exp), attention and cross-entropy are written with yours:
+    every piece the line names as running runs (by trace), and the losses are the library's to
+    float32 rounding."""
+    package = tmp_path / "some_solutions"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name in ("softmax", "elementwise"):
+        shutil.copy(pathlib.Path(softmax.__file__).parent / f"{name}.py", package / f"{name}.py")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    library = short_run(text_file, tmp_path / "library")
+    said, calls = [], collections.Counter()
+    with use_exercises("some_solutions", say=said.append) as swapped:
+        monkeypatch.setattr(ta.ops, "softmax", counting(calls, "softmax", ta.ops.softmax))
+        applied = record_applied_ops(monkeypatch)
+        yours = short_run(text_file, tmp_path / "yours")
+    assert sorted(swapped) == ["elementwise", "softmax"]
+    line = said[0]
+    assert "attention runs as scores, your softmax, and the weighted sum" in line
+    assert "cross-entropy runs as -(x[target] - max - log(sum(exp(x - max)))), with your Exp and Log" in line
+    assert "your Tanh runs in GELU's backward" in line
+    mine = sys.modules["some_solutions.elementwise"]
+    assert {mine.Exp, mine.Log, mine.Tanh, sys.modules["some_solutions.softmax"].Softmax} <= applied
+    assert calls["softmax"] > 0
+    assert not {F.CrossEntropy, ta.nn.attention.Attention} & applied          # the fused ops did not run
+    for key in ("val_loss", "train_loss"):
+        assert yours[key] == pytest.approx(library[key], rel=1e-5), key

@@ -1,0 +1,9 @@
+"""The tiny text and model that the training tests share, and the repository's root."""
+import os
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
+        "All:\nSpeak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than to famish?\n\n") * 40
+TINY = ["--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--block_size", "16", "--batch_size", "8",
+        "--eval_iters", "2", "--warmup_iters", "5", "--lr_decay_iters", "40", "--learning_rate", "3e-3",
+        "--quiet", "--sample_tokens", "0"]

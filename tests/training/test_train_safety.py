@@ -1,0 +1,477 @@
+"""The training program never loses work or answers wrong without a word: a new run into a
+folder that holds one, an interrupted run and its --resume, a different text file, a schedule
+that ended, a model too large for memory, a bad sampling flag."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tinyattn as ta
+import train.loop as program
+from tinyattn.models import GPT, GPTConfig
+from train import checkpoint
+from train.loop import main
+
+from training_data import REPO, TEXT, TINY      # the tiny text and model the training tests use
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "tiny.txt"
+    path.write_text(TEXT)
+    return str(path)
+
+
+def main_caught(argv):
+    """main(argv), with a KeyboardInterrupt that escapes it made a failure (not the end of the test session)."""
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        pytest.fail("a KeyboardInterrupt escaped python -m train")
+
+
+def one_error_line(capsys):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+# ---------------------------------------------------------------- a folder that holds a run
+@pytest.mark.parametrize("max_iters", ["4", "0"])
+def test_a_new_run_never_replaces_another_runs_checkpoints(text_file, tmp_path, capsys, max_iters):
+    out = tmp_path / "run"
+    assert main(["--data", text_file, "--out_dir", str(out), *TINY, "--max_iters", "10", "--eval_interval", "5"]) == 0
+    before = {name: (out / name).read_bytes() for name in ("ckpt.npz", "best.npz")}
+    capsys.readouterr()
+    assert main(["--data", text_file, "--out_dir", str(out), *TINY, "--max_iters", max_iters]) == 1
+    line = one_error_line(capsys)
+    assert line.startswith(f"python -m train: error: --out_dir {out} already holds a run (ckpt.npz at step 10, "
+                           "best val loss "), line
+    assert line.endswith("continue it with --resume, replace it with --overwrite, or pick another --out_dir")
+    for name, data in before.items():
+        assert (out / name).read_bytes() == data
+
+
+def test_overwrite_replaces_the_run_and_its_best_checkpoint(text_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["--data", text_file, "--out_dir", str(out), *TINY, "--max_iters", "10", "--eval_interval", "5"]) == 0
+    capsys.readouterr()
+    assert main(["--data", text_file, "--out_dir", str(out), *TINY, "--max_iters", "3", "--eval_interval", "5",
+                 "--overwrite"]) == 0
+    assert f"note: --overwrite: the run in {out} (ckpt.npz at step 10, best val loss" in capsys.readouterr().out
+    assert checkpoint.read_meta(str(out / "ckpt.npz"))["step"] == 3
+    assert checkpoint.read_meta(str(out / "best.npz"))["step"] == 3
+    # a run with no step writes no best.npz: the old run's must not stay as if it were the new one's
+    assert main(["--data", text_file, "--out_dir", str(out), *TINY, "--max_iters", "0", "--overwrite"]) == 0
+    assert checkpoint.read_meta(str(out / "ckpt.npz"))["step"] == 0
+    assert not (out / "best.npz").exists()
+    # and the old run's summary is not left behind when the new run stops before writing its own
+    real_setup = program.setup
+
+    def setup_then_crash(args):
+        real_setup(args)
+        raise OSError("disk failure")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(program, "setup", setup_then_crash)
+        assert main(["--data", text_file, "--out_dir", str(out), *TINY, "--max_iters", "4", "--overwrite"]) == 1
+    assert sorted(p.name for p in out.iterdir()) == []
+
+
+def test_resume_and_overwrite_together_are_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--resume", "--overwrite", "--out_dir", "nowhere"])
+    assert e.value.code == 2
+    assert "--resume continues the run in --out_dir, --overwrite replaces it: give one of them" in one_error_line(capsys)
+
+
+def test_the_refusal_is_one_line_from_the_command(text_file, tmp_path):
+    out = tmp_path / "run"
+    assert main(["--data", text_file, "--out_dir", str(out), *TINY, "--max_iters", "2"]) == 0
+    proc = subprocess.run([sys.executable, "-m", "train", "--data", text_file, "--out_dir", str(out), *TINY,
+                           "--max_iters", "2"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "--overwrite" in proc.stderr
+
+
+# ---------------------------------------------------------------- Ctrl-C and --resume
+
+
+RUN = [*TINY, "--dropout", "0.1", "--eval_interval", "5", "--log_interval", "1"]   # dropout: the device generator counts
+
+
+def final_state(out):
+    """Everything a resumed run must reproduce to the bit: weights, AdamW's state, every step's loss, the evals."""
+    model, optim, meta = checkpoint.load(str(out / "ckpt.npz"))
+    optim_arrays = {f"{i}/{k}": v for i, values in optim["state"].items() for k, v in values.items()}
+    evals = [(r["step"], r["train_loss"], r["val_loss"]) for r in meta["log"]]
+    return model, optim_arrays, meta["train_losses"], evals, meta["step"]
+
+
+@pytest.fixture
+def uninterrupted(text_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("straight")
+    assert main(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 0
+    return final_state(out)
+
+
+def ctrl_c(how):
+    """What the patched call does at its chosen call: a real SIGINT (as Ctrl-C sends), or a
+    KeyboardInterrupt raised right there (as a second Ctrl-C would be)."""
+    if how == "signal":
+        os.kill(os.getpid(), signal.SIGINT)
+    else:
+        raise KeyboardInterrupt
+
+
+# (what is patched, which call, how): eval at steps 0, 5, 10 (2 + 2 forwards each), 12 steps
+INTERRUPTS = [
+    ("forward", 7, "signal"), ("forward", 16, "signal"), ("forward", 12, "signal"),     # steps 2, 7; eval at 5
+    ("backward", 3, "signal"), ("backward", 8, "signal"), ("optimizer", 4, "signal"), ("optimizer", 11, "signal"),
+    ("batch", 2, "signal"), ("batch", 9, "signal"), ("eval", 2, "signal"), ("save", 1, "signal"), ("save", 2, "signal"),
+    ("forward", 6, "raise"), ("forward", 17, "raise"), ("backward", 9, "raise"), ("batch", 6, "raise"),
+    ("eval", 3, "raise"),
+]
+RUNNING_ADAMW = ta.optim.Optimizer.fast_variants.get(ta.optim.AdamW, ta.optim.AdamW)   # the fast layer's, while on
+TARGETS = {"forward": (GPT, "forward"), "backward": (ta.Tensor, "backward"), "optimizer": (RUNNING_ADAMW, "step"),
+           "batch": (program.parallel, "local_batch"), "eval": (program, "estimate_loss"),
+           "save": (checkpoint, "save")}
+
+
+@pytest.mark.parametrize("what, at_call, how", INTERRUPTS)
+def test_resume_after_ctrl_c_is_exact_wherever_it_lands(text_file, tmp_path, uninterrupted, capsys, what, at_call,
+                                                         how):
+    owner, name = TARGETS[what]
+    real, calls = getattr(owner, name), []
+
+    def patched(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == at_call:
+            ctrl_c(how)
+        return real(*args, **kwargs)
+    out = tmp_path / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(owner, name, patched)
+        assert main_caught(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 130
+    stopped = checkpoint.read_meta(str(out / "ckpt.npz"))["step"]
+    assert 0 < stopped < 12
+    assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "12"]) == 0
+    model, optim, losses, evals, step = final_state(out)
+    want_model, want_optim, want_losses, want_evals, want_step = uninterrupted
+    assert step == want_step == 12
+    assert losses == want_losses                     # every step's training loss, to the bit
+    assert evals == want_evals
+    assert model.keys() == want_model.keys() and optim.keys() == want_optim.keys()
+    for key in model:
+        np.testing.assert_array_equal(model[key], want_model[key], err_msg=key)
+    for key in optim:
+        np.testing.assert_array_equal(optim[key], want_optim[key], err_msg=key)
+
+
+def test_ctrl_c_says_it_stops_after_the_step(text_file, tmp_path, capsys, monkeypatch):
+    real, calls = ta.Tensor.backward, []
+
+    def patched(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(ta.Tensor, "backward", patched)
+    assert main_caught(["--data", text_file, "--out_dir", str(tmp_path / "run"), *RUN, "--max_iters", "12"]) == 130
+    out = capsys.readouterr().out
+    assert "Ctrl-C: stopping after this step, then saving (Ctrl-C again to stop at once)" in out
+    assert checkpoint.read_meta(str(tmp_path / "run" / "ckpt.npz"))["step"] == 3      # step 2 finished
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler               # put back
+
+
+def test_an_update_cut_in_two_is_never_saved(text_file, tmp_path, capsys, monkeypatch):
+    """Ctrl-C cannot land inside the optimizer's update; an exception raised there could: the
+    half-updated weights are not saved, and the last checkpoint stays."""
+    out = tmp_path / "run"
+    real, calls = RUNNING_ADAMW.step, []
+
+    def patched(self):
+        calls.append(1)
+        if len(calls) == 8:                                   # step 7, after the checkpoint of step 5
+            with ta.no_grad():
+                for p in self.parameters()[:2]:
+                    p.data -= 1.0                             # half of an update
+            raise KeyboardInterrupt
+        return real(self)
+    monkeypatch.setattr(RUNNING_ADAMW, "step", patched)
+    assert main_caught(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 130
+    assert one_error_line(capsys) == ("python -m train: interrupted inside the optimizer's update (the weights are "
+                                      f"half updated): not saved; {out / 'ckpt.npz'} keeps step 5")
+    assert checkpoint.read_meta(str(out / "ckpt.npz"))["step"] == 5
+
+
+def test_ctrl_c_writes_the_log_and_summary_and_the_clock_runs_on(text_file, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    real, calls = ta.Tensor.backward, []
+
+    def patched(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 8:                                   # in step 7
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ta.Tensor, "backward", patched)
+        assert main_caught(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 130
+    rows = (out / "log.csv").read_text().splitlines()
+    assert [r.split(",")[0] for r in rows[1:]] == ["0", "5"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["iters"] == 8 and summary["last_eval_step"] == 5
+    assert summary["val_loss"] == float(rows[2].split(",")[2])
+    elapsed = checkpoint.read_meta(str(out / "ckpt.npz"))["elapsed"]
+    at = rows[0].split(",").index("time")
+    assert elapsed >= float(rows[2].split(",")[at]) > 0
+
+    assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "12"]) == 0
+    rows = [r.split(",") for r in (out / "log.csv").read_text().splitlines()[1:]]
+    assert [r[0] for r in rows] == ["0", "5", "10", "12"]
+    times = [float(r[at]) for r in rows]
+    assert times == sorted(times) and times[2] > elapsed                   # the clock went on from the checkpoint
+    assert "interrupted" not in json.loads((out / "summary.json").read_text())
+
+
+# ---------------------------------------------------------------- the data of a --resume
+def test_resume_refuses_another_text_with_the_same_vocabulary(text_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["--data", text_file, "--out_dir", str(out), *TINY, "--max_iters", "4"]) == 0
+    other = tmp_path / "other.txt"
+    other.write_text(TEXT[::-1])                        # the same characters, another text
+    before = (out / "ckpt.npz").read_bytes()
+    capsys.readouterr()
+    assert main(["--data", str(other), "--out_dir", str(out), "--resume", "--max_iters", "8"]) == 1
+    size = f"{len(TEXT.encode()):,} bytes, sha256 "
+    line = one_error_line(capsys)
+    assert line.startswith(f"python -m train: error: --resume: {other} ({size}") and \
+        f"is not the data {out / 'ckpt.npz'} was trained on ({text_file}: {size}" in line, line
+    assert line.endswith("pass that, or use another --out_dir for a new run")
+    assert (out / "ckpt.npz").read_bytes() == before
+    assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "8"]) == 0
+
+
+def test_an_older_checkpoint_without_its_data_is_resumed_with_a_note(text_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["--data", text_file, "--out_dir", str(out), *TINY, "--max_iters", "4"]) == 0
+    with np.load(out / "ckpt.npz", allow_pickle=False) as f:
+        arrays = {k: f[k] for k in f.files}
+    meta = json.loads(str(arrays["meta"]))
+    del meta["data_source"]
+    arrays["meta"] = np.array(json.dumps(meta))
+    np.savez(out / "ckpt.npz", **arrays)
+    capsys.readouterr()
+    assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "8"]) == 0
+    assert (f"python -m train: note: {out / 'ckpt.npz'} does not say which data it was trained on (an older "
+            f"checkpoint): {text_file} is taken as that data, unchecked beyond its vocabulary") in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- a schedule that ended
+def test_a_resume_past_the_schedules_end_says_so(text_file, tmp_path, capsys):
+    """The preset's schedule is fitted to a short first run; a --resume with more steps would
+    train them all at --min_lr without a word."""
+    out = tmp_path / "run"
+    no_schedule = [a for i, a in enumerate(TINY) if "_iters" not in a and "_iters" not in TINY[i - 1]]
+    assert main(["--data", text_file, "--out_dir", str(out), *no_schedule, "--eval_iters", "2", "--max_iters", "10"]) == 0
+    capsys.readouterr()
+    assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "20"]) == 0
+    assert ("python -m train: note: the learning rate schedule ends at --lr_decay_iters 10: steps 10 to 19 all run "
+            "at --min_lr 0.0001 (pass --lr_decay_iters 20 for a schedule that ends at --max_iters)") in capsys.readouterr().out
+    assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "30",
+                 "--lr_decay_iters", "30"]) == 0
+    assert "schedule ends" not in capsys.readouterr().out
+
+
+def test_a_resume_that_outgrows_a_fitted_schedule_says_so(text_file, tmp_path, capsys, monkeypatch):
+    """Stopped at step 6 of 10 (the preset's schedule fitted to 10), resumed to 20: steps 10 to 19
+    would run at --min_lr without a word."""
+    out = tmp_path / "run"
+    no_schedule = [a for i, a in enumerate(TINY) if "_iters" not in a and "_iters" not in TINY[i - 1]]
+    real, calls = ta.Tensor.backward, []
+
+    def patched(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 6:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ta.Tensor, "backward", patched)
+        assert main_caught(["--data", text_file, "--out_dir", str(out), *no_schedule, "--eval_iters", "2",
+                            "--max_iters", "10"]) == 130
+    capsys.readouterr()
+    assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "20"]) == 0
+    assert ("python -m train: note: the learning rate schedule ends at --lr_decay_iters 10: steps 10 to 19 run "
+            "at --min_lr 0.0001 (pass --lr_decay_iters 20") in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- too large for memory
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_parameter_count_is_the_models(bias):
+    from train import memory
+    config = GPTConfig(block_size=16, vocab_size=33, n_layer=3, n_head=2, n_embd=24, bias=bias)
+    assert memory.parameter_count(config) == GPT(config).num_parameters(non_embedding=False)
+
+
+@pytest.mark.parametrize("n_embd, batch", [(32, 16), (64, 4)])
+def test_the_estimate_is_a_lower_bound_of_a_real_step(n_embd, batch):
+    """A run is refused only if it could not have fitted: the estimate never exceeds what a
+    training step really allocates (numpy's allocations, traced)."""
+    import tracemalloc
+    from train import memory
+    from train.loop import train_step
+    config = GPTConfig(block_size=32, vocab_size=40, n_layer=2, n_head=2, n_embd=n_embd)
+    rng = np.random.default_rng(0)
+    x, y = (ta.tensor(rng.integers(0, 40, (batch, 32))) for _ in range(2))
+    tracemalloc.start()
+    try:
+        model = GPT(config)
+        optimizer = model.configure_optimizer(0.1, 1e-3, (0.9, 0.99))
+        train_step(model, optimizer, [(x, y)], 1.0)
+        train_step(model, optimizer, [(x, y)], 1.0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    state, activations = memory.training_bytes(config, batch, 32)
+    assert state + activations <= peak, (state, activations, peak)
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--batch_size", "100000000"], "a step's activations for 100,000,000 rows of 16 tokens"),
+    (["--n_embd", "65536", "--n_head", "1"], "the model's {:,} parameters"),
+])
+def test_a_run_too_large_for_memory_is_one_line(text_file, tmp_path, flags, said):
+    from train import memory
+    said = said.format(memory.parameter_count(GPTConfig(block_size=16, vocab_size=33, n_layer=1, n_embd=65536)))
+    proc = subprocess.run([sys.executable, "-m", "train", "--data", text_file, "--out_dir", str(tmp_path / "run"),
+                           *TINY, "--max_iters", "2", *flags], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m train: error: this run needs at least "), proc.stderr
+    assert said in lines[0] and "GiB available" in lines[0]
+    assert not (tmp_path / "run" / "ckpt.npz").exists()
+
+
+def test_the_limit_is_the_memory_available(text_file, tmp_path, capsys, monkeypatch):
+    from train import memory
+    argv = ["--data", text_file, "--out_dir", str(tmp_path / "run"), *TINY, "--max_iters", "2"]
+    monkeypatch.setattr(memory, "available_bytes", lambda: 2 ** 16)          # 64 KiB: not even the tiny run
+    assert main(argv) == 1
+    line = one_error_line(capsys)
+    assert "more than the 0.0 GiB available" in line and line.endswith("lower --batch_size or --block_size")
+    monkeypatch.setattr(memory, "available_bytes", lambda: None)             # unknown: no check
+    assert main(argv) == 0
+
+
+def test_running_out_of_memory_anyway_is_one_line(text_file, tmp_path, capsys, monkeypatch):
+    def no_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 16.0 GiB for an array with shape (65536, 65536) and data type float32")
+    monkeypatch.setattr(program, "train_step", no_memory)
+    assert main(["--data", text_file, "--out_dir", str(tmp_path / "run"), *TINY, "--max_iters", "2"]) == 1
+    assert one_error_line(capsys) == (
+        "python -m train: error: out of memory: Unable to allocate 16.0 GiB for an array with shape (65536, 65536) "
+        "and data type float32 (lower --batch_size or --block_size, or the model's --n_embd or --n_layer)")
+
+
+# ---------------------------------------------------------------- sampling flags
+@pytest.mark.parametrize("argv, said", [
+    (["--temperature", "nan"], "argument --temperature: must be a finite number >= 0, got nan"),
+    (["--temperature", "inf"], "argument --temperature: must be a finite number >= 0, got inf"),
+    (["--temperature", "-0.5"], "argument --temperature: must be a finite number >= 0, got -0.5"),
+    (["--temperature", "hot"], "argument --temperature: invalid float value: 'hot'"),
+    (["--top_p", "nan"], "argument --top_p: must be in (0, 1], got nan"),
+    (["--top_p", "0"], "argument --top_p: must be in (0, 1], got 0"),
+    (["--top_p", "1.5"], "argument --top_p: must be in (0, 1], got 1.5"),
+    (["--top_k", "0"], "argument --top_k: must be at least 1, got 0"),
+])
+def test_sample_refuses_a_bad_temperature_or_top_p(capsys, argv, said):
+    from train.sample import main as sample_main
+    with pytest.raises(SystemExit) as e:
+        sample_main(argv)
+    assert e.value.code == 2
+    assert said in one_error_line(capsys)
+
+
+# ---------------------------------------------------------------- --seed and --resume
+def test_resume_keeps_the_runs_own_seed(text_file, tmp_path, capsys):
+    """The seed also draws the evaluation's batches: a resumed run took the default seed's,
+    so its val losses (and best.npz) were measured on other batches than the run's."""
+    def evals(out):
+        return [(r["step"], r["val_loss"]) for r in checkpoint.read_meta(str(out / "ckpt.npz"))["log"]]
+    flags = [*RUN, "--seed", "5"]
+    assert main(["--data", text_file, "--out_dir", str(tmp_path / "a"), *flags, "--max_iters", "10"]) == 0
+    assert main(["--data", text_file, "--out_dir", str(tmp_path / "b"), *flags, "--max_iters", "5"]) == 0
+    assert main(["--data", text_file, "--out_dir", str(tmp_path / "b"), "--resume", "--max_iters", "10"]) == 0
+    assert evals(tmp_path / "b") == evals(tmp_path / "a")
+    capsys.readouterr()
+    assert main(["--data", text_file, "--out_dir", str(tmp_path / "b"), "--resume", "--max_iters", "15",
+                 "--seed", "7"]) == 1
+    assert one_error_line(capsys) == (
+        f"python -m train: error: --resume: --seed 7 (the run in {tmp_path / 'b' / 'ckpt.npz'} has --seed 5): a "
+        "resumed run continues its own random streams; drop --seed, or use another --out_dir for a new run")
+
+
+def test_a_device_whose_generator_cannot_be_saved_says_resume_is_not_exact(text_file, tmp_path, capsys, monkeypatch):
+    """CuPy's generator state cannot be exported: with dropout, such a resume is not bit-exact, and says so."""
+    out = tmp_path / "run"
+    assert main(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "4"]) == 0
+    cpu = ta.backend.get_backend("cpu")
+    monkeypatch.setattr(type(cpu), "get_rng_state", lambda self: None)
+    capsys.readouterr()
+    assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "6"]) == 0
+    assert ("python -m train: note: the dropout generator's state was not saved (cpu cannot export it): the resumed "
+            "run draws its masks from a new stream") in capsys.readouterr().out
+
+
+def test_resume_keeps_the_lesson_corpus_layout(tmp_path):
+    """A run on the 'it' corpus with --layout stream was resumed with the preset's sentence layout."""
+    out = tmp_path / "run"
+    flags = ["--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--eval_iters", "1", "--eval_interval", "100",
+             "--quiet", "--sample_tokens", "0"]
+    assert main(["--out_dir", str(out), "--layout", "stream", "--max_iters", "3", *flags]) == 0
+    assert main(["--out_dir", str(out), "--resume", "--max_iters", "4", "--quiet"]) == 0
+    assert checkpoint.read_meta(str(out / "ckpt.npz"))["args"]["layout"] == "stream"
+
+
+def test_a_second_ctrl_c_in_the_final_evaluation_still_saves_every_step(text_file, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    real, calls = program.estimate_loss, []
+
+    def patched(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:                                   # the final evaluation, at step 12
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(program, "estimate_loss", patched)
+    assert main_caught(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 130
+    assert checkpoint.read_meta(str(out / "ckpt.npz"))["step"] == 12
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["iters"] == 12 and summary["last_eval_step"] == 10
+
+
+def test_ctrl_c_before_training_began_is_one_line(text_file, tmp_path, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(program, "load_data", interrupted)
+    assert main_caught(["--data", text_file, "--out_dir", str(tmp_path / "run"), *TINY, "--max_iters", "4"]) == 130
+    assert one_error_line(capsys) == "python -m train: interrupted before training began: nothing was saved"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_log_and_summary_are_written_atomically(tmp_path, monkeypatch):
+    """log.csv is rewritten at every evaluation: a run killed while writing it keeps the last whole one."""
+    path = tmp_path / "log.csv"
+    checkpoint.write_text(str(path), "step\n0\n")
+
+    def killed(src, dst):
+        raise OSError("killed")
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(OSError):
+        checkpoint.write_text(str(path), "step\n0\n5\n")
+    assert path.read_text() == "step\n0\n" and [p.name for p in tmp_path.iterdir()] == ["log.csv"]

@@ -7,8 +7,8 @@
 import argparse
 import sys
 
-from .checks import SOLUTIONS, load_solutions
-from .progress import BY_NAME, check_all
+from .checking.common import SOLUTIONS, load_solutions
+from .checking.progress import BY_NAME, check_all
 
 WIDTH = 150     # a table row's reason is cut here; name the exercise to read it whole
 

@@ -142,7 +142,7 @@ def exercises_swapped_in(wanted):
     if not wanted:
         return contextlib.nullcontext()
     try:
-        from exercises.swap import use_exercises
+        from exercises.checking.swap import use_exercises
     except ImportError as e:
         raise OSError(f"--use_exercises needs the exercises/ folder: run from the repository root ({e})") from None
     return use_exercises()

@@ -3,10 +3,10 @@ fails its exercise, and the first failure says what is wrong in the exercise's t
 import numpy as np
 import pytest
 
-from exercises.checks import run_check
-from exercises.checks_core import strict_advice
+from exercises.checking.common import run_check
+from exercises.checking.common import strict_advice
 from exercise_wrong_answers import WRONG
-from exercises.progress import BY_NAME
+from exercises.checking.progress import BY_NAME
 
 CASES = [(name, what, module, words) for name, answers in WRONG.items() for what, module, words in answers]
 

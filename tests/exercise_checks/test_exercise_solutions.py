@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from exercises import checks
+from exercises.checking import common
 from exercises.__main__ import main as exercises_main
-from exercises.checks import SOLUTIONS, load_exercise, run_check
-from exercises.progress import EXERCISES
+from exercises.checking.common import SOLUTIONS, load_exercise, run_check
+from exercises.checking.progress import EXERCISES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,7 +58,7 @@ def test_the_solutions_are_found_from_any_folder(tmp_path):
 
 def test_missing_solutions_are_one_line(tmp_path, monkeypatch, capsys):
     """An install without the repository's tests/ folder says where it looked, in one line."""
-    monkeypatch.setattr(checks, "SOLUTIONS_DIR", tmp_path / "tests" / SOLUTIONS)
+    monkeypatch.setattr(common, "SOLUTIONS_DIR", tmp_path / "tests" / SOLUTIONS)
     monkeypatch.delitem(sys.modules, SOLUTIONS, raising=False)
     with pytest.raises(SystemExit) as stopped:
         exercises_main(["--solutions"])
@@ -68,6 +68,7 @@ def test_missing_solutions_are_one_line(tmp_path, monkeypatch, capsys):
 
 def test_an_error_is_placed_in_the_answer_not_in_the_checks():
     """unwritten() names the learner's (or a solution's) line, never the checking machinery's."""
-    assert checks.is_learner_code(checks.HERE / "softmax.py")
-    assert checks.is_learner_code(checks.SOLUTIONS_DIR / "softmax.py")
-    assert not any(checks.is_learner_code(checks.HERE / f"{m}.py") for m in checks.MACHINERY)
+    assert common.is_learner_code(common.HERE / "softmax.py")
+    assert common.is_learner_code(common.SOLUTIONS_DIR / "softmax.py")
+    assert not any(common.is_learner_code(common.HERE / f"{m}.py") for m in common.MACHINERY)
+    assert not common.is_learner_code(common.__file__)                  # the checks, in exercises/checking/

@@ -2,7 +2,6 @@
 
     pytest tests/exercise_checks/test_exercises_adamw.py -v
 """
-from exercises import checks
-from exercises import checks_core as core
+from exercises.checking import common, adamw
 
-test_adamw = checks.pytest_tests("adamw", core.ADAMW)
+test_adamw = common.pytest_tests("adamw", adamw.CHECKS)

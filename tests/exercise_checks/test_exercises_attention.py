@@ -2,7 +2,6 @@
 
     pytest tests/exercise_checks/test_exercises_attention.py -v
 """
-from exercises import checks
-from exercises import checks_core as core
+from exercises.checking import common, attention
 
-test_attention = checks.pytest_tests("attention", core.ATTENTION)
+test_attention = common.pytest_tests("attention", attention.CHECKS)

@@ -2,7 +2,6 @@
 
     pytest tests/exercise_checks/test_exercises_bpe.py -v
 """
-from exercises import checks
-from exercises import checks_bpe
+from exercises.checking import common, bpe
 
-test_bpe = checks.pytest_tests("bpe", checks_bpe.BPE_CHECKS)
+test_bpe = common.pytest_tests("bpe", bpe.CHECKS)

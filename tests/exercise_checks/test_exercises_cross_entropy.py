@@ -2,7 +2,6 @@
 
     pytest tests/exercise_checks/test_exercises_cross_entropy.py -v
 """
-from exercises import checks
-from exercises import checks_core as core
+from exercises.checking import common, cross_entropy
 
-test_cross_entropy = checks.pytest_tests("cross_entropy", core.CROSS_ENTROPY)
+test_cross_entropy = common.pytest_tests("cross_entropy", cross_entropy.CHECKS)

@@ -2,7 +2,6 @@
 
     pytest tests/exercise_checks/test_exercises_elementwise.py -v
 """
-from exercises import checks
-from exercises import checks_core as core
+from exercises.checking import common, elementwise
 
-test_elementwise = checks.pytest_tests("elementwise", core.ELEMENTWISE_CHECKS)
+test_elementwise = common.pytest_tests("elementwise", elementwise.CHECKS)

@@ -2,7 +2,6 @@
 
     pytest tests/exercise_checks/test_exercises_embedding.py -v
 """
-from exercises import checks
-from exercises import checks_core as core
+from exercises.checking import common, embedding
 
-test_embedding = checks.pytest_tests("embedding", core.EMBEDDING)
+test_embedding = common.pytest_tests("embedding", embedding.CHECKS)

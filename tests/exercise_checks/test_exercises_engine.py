@@ -2,7 +2,6 @@
 
     pytest tests/exercise_checks/test_exercises_engine.py -v
 """
-from exercises import checks
-from exercises import checks_core as core
+from exercises.checking import common, engine
 
-test_engine = checks.pytest_tests("engine", core.ENGINE)
+test_engine = common.pytest_tests("engine", engine.CHECKS)

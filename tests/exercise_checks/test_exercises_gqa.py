@@ -2,6 +2,6 @@
 
     pytest tests/exercise_checks/test_exercises_gqa.py -v
 """
-from exercises import checks
+from exercises.checking import common, gqa
 
-test_gqa = checks.pytest_tests("gqa", checks.GQA)
+test_gqa = common.pytest_tests("gqa", gqa.CHECKS)

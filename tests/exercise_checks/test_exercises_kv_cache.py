@@ -2,7 +2,6 @@
 
     pytest tests/exercise_checks/test_exercises_kv_cache.py -v
 """
-from exercises import checks
-from exercises import checks_core as core
+from exercises.checking import common, kv_cache
 
-test_kv_cache = checks.pytest_tests("kv_cache", core.KV_CACHE)
+test_kv_cache = common.pytest_tests("kv_cache", kv_cache.CHECKS)

@@ -2,7 +2,6 @@
 
     pytest tests/exercise_checks/test_exercises_layernorm.py -v
 """
-from exercises import checks
-from exercises import checks_core as core
+from exercises.checking import common, layernorm
 
-test_layernorm = checks.pytest_tests("layernorm", core.LAYERNORM)
+test_layernorm = common.pytest_tests("layernorm", layernorm.CHECKS)

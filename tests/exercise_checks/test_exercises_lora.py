@@ -2,6 +2,6 @@
 
     pytest tests/exercise_checks/test_exercises_lora.py -v
 """
-from exercises import checks
+from exercises.checking import common, lora
 
-test_lora = checks.pytest_tests("lora", checks.LORA)
+test_lora = common.pytest_tests("lora", lora.CHECKS)

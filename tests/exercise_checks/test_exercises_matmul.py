@@ -2,7 +2,6 @@
 
     pytest tests/exercise_checks/test_exercises_matmul.py -v
 """
-from exercises import checks
-from exercises import checks_core as core
+from exercises.checking import common, matmul
 
-test_matmul = checks.pytest_tests("matmul", core.MATMUL)
+test_matmul = common.pytest_tests("matmul", matmul.CHECKS)

@@ -2,7 +2,6 @@
 
     pytest tests/exercise_checks/test_exercises_online_softmax.py -v
 """
-from exercises import checks
-from exercises import checks_core as core
+from exercises.checking import common, online_softmax
 
-test_online_softmax = checks.pytest_tests("online_softmax", core.ONLINE_SOFTMAX)
+test_online_softmax = common.pytest_tests("online_softmax", online_softmax.CHECKS)

@@ -2,6 +2,6 @@
 
     pytest tests/exercise_checks/test_exercises_rmsnorm.py -v
 """
-from exercises import checks
+from exercises.checking import common, rmsnorm
 
-test_rmsnorm = checks.pytest_tests("rmsnorm", checks.RMSNORM)
+test_rmsnorm = common.pytest_tests("rmsnorm", rmsnorm.CHECKS)

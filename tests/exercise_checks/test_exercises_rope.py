@@ -2,6 +2,6 @@
 
     pytest tests/exercise_checks/test_exercises_rope.py -v
 """
-from exercises import checks
+from exercises.checking import common, rope
 
-test_rope = checks.pytest_tests("rope", checks.ROPE)
+test_rope = common.pytest_tests("rope", rope.CHECKS)

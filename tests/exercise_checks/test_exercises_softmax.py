@@ -2,7 +2,6 @@
 
     pytest tests/exercise_checks/test_exercises_softmax.py -v
 """
-from exercises import checks
-from exercises import checks_core as core
+from exercises.checking import common, softmax
 
-test_softmax = checks.pytest_tests("softmax", core.SOFTMAX)
+test_softmax = common.pytest_tests("softmax", softmax.CHECKS)

@@ -2,7 +2,6 @@
 
     pytest tests/exercise_checks/test_exercises_sum_to.py -v
 """
-from exercises import checks
-from exercises import checks_core as core
+from exercises.checking import common, sum_to
 
-test_sum_to = checks.pytest_tests("sum_to", core.SUM_TO)
+test_sum_to = common.pytest_tests("sum_to", sum_to.CHECKS)

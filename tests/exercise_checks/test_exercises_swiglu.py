@@ -2,6 +2,6 @@
 
     pytest tests/exercise_checks/test_exercises_swiglu.py -v
 """
-from exercises import checks
+from exercises.checking import common, swiglu
 
-test_swiglu = checks.pytest_tests("swiglu", checks.SWIGLU)
+test_swiglu = common.pytest_tests("swiglu", swiglu.CHECKS)

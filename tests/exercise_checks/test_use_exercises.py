@@ -17,8 +17,8 @@ from train.loop import main, parse_args, train
 
 from exercise_solutions import (attention, cross_entropy, elementwise, embedding, engine, kv_cache, layernorm,
                                 matmul, softmax, sum_to, adamw)
-from exercises.checks import SOLUTIONS
-from exercises.swap import SWAPS, use_exercises
+from exercises.checking.common import SOLUTIONS
+from exercises.checking.swap import SWAPS, use_exercises
 from training_data import TEXT, TINY
 from conftest import record_applied_ops
 

@@ -1,15 +1,14 @@
 """The exercises of EXERCISES.md, in order, and the learner's progress through them.
 
-The checks are in checks.py (part one: extend the model) and checks_core.py
-(part two: build the core); this module runs them on a package of answers:
-the learner's ``exercises``, or the reference solutions ``exercise_solutions``
-(tests/support/exercise_solutions/, loaded by checks.load_solutions).
+Each exercise's checks are in a module of its own in this folder (rmsnorm.py,
+softmax.py, ...), written with the tools of common.py; this module runs them on a
+package of answers: the learner's ``exercises``, or the reference solutions
+``exercise_solutions`` (tests/support/exercise_solutions/, loaded by common.load_solutions).
 """
 from dataclasses import dataclass
 
-from . import checks as extend          # part one: extend the model
-from . import checks_core as core       # part two: build the core
-from . import checks_bpe                # write BPE, the tokenizer
+from . import (adamw, attention, bpe, common, cross_entropy, elementwise, embedding, engine, gqa, kv_cache,
+               layernorm, lora, matmul, online_softmax, rmsnorm, rope, softmax, sum_to, swiglu)
 
 
 @dataclass(frozen=True)
@@ -21,24 +20,24 @@ class Exercise:
 
 
 EXERCISES = [Exercise(i + 1, name, title, tuple(checks)) for i, (name, title, checks) in enumerate([
-    ("rmsnorm", "RMSNorm", extend.RMSNORM),
-    ("rope", "Rotary position embeddings", extend.ROPE),
-    ("gqa", "Grouped-query attention", extend.GQA),
-    ("swiglu", "SwiGLU", extend.SWIGLU),
-    ("sum_to", "Broadcasting backward: sum_to", core.SUM_TO),
-    ("matmul", "Batched matmul backward", core.MATMUL),
-    ("elementwise", "exp, log, tanh (twice differentiable)", core.ELEMENTWISE_CHECKS),
-    ("softmax", "Softmax backward (a JVP)", core.SOFTMAX),
-    ("layernorm", "LayerNorm backward by hand", core.LAYERNORM),
-    ("cross_entropy", "Fused cross-entropy", core.CROSS_ENTROPY),
-    ("embedding", "Embedding backward (scatter-add)", core.EMBEDDING),
-    ("engine", "The engine: toposort and backward", core.ENGINE),
-    ("attention", "Attention backward by hand", core.ATTENTION),
-    ("online_softmax", "Online softmax (tiled attention)", core.ONLINE_SOFTMAX),
-    ("adamw", "AdamW step", core.ADAMW),
-    ("kv_cache", "KV cache", core.KV_CACHE),
-    ("lora", "LoRA: low-rank adapters", extend.LORA),
-    ("bpe", "Write BPE (the tokenizer)", checks_bpe.BPE_CHECKS),
+    ("rmsnorm", "RMSNorm", rmsnorm.CHECKS),
+    ("rope", "Rotary position embeddings", rope.CHECKS),
+    ("gqa", "Grouped-query attention", gqa.CHECKS),
+    ("swiglu", "SwiGLU", swiglu.CHECKS),
+    ("sum_to", "Broadcasting backward: sum_to", sum_to.CHECKS),
+    ("matmul", "Batched matmul backward", matmul.CHECKS),
+    ("elementwise", "exp, log, tanh (twice differentiable)", elementwise.CHECKS),
+    ("softmax", "Softmax backward (a JVP)", softmax.CHECKS),
+    ("layernorm", "LayerNorm backward by hand", layernorm.CHECKS),
+    ("cross_entropy", "Fused cross-entropy", cross_entropy.CHECKS),
+    ("embedding", "Embedding backward (scatter-add)", embedding.CHECKS),
+    ("engine", "The engine: toposort and backward", engine.CHECKS),
+    ("attention", "Attention backward by hand", attention.CHECKS),
+    ("online_softmax", "Online softmax (tiled attention)", online_softmax.CHECKS),
+    ("adamw", "AdamW step", adamw.CHECKS),
+    ("kv_cache", "KV cache", kv_cache.CHECKS),
+    ("lora", "LoRA: low-rank adapters", lora.CHECKS),
+    ("bpe", "Write BPE (the tokenizer)", bpe.CHECKS),
 ])]
 BY_NAME = {e.name: e for e in EXERCISES}
 
@@ -58,13 +57,13 @@ class Result:
 def check(exercise, package="exercises"):
     """Run every check of one exercise on ``package``.<name>; a Result."""
     try:
-        module = extend.load_exercise(exercise.name, package)
-    except extend.NotStarted as e:
+        module = common.load_exercise(exercise.name, package)
+    except common.NotStarted as e:
         return Result(exercise, "not started", str(e), [])
     except Exception as e:  # the learner's file does not even import
         return Result(exercise, "failing", f"importing {package}/{exercise.name}.py raised "
                                            f"{type(e).__name__}: {e}", [])
-    rows = [(c.__name__,) + extend.run_check(c, module) for c in exercise.checks]
+    rows = [(c.__name__,) + common.run_check(c, module) for c in exercise.checks]
     outcomes = [outcome for _, outcome, _ in rows]
     if all(o == "pass" for o in outcomes):
         return Result(exercise, "passing", "", rows)

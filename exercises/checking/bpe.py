@@ -10,7 +10,7 @@ import re
 
 from tinyattn.tokenizers import bpe as library
 
-from .checks import ExerciseFailure, need
+from .common import ExerciseFailure, need
 
 # a simple split (words with their leading space, numbers, punctuation runs, spaces):
 # the checks hand pieces to train(), so the exercise does not need the regex module
@@ -100,4 +100,4 @@ def bpe_encode(mod):
                "Join the pair of lowest id first, the leftmost of equal ones; repeat until no pair joins.")
 
 
-BPE_CHECKS = [bpe_pair_counts, bpe_merge, bpe_train, bpe_encode]
+CHECKS = [bpe_pair_counts, bpe_merge, bpe_train, bpe_encode]

@@ -12,7 +12,8 @@ import math
 
 import tinyattn as ta
 
-from .progress import check_all, extend
+from .common import load_exercise
+from .progress import check_all
 
 
 def _attention(module):
@@ -169,7 +170,7 @@ def use_exercises(package="exercises", say=print):
     passing = [r.exercise.name for r in results if r.passing and r.exercise.name in SWAPS]
     saved, fast = [], ta.is_fast()
     try:
-        patches = [(path, attr, replacement, extend.load_exercise(name, package))
+        patches = [(path, attr, replacement, load_exercise(name, package))
                    for name in passing for path, attr, replacement in SWAPS[name]]
         patches += [(path, attr, replacement, None) for yours, needs, swaps in THROUGH_YOURS
                     if yours in passing and needs not in passing for path, attr, replacement in swaps]

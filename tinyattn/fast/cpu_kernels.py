@@ -112,7 +112,7 @@ def _real_by_type(c, like):
     return lambda c, like: np.float64(c)
 
 
-def _floats(*arrays):
+def _all_float(*arrays):
     """True when all arrays share the dtype float32 or float64, and none is empty."""
     dtype = arrays[0].dtype
     return dtype in (np.float32, np.float64) and all(a.dtype == dtype for a in arrays) and all(a.size for a in arrays)
@@ -147,7 +147,7 @@ def _gelu_tanh_bwd(x, g, dx, a, b, c, d):          # dx = g (s + x u'' s (1 - s)
 
 
 def gelu_tanh(x):
-    if not _floats(x):
+    if not _all_float(x):
         return None
     real = x.dtype.type
     x1 = np.ascontiguousarray(x).reshape(-1)
@@ -158,7 +158,7 @@ def gelu_tanh(x):
 
 
 def gelu_tanh_backward(x, g):
-    if not _floats(x, g) or x.shape != g.shape:
+    if not _all_float(x, g) or x.shape != g.shape:
         return None
     real = x.dtype.type
     x1, g1 = (np.ascontiguousarray(a).reshape(-1) for a in (x, g))
@@ -215,7 +215,7 @@ def _layer_norm_bwd(g, xhat, w, rstd, dx, dw, db):  # dx = rstd (gx - mean(gx) -
 
 def layer_norm(x, weight, bias, eps):
     """(y, xhat, rstd) shaped (..., C), (..., C), (..., 1)."""
-    if not _floats(x, weight, bias) or weight.shape != x.shape[-1:] or bias.shape != x.shape[-1:]:
+    if not _all_float(x, weight, bias) or weight.shape != x.shape[-1:] or bias.shape != x.shape[-1:]:
         return None
     x2 = _rows(x)                                                   # (N, C)
     y, xhat = np.empty_like(x2), np.empty_like(x2)
@@ -228,7 +228,7 @@ def layer_norm(x, weight, bias, eps):
 
 def layer_norm_backward(g, xhat, weight, rstd):
     """(dx, dw, db): each thread sums its rows' share of dw and db; the parts are added at the end."""
-    if not _floats(g, xhat, weight, rstd) or g.shape != xhat.shape:
+    if not _all_float(g, xhat, weight, rstd) or g.shape != xhat.shape:
         return None
     g2 = _rows(g)                                                   # (N, C)
     dx = np.empty_like(g2)
@@ -295,7 +295,7 @@ def _row_bounds(allowed):
 
 def masked_softmax(x, allowed):
     """Softmax over the last dim of x (..., Tq, Tk) where ``allowed`` (Tq, Tk) is True; None for other masks."""
-    if not _floats(x) or x.ndim < 2 or allowed.shape != x.shape[-2:] or allowed.dtype != np.bool_:
+    if not _all_float(x) or x.ndim < 2 or allowed.shape != x.shape[-2:] or allowed.dtype != np.bool_:
         return None
     x3 = np.ascontiguousarray(x).reshape((-1,) + x.shape[-2:])     # (N, Tq, Tk)
     y = np.empty_like(x3)
@@ -307,7 +307,7 @@ def masked_softmax(x, allowed):
 
 def softmax_backward(y, g):
     """d loss / dx through y = softmax(x) over the last dim, for the output gradient g."""
-    if not _floats(y, g) or y.shape != g.shape or y.ndim < 1:
+    if not _all_float(y, g) or y.shape != g.shape or y.ndim < 1:
         return None
     y2 = _rows(y)
     dx = np.empty_like(y2)
@@ -320,7 +320,7 @@ def softmax_backward(y, g):
 # --------------------------------------------------------------------------
 # attention, softmax(q k^T scale where allowed) v: the naive path as one op
 # --------------------------------------------------------------------------
-def _stacked(*arrays):
+def _all_stacked(*arrays):
     """True when every array is a stack (S, ..., n, m) over the same leading dims."""
     lead = arrays[0].shape[:-2]
     return all(a.ndim >= 3 and a.shape[:-2] == lead for a in arrays)
@@ -334,7 +334,7 @@ def attention(q, k, v, allowed, scale):
     cache. ``out`` has q's memory order: heads that are a (B, T, H, D) buffer seen
     as (B, H, T, D) give an output that merges back to (B, T, H * D) as a view.
     """
-    if not (_floats(q, k, v) and _stacked(q, k, v) and allowed.dtype == np.bool_
+    if not (_all_float(q, k, v) and _all_stacked(q, k, v) and allowed.dtype == np.bool_
             and allowed.shape == (q.shape[-2], k.shape[-2]) and q.shape[-1] == k.shape[-1]):
         return None
     weights = np.empty(q.shape[:-1] + k.shape[-2:-1], dtype=q.dtype)     # (S, ..., Tq, Tk)
@@ -369,7 +369,7 @@ def _empty_like_parts(*arrays):
 
 def attention_backward(g, q, k, v, weights, scale):
     """(dq, dk, dv) for the output gradient g, each in its input's memory order."""
-    if not (_floats(g, q, k, v, weights) and _stacked(g, q, k, v, weights)):
+    if not (_all_float(g, q, k, v, weights) and _all_stacked(g, q, k, v, weights)):
         return None
     dq, dk, dv = _empty_like_parts(q, k, v)
     scale = q.dtype.type(scale)
@@ -402,7 +402,7 @@ def _index_add_rows(idx, values, out):             # out[idx[i]] += values[i]; i
 def index_add_rows(n_rows, idx, values):
     """(n_rows, C) zeros with out[idx[i]] += values[i] for (N, C) values: one pass over them,
     on one thread (rows repeat). None for ids outside [0, n_rows) (the formula then decides)."""
-    if not _floats(values) or values.ndim != 2 or idx.shape != values.shape[:1] or idx.dtype.kind not in "iu" \
+    if not _all_float(values) or values.ndim != 2 or idx.shape != values.shape[:1] or idx.dtype.kind not in "iu" \
             or int(idx.min()) < 0 or int(idx.max()) >= n_rows:
         return None
     out = np.zeros((n_rows, values.shape[1]), dtype=values.dtype)
@@ -443,7 +443,7 @@ def _cross_entropy_bwd(x, t, lse, gscale, dx, ignore_index):   # dx = gscale (so
 
 def cross_entropy(logits, targets, ignore_index):
     """(loss (), lse (N,), scale ()): scale = 1 / max(counted rows, 1). Targets in range (checked by the op)."""
-    if logits.ndim != 2 or not _floats(logits) or targets.shape != logits.shape[:1] or targets.dtype.kind not in "iu":
+    if logits.ndim != 2 or not _all_float(logits) or targets.shape != logits.shape[:1] or targets.dtype.kind not in "iu":
         return None
     x = np.ascontiguousarray(logits)
     lse = np.empty(x.shape[0], dtype=x.dtype)
@@ -462,7 +462,7 @@ def cross_entropy(logits, targets, ignore_index):
 
 def cross_entropy_backward(g, logits, targets, lse, scale, ignore_index):
     """d loss / d logits (N, C) for the loss gradient g (a 0-d array)."""
-    if not _floats(logits, lse) or g.dtype != logits.dtype or g.size != 1:
+    if not _all_float(logits, lse) or g.dtype != logits.dtype or g.size != 1:
         return None
     x = np.ascontiguousarray(logits)
     dx = np.empty_like(x)
@@ -486,7 +486,7 @@ def _adamw(p, g, m, v, b1, one_minus_b1, b2, one_minus_b2, eps, decay, step_size
 
 def adamw_(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step):
     """One AdamW step for one flat or shaped parameter, in place. Returns p (None: not for these inputs)."""
-    if not _floats(p, g, m, v) or not (p.shape == g.shape == m.shape == v.shape):
+    if not _all_float(p, g, m, v) or not (p.shape == g.shape == m.shape == v.shape):
         return None
     if not all(a.flags.c_contiguous for a in (p, g, m, v)):
         return None
@@ -557,9 +557,9 @@ def _attention_tile_backward(s, dp, lse, d, first):   # s, dp (bk, bq) in place;
             dp[r, c] = p * (dp[r, c] - d[c])                       # dS^T = P^T * (dP^T - D)
 
 
-def _tile_args(s, *vectors):
+def _tile_args_fit(s, *vectors):
     """True when s is a C-contiguous (bk, bq) float tile and each vector a contiguous (bq,) of its dtype."""
-    return (s.ndim == 2 and s.flags.c_contiguous and _floats(s, *vectors)
+    return (s.ndim == 2 and s.flags.c_contiguous and _all_float(s, *vectors)
             and all(v.shape == (s.shape[1],) and v.flags.c_contiguous for v in vectors))
 
 
@@ -569,7 +569,7 @@ def attention_tile_softmax_(s, m, l, first):
     s (bk, bq) scores, keys x queries, becomes exp(s - m_new) (0 where masked);
     m (bq,) the running max becomes m_new, l (bq,) the running sum becomes alpha l + colsum(P).
     first = j0 - i0 for a causal tile, any value <= -bk otherwise."""
-    if not _tile_args(s, m, l):
+    if not _tile_args_fit(s, m, l):
         return None
     alpha = np.empty_like(m)
     _attention_tile_softmax(s, m, l, alpha, int(first))
@@ -579,7 +579,7 @@ def attention_tile_softmax_(s, m, l, first):
 def attention_tile_backward_(s, dp, lse, d, first):
     """One tile of the backward, in place: s (bk, bq) scores becomes P^T = exp(s - L) (0 where masked),
     dp (bk, bq) = (dO V^T)^T becomes dS^T = P^T * (dP^T - D). lse, d (bq,). Returns (s, dp), or None."""
-    if not _tile_args(s, lse, d) or dp.shape != s.shape or dp.dtype != s.dtype or not dp.flags.c_contiguous:
+    if not _tile_args_fit(s, lse, d) or dp.shape != s.shape or dp.dtype != s.dtype or not dp.flags.c_contiguous:
         return None
     _attention_tile_backward(s, dp, lse, d, int(first))
     return s, dp

@@ -25,7 +25,7 @@ import numpy as np
 _CTYPES = {np.dtype("float32"): "float", np.dtype("float64"): "double"}
 
 
-def _floats(*arrays):
+def _all_float(*arrays):
     """True when all arrays share one dtype that the kernels are compiled for, and are not empty."""
     dtype = arrays[0].dtype
     return dtype in _CTYPES and all(a.dtype == dtype for a in arrays) and all(a.size for a in arrays)
@@ -66,12 +66,12 @@ _gelu_tanh_bwd = cupy.ElementwiseKernel(
 
 def gelu_tanh(x):
     """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), elementwise."""
-    return _gelu_tanh_fwd(x) if _floats(x) else None
+    return _gelu_tanh_fwd(x) if _all_float(x) else None
 
 
 def gelu_tanh_backward(x, g):
     """d gelu_tanh(x) / dx * g, recomputing tanh from x (nothing saved but x)."""
-    if not _floats(x, g) or x.shape != g.shape:
+    if not _all_float(x, g) or x.shape != g.shape:
         return None
     return _gelu_tanh_bwd(x, g)
 
@@ -98,7 +98,7 @@ def adamw_(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step):
     The same arithmetic as the array code: the bias corrections are folded
     into step_size = lr / (1 - beta1^t) and 1 / sqrt(1 - beta2^t).
     """
-    if not _floats(p, g, m, v) or not (p.shape == g.shape == m.shape == v.shape):
+    if not _all_float(p, g, m, v) or not (p.shape == g.shape == m.shape == v.shape):
         return None
     real = p.dtype.type                                      # np.float32 or np.float64
     _adamw(g, real(beta1), real(1 - beta1), real(beta2), real(1 - beta2), real(eps),
@@ -235,7 +235,7 @@ def _rows(x):
 
 def layer_norm(x, weight, bias, eps):
     """Layer norm over the last dim: (y, xhat, rstd) shaped (..., C), (..., C), (..., 1)."""
-    if not _floats(x, weight, bias) or weight.shape != x.shape[-1:] or bias.shape != x.shape[-1:]:
+    if not _all_float(x, weight, bias) or weight.shape != x.shape[-1:] or bias.shape != x.shape[-1:]:
         return None
     x2 = _rows(x)                                                  # (N, C)
     N, C = x2.shape
@@ -251,7 +251,7 @@ def layer_norm(x, weight, bias, eps):
 def layer_norm_backward(g, xhat, weight, rstd):
     """(dx, dw, db) of layer norm from the saved xhat and rstd; g and xhat (..., C), rstd (..., 1).
     The kernel gives dx; dw and db are CuPy's sums over the rows."""
-    if not _floats(g, xhat, weight, rstd) or g.shape != xhat.shape:
+    if not _all_float(g, xhat, weight, rstd) or g.shape != xhat.shape:
         return None
     g2, xhat2 = _rows(g), _rows(xhat)                              # (N, C)
     N, C = g2.shape
@@ -269,7 +269,7 @@ def cross_entropy(logits, targets, ignore_index):
     Returns (loss (), lse (N,), scale ()), all on the device: scale is
     1 / max(number of counted rows, 1), which the backward needs too.
     """
-    if (logits.ndim != 2 or not _floats(logits) or targets.shape != logits.shape[:1]
+    if (logits.ndim != 2 or not _all_float(logits) or targets.shape != logits.shape[:1]
             or targets.dtype.kind not in "iu"):
         return None
     x = cupy.ascontiguousarray(logits)                             # (N, C)
@@ -286,7 +286,7 @@ def cross_entropy(logits, targets, ignore_index):
 
 def cross_entropy_backward(g, logits, targets, lse, scale, ignore_index):
     """d loss / d logits (N, C) for the loss gradient g (a 0-d device array)."""
-    if not _floats(logits, lse) or g.dtype != logits.dtype or g.size != 1:
+    if not _all_float(logits, lse) or g.dtype != logits.dtype or g.size != 1:
         return None
     x = cupy.ascontiguousarray(logits)
     t = cupy.ascontiguousarray(targets.astype(cupy.int64, copy=False))

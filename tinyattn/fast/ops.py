@@ -42,7 +42,7 @@ def leading_sums(backend, x, lead):
     return backend.xp.reshape(ones @ backend.xp.reshape(x, (m, math.prod(rest))), rest)
 
 
-def blas_sums(backend, a):
+def can_sum_by_blas(backend, a):
     """True for float32 and float64 arrays, whose sums can run as BLAS products."""
     dtype = backend.dtype_of(a)
     return dtype.kind == "f" and dtype.itemsize >= 4 and a.ndim >= 2
@@ -134,7 +134,7 @@ class Sum(ops.Sum):
     """Sums over the last axis, or over the leading ones, as BLAS products."""
 
     def forward(self, a, dim, keepdim):
-        if blas_sums(self.backend, a) and 0 < len(dim) < a.ndim:
+        if can_sum_by_blas(self.backend, a) and 0 < len(dim) < a.ndim:
             self.kept = tuple(1 if i in dim else n for i, n in enumerate(a.shape))
             if dim == (a.ndim - 1,):                                   # over the last axis
                 out = row_sums(self.backend, a)
@@ -161,7 +161,7 @@ def softmax_backward(ctx, g):
     """y (g - sum(g y)) over the last axis on arrays, for ctx's output y: the kernel, else the
     sum as a BLAS product. None where neither applies (the caller runs the formula)."""
     y = ctx.output
-    if not blas_sums(ctx.backend, y.data):
+    if not can_sum_by_blas(ctx.backend, y.data):
         return None
     dx = ctx.backend.run_kernel("softmax_backward", y.data, g.data)
     if dx is None:
@@ -172,7 +172,7 @@ def softmax_backward(ctx, g):
 
 class Softmax(ops.Softmax):
     def forward(self, x, dim):
-        if dim != x.ndim - 1 or not blas_sums(self.backend, x):
+        if dim != x.ndim - 1 or not can_sum_by_blas(self.backend, x):
             return super().forward(x, dim)
         self.dim = dim
         e, _ = ops.stable_exp(self.xp, x, dim)
@@ -252,13 +252,13 @@ class LayerNorm(F.LayerNorm):
 
     def _row_means(self, a):
         """Means over the last axis, kept: a BLAS product where it can (row_sums)."""
-        if blas_sums(self.backend, a):
+        if can_sum_by_blas(self.backend, a):
             return row_sums(self.backend, a, 1.0 / a.shape[-1])
         return self.xp.mean(a, axis=-1, keepdims=True)
 
     def _lead_sums(self, a):
         """Sums over every axis but the last: the weight and bias gradients."""
-        if blas_sums(self.backend, a):
+        if can_sum_by_blas(self.backend, a):
             return leading_sums(self.backend, a, a.ndim - 1)
         return self.xp.sum(a, axis=tuple(range(a.ndim - 1)))
 

@@ -27,5 +27,5 @@ if __name__ == "__main__":
     except AttributeError:                                # not on Linux
         cores = os.cpu_count() or 1
     share_the_cores(os.environ, cores)
-    from .loop import main
+    from .command import main
     sys.exit(main())

@@ -13,6 +13,11 @@ import zipfile
 
 import numpy as np
 
+import tinyattn as ta
+from tinyattn import distributed as dist
+
+from .data import tokenizer_to_json
+
 
 def save(path, model, optimizer, meta):
     arrays = {f"model/{name}": t.numpy() for name, t in model.state_dict().items()}
@@ -39,6 +44,19 @@ def save(path, model, optimizer, meta):
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def save_run(path, model, optimizer, state, args, dataset):
+    """A training run's checkpoint: the model, the optimizer, and what --resume needs to continue
+    exactly (the step, the random streams, the log, the run's flags, the data's fingerprint)."""
+    meta = dict(config=model.config.to_dict(), step=state["step"], best_val_loss=state["best_val_loss"],
+                args={k: v for k, v in vars(args).items() if not k.startswith("_")}, data_rng=state["data_rng"].bit_generator.state,
+                device_rng=ta.backend.get_backend(args.device).get_rng_state(),
+                tokenizer=tokenizer_to_json(dataset.tokenizer), dataset=dataset.name, log=state["log"],
+                train_losses=state["train_losses"], elapsed=state.get("elapsed"), data_source=dataset.source)
+    if dist.world_size() > 1:                    # every rank's streams, for --resume (train/parallel.py)
+        meta.update(world_size=dist.world_size(), rank_rngs=state.get("rank_rngs"))
+    save(path, model, optimizer, meta)
 
 
 def write_text(path, text):

@@ -6,7 +6,6 @@ in one line instead. The estimate is a lower bound (what a step cannot do withou
 run that is refused would certainly not have fitted; one that passes may still run out,
 and then ``python -m train`` reports the MemoryError in one line too.
 """
-import os
 
 GiB = 2 ** 30
 

@@ -1,6 +1,7 @@
 """What a training run writes beside its checkpoints: log.csv, loss.png, the profile and trace."""
 import csv
 import io
+import json
 import math
 import os
 
@@ -56,3 +57,10 @@ def write_log(log_rows, out_dir):
     writer.writeheader()
     writer.writerows(log_rows)
     checkpoint.write_text(os.path.join(out_dir, "log.csv"), f.getvalue())
+
+
+def write_results(out_dir, log_rows, train_losses, summary, say):
+    """log.csv, loss.png and summary.json: what a run leaves beside its checkpoints."""
+    write_log(log_rows, out_dir)
+    say(write_plot(log_rows, out_dir, train_losses))
+    checkpoint.write_text(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2))

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
-REPORT = ("import tinyattn.fast.allocator as a; before = a.host_allocator; import train.loop; "
-          "train.loop.setup_process(); print(before, '|', a.host_allocator)")
+REPORT = ("import tinyattn.fast.allocator as a; before = a.host_allocator; import train.command; "
+          "train.command.setup_process(); print(before, '|', a.host_allocator)")
 
 
 def note_in_fresh_process(**env):

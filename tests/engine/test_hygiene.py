@@ -15,7 +15,9 @@ array_api_strict = pytest.importorskip("array_api_strict")
 import tinyattn as ta  # noqa: E402
 from tinyattn.backend import StrictBackend, get_backend  # noqa: E402
 from tinyattn.models import GPT, GPTConfig  # noqa: E402
+import train.command as train_command  # noqa: E402
 import train.loop as train_main  # noqa: E402
+import train.report as train_report  # noqa: E402
 
 # Array methods through which data reaches the host (implicitly or not).
 LEAKS = ("__bool__", "__float__", "__int__", "__index__", "__complex__", "__array__",
@@ -113,13 +115,13 @@ def test_the_training_loop_reads_the_loss_only_at_log_steps(transfers, monkeypat
     text = tmp_path / "tiny.txt"
     text.write_text("To be, or not to be, that is the question.\n" * 20)
     monkeypatch.setattr(train_main, "estimate_loss", lambda model, dataset, args: {"train": 1.0, "val": 1.0})
-    monkeypatch.setattr(train_main, "save_checkpoint", lambda *args, **kwargs: None)
-    monkeypatch.setattr(train_main, "write_plot", lambda rows, out_dir, train_losses=(): "no plot")
+    monkeypatch.setattr(train_main.checkpoint, "save_run", lambda *args, **kwargs: None)
+    monkeypatch.setattr(train_report, "write_plot", lambda rows, out_dir, train_losses=(): "no plot")
     argv = ["--data", str(text), "--device", "strict", "--out_dir", str(tmp_path / "run"),
             "--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--block_size", "8", "--batch_size", "4",
             "--dropout", "0.1", "--max_iters", "7", "--log_interval", "3", "--eval_interval", "100",
             "--eval_iters", "1", "--quiet", "--sample_tokens", "0"]
-    assert train_main.main(argv) == 0
+    assert train_command.main(argv) == 0
     assert transfers.implicit == [], f"implicit host copies: {transfers.implicit}"
     assert len(transfers.explicit) == 3, f"expected 3 loss reads (steps 0, 3, 6), got {transfers.explicit}"
     assert all("loop.py" in w for w in transfers.explicit), transfers.explicit

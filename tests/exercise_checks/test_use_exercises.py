@@ -13,7 +13,9 @@ import pytest
 import tinyattn as ta
 import tinyattn.nn.functional as F
 from tinyattn import ops
-from train.loop import main, parse_args, train
+from train.command import main
+from train.config import parse_args
+from train.loop import train
 
 from exercise_solutions import (attention, cross_entropy, elementwise, embedding, engine, kv_cache, layernorm,
                                 matmul, softmax, sum_to, adamw)

@@ -85,7 +85,8 @@ def fail(how, step, argv):
         return real_step(*args, **kwargs)
 
     loop.train_step = failing_step
-    return loop.main(argv)
+    from train import command
+    return command.main(argv)
 
 
 if __name__ == "__main__":

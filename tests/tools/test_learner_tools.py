@@ -328,7 +328,7 @@ SMALL = ["--n_layer", "1", "--n_head", "1", "--n_embd", "16", "--block_size", "2
 
 
 def test_train_profile_and_detect_anomaly_flags(tmp_path, capsys):
-    from train.loop import main
+    from train.command import main
     assert main(SMALL + ["--out_dir", str(tmp_path), "--profile", "--detect_anomaly"]) == 0
     out = capsys.readouterr().out
     assert "profile of steps 1-5" in out and "Linear" in out and "backward ms" in out
@@ -337,7 +337,7 @@ def test_train_profile_and_detect_anomaly_flags(tmp_path, capsys):
 
 
 def test_train_detect_anomaly_stops_a_diverging_run_in_one_line(tmp_path, capsys):
-    from train.loop import main
+    from train.command import main
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         code = main(SMALL + ["--out_dir", str(tmp_path), "--detect_anomaly", "--learning_rate", "1e30",
@@ -348,7 +348,7 @@ def test_train_detect_anomaly_stops_a_diverging_run_in_one_line(tmp_path, capsys
 
 
 def test_train_logs_perplexity(tmp_path):
-    from train.loop import main
+    from train.command import main
     assert main(SMALL + ["--out_dir", str(tmp_path)]) == 0
     summary = json.load(open(tmp_path / "summary.json"))
     assert summary["best_val_perplexity"] == pytest.approx(np.exp(summary["best_val_loss"]), rel=1e-4)

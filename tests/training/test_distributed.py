@@ -130,7 +130,7 @@ def test_each_rank_has_its_own_batch_stream_and_rank_0_keeps_the_seeds():
 
 def test_started_by_mpiexec_without_mpi4py_is_one_line_from_rank_0(text_file, tmp_path):
     code = ("import sys; sys.modules['mpi4py'] = None\n"
-            "from train.loop import main; sys.exit(main(sys.argv[1:]))")
+            "from train.command import main; sys.exit(main(sys.argv[1:]))")
     for rank, expected in (("0", "python -m train: error: started by an MPI launcher as rank 0 of 2, but mpi4py "
                                  "is not installed: pip install -e \".[dist]\"\n"), ("1", "")):
         env = dict(os.environ, PMI_SIZE="2", PMI_RANK=rank)

@@ -11,7 +11,8 @@ import tinyattn as ta
 from tinyattn.models import GPT
 from train import checkpoint
 from train.data import load_text, tokenizer_to_json
-from train.loop import estimate_loss, main
+from train.command import main
+from train.loop import estimate_loss
 from train.sample import load_model
 
 FIRST = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"

@@ -9,7 +9,7 @@ import tinyattn as ta
 from tinyattn.models import GPT, GPTConfig
 from data import coref
 from train import lesson
-from train.loop import main
+from train.command import main
 from train.data import load_coref
 
 WORDS = ["the", "animal", "was", "tired", ".", "it", "="]

@@ -12,7 +12,7 @@ from data import prepare as prep
 from tinyattn.tokenizers import BPE
 from train import checkpoint, data as train_data
 from train.data import load_coref, load_data, load_text, load_tokens, tokenizer_from_json
-from train.loop import main as train_main
+from train.command import main as train_main
 from train.sample import main as sample_main
 
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"

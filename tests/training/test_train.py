@@ -9,7 +9,7 @@ import pytest
 
 import tinyattn as ta
 from train import checkpoint
-from train.loop import main
+from train.command import main
 from train.sample import main as sample_main
 
 from training_data import REPO, TEXT, TINY      # the tiny text and model the training tests use

@@ -9,8 +9,9 @@ import pytest
 
 import tinyattn as ta
 import train.loop as program
-from train import checkpoint
-from train.loop import PRESETS, main, parse_args
+from train import checkpoint, report
+from train.command import main
+from train.config import PRESETS, parse_args
 
 from training_data import TEXT, TINY      # the tiny text and model the training tests use
 
@@ -297,7 +298,7 @@ def test_every_training_step_loss_is_kept_and_drawn(text_file, tmp_path):
     meta = checkpoint.load(str(tmp_path / "ckpt.npz"))[2]
     losses = meta["train_losses"]
     assert len(losses) == 12 and all(math.isfinite(v) for v in losses)
-    fig = program.loss_figure(plt, meta["log"], losses)
+    fig = report.loss_figure(plt, meta["log"], losses)
     lines = {line.get_label(): line for line in fig.axes[0].lines}
     assert len(lines["train (each step)"].get_xdata()) == 12
     np.testing.assert_allclose(lines["train (each step)"].get_ydata(), losses)

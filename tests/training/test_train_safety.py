@@ -13,8 +13,8 @@ import pytest
 import tinyattn as ta
 import train.loop as program
 from tinyattn.models import GPT, GPTConfig
-from train import checkpoint
-from train.loop import main
+from train import checkpoint, start
+from train.command import main
 
 from training_data import REPO, TEXT, TINY      # the tiny text and model the training tests use
 
@@ -458,7 +458,7 @@ def test_a_second_ctrl_c_in_the_final_evaluation_still_saves_every_step(text_fil
 def test_ctrl_c_before_training_began_is_one_line(text_file, tmp_path, capsys, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(program, "load_data", interrupted)
+    monkeypatch.setattr(start, "load_data", interrupted)
     assert main_caught(["--data", text_file, "--out_dir", str(tmp_path / "run"), *TINY, "--max_iters", "4"]) == 130
     assert one_error_line(capsys) == "python -m train: interrupted before training began: nothing was saved"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

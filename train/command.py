@@ -1,0 +1,82 @@
+"""python -m train as a command: one process (or each of many, under mpiexec) parses the flags,
+runs the training and turns what can go wrong into one line and an exit status."""
+import contextlib
+import os
+import sys
+
+import numpy as np
+
+import tinyattn as ta
+from tinyattn import distributed as dist
+from tinyattn.fast import tune_host_allocator
+
+from . import parallel
+from .config import parse_args
+from .loop import Diverged, Interrupted, train
+from .start import exercises_swapped_in
+
+
+def setup_process():
+    """What the training program sets for its whole process: glibc's allocator thresholds (steady
+    step times; tinyattn.fast.tune_host_allocator)."""
+    tune_host_allocator()
+
+
+def main(argv=None):
+    setup_process()
+    try:
+        dist.init()                              # under mpiexec: join the other processes
+    except RuntimeError as e:
+        if dist.launched()[1] == 0:
+            print(f"python -m train: error: {e}", file=sys.stderr)
+        return 1
+    return parallel.run_or_abort(lambda: run(argv))
+
+
+def run(argv=None):
+    """The command, in one process (of one or of many: then rank 0 alone prints)."""
+    args = parse_args(argv)
+    try:
+        dist.init(args.device)                   # --device cuda over several processes: a GPU each, and NCCL
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"), \
+                exercises_swapped_in(args.use_exercises), \
+                ta.detect_anomaly() if args.detect_anomaly else contextlib.nullcontext():
+            # a blow-up is reported once, below
+            summary = train(args)
+    except KeyboardInterrupt:                    # before the training loop began: nothing to save
+        if dist.rank() == 0:
+            print("python -m train: interrupted before training began: nothing was saved", file=sys.stderr)
+        return 130
+    except Interrupted as e:
+        print(f"python -m train: {e}", file=sys.stderr)
+        return 130
+    except (parallel.Stopped, Diverged) as e:   # every process stopped here together
+        if dist.rank() == 0:
+            print(f"python -m train: error: {e}", file=sys.stderr)
+        return 1
+    except (ValueError, OSError, KeyError, RuntimeError) as e:
+        if dist.world_size() > 1:
+            raise                                # this process's alone: run_or_abort ends the job
+        print(f"python -m train: error: {e}", file=sys.stderr)
+        return 1
+    except MemoryError as e:                     # numpy's "Unable to allocate ...", CuPy's out of memory
+        if dist.world_size() > 1:
+            raise
+        print(f"python -m train: error: out of memory: {str(e).splitlines()[0] if str(e) else 'MemoryError'} "
+              f"(lower --batch_size or --block_size, or the model's --n_embd or --n_layer)", file=sys.stderr)
+        return 1
+    if summary is None:
+        return 130
+    if dist.rank() != 0:
+        return 0
+    extra = ""
+    if "heldout_accuracy" in summary:
+        extra = (f", held-out referent accuracy {summary['heldout_accuracy']:.3f}, "
+                 f"attention on the referent {summary['heldout_attention_correct']:.3f}")
+    print(f"done: {summary['iters']} iters, best val loss {summary['best_val_loss']:.4f} "
+          f"(perplexity {summary['best_val_perplexity']:.2f}), "
+          f"val loss {summary['val_loss']:.4f}{extra}, "
+          f"{'' if 'val_bpb' not in summary else str(round(summary['val_bpb'], 4)) + ' val bits per byte, '}"
+          f"{'no steps timed' if summary['tokens_per_s'] is None else str(summary['tokens_per_s']) + ' tokens/s'}, "
+          f"{summary['wall_s']:.0f} s; wrote {os.path.join(args.out_dir, 'summary.json')}")
+    return 0

@@ -1,0 +1,103 @@
+"""Starting a run of python -m train: the data, the model and its optimizer (new, fine-tuned from
+another model, or as a checkpoint left them), and the learner's pieces for --use_exercises."""
+import contextlib
+import math
+import os
+
+import numpy as np
+
+import tinyattn as ta
+from tinyattn import distributed as dist
+from tinyattn.models import GPT, GPTConfig
+
+from . import checkpoint, finetune, memory, parallel
+from .config import check_resume, schedule_ended
+from .data import load_coref, load_data
+
+
+def setup(args):
+    """The data, the model and its optimizer, and the run's state: new, or as out_dir/ckpt.npz
+    left them with --resume. -> (dataset, model, optimizer, state, meta); meta is the
+    checkpoint's (None for a new run)."""
+    ckpt_path = os.path.join(args.out_dir, "ckpt.npz")
+    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
+        raise ValueError(f"--out_dir {args.out_dir} is a file, not a folder")
+    pretrained = finetune.load_pretrained(args) if args.init_from else None   # (refuses its own out_dir first)
+    replaced = None if args.resume else checkpoint.refuse_to_replace(args.out_dir, args.overwrite)
+    tokenizer = pretrained.tokenizer if pretrained else finetune.resumed_tokenizer(ckpt_path) if args.resume else None
+    dataset = load_data(args.data, tokenizer) if args.data else load_coref(seed=0, layout=args.layout)
+    if pretrained:
+        args._notes = [*getattr(args, "_notes", []), finetune.fit_args(args, pretrained, dataset)]
+    device_backend = ta.backend.get_backend(args.device)      # a clear error when CUDA is missing
+    ta.manual_seed(args.seed)
+
+    config = GPTConfig(block_size=args.block_size, vocab_size=dataset.tokenizer.vocab_size, n_layer=args.n_layer,
+                       n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, bias=args.bias,
+                       init=args.init, head_dropout=args.head_dropout)
+    state = dict(step=0, best_val_loss=math.inf, data_rng=np.random.default_rng(args.seed), log=[],
+                 train_losses=[], saved_step=None, time_before=0.0)
+    meta = None
+    if args.resume:
+        model_state, optim_state, meta = checkpoint.load(ckpt_path)
+        check_resume(args, meta, dataset)
+        config = GPTConfig(**meta["config"])
+    if device_backend.on_host:                  # refused before it is allocated, in one line
+        tokens_per_row = dataset.rows["train"].shape[1] - 1 if dataset.rows is not None else config.block_size
+        memory.check_fits(config, args.batch_size // dist.world_size(), tokens_per_row)
+    model = (pretrained.model if pretrained else GPT(config)).to(args.device)
+    optimizer = model.configure_optimizer(args.weight_decay, args.learning_rate, (args.beta1, args.beta2))
+    if args.resume:
+        model.load_state_dict(model_state)
+        optimizer.load_state_dict(optim_state)
+        state.update(step=meta["step"], best_val_loss=meta["best_val_loss"], log=meta["log"], saved_step=meta["step"],
+                     time_before=meta.get("elapsed") or (meta["log"][-1]["time"] if meta["log"] else 0.0),
+                     train_losses=(meta.get("train_losses", []) + [None] * meta["step"])[:meta["step"]])
+        state["data_rng"].bit_generator.state = meta["data_rng"]
+        device_backend.set_rng_state(meta["device_rng"])
+        if (meta.get("device_rng") is None or device_backend.get_rng_state() is None) and \
+                (config.dropout or config.head_dropout):
+            device_backend.seed(parallel.device_seed(args.seed, 0, state["step"]))     # not the first steps' masks again
+            args._notes = [*getattr(args, "_notes", ()), f"the dropout generator's state was not saved ({args.device} "
+                           "cannot export it): the resumed run draws its masks from a new stream, so it is not the "
+                           "uninterrupted run to the bit (that needs --dropout 0 and --head_dropout 0 there)"]
+    if replaced and dist.rank() == 0:
+        checkpoint.remove_run(args.out_dir)
+        args._notes = [*getattr(args, "_notes", ()), replaced]
+    os.makedirs(args.out_dir, exist_ok=True)
+    return dataset, model, optimizer, state, meta
+
+
+def exercises_swapped_in(wanted):
+    """--use_exercises: the learner's passing pieces replace the library's for this run."""
+    if not wanted:
+        return contextlib.nullcontext()
+    try:
+        from exercises.checking.swap import use_exercises
+    except ImportError as e:
+        raise OSError(f"--use_exercises needs the exercises/ folder: run from the repository root ({e})") from None
+    return use_exercises()
+
+
+def announce(args, state, meta, dataset, model, ckpt_path, say):
+    """What the run is about to do, before its first step: the notes the set-up left (rank 0
+    prints them), a resumed run with nothing to train or past its schedule's end, the data
+    and the model, and under mpiexec who does what."""
+    world, root = dist.world_size(), dist.rank() == 0
+    for note in getattr(args, "_notes", ()) if root else ():
+        print(f"python -m train: note: {note}")
+    if args.resume and state["step"] >= args.max_iters and root:
+        print(f"python -m train: note: {ckpt_path} is at step {state['step']}, not below --max_iters "
+              f"{args.max_iters}: nothing to train (raise --max_iters to continue)")
+    elif args.resume and root and schedule_ended(args, state["step"], meta):
+        flat_from = max(state["step"], args.lr_decay_iters)
+        print(f"python -m train: note: the learning rate schedule ends at --lr_decay_iters {args.lr_decay_iters}: "
+              f"steps {flat_from} to {args.max_iters - 1} {'all ' if flat_from == state['step'] else ''}run at "
+              f"--min_lr {args.min_lr:g} (pass --lr_decay_iters {args.max_iters} for a schedule that ends at --max_iters)")
+    say(f"{dataset.name}: {len(dataset.train):,} train / {len(dataset.val):,} val tokens, vocab "
+        f"{model.config.vocab_size}; model {model.num_parameters() / 1e6:.2f}M parameters on {args.device}")
+    pids = dist.gather_object(os.getpid())      # a process that dies is named by its pid (mpiexec says which)
+    if world > 1 and root:
+        threads = f" (OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']})" if "OMP_NUM_THREADS" in os.environ else ""
+        print(f"python -m train: data parallel over {world} processes, {args.batch_size // world} of the "
+              f"{args.batch_size} rows of each batch on each{threads}; "
+              f"ranks {', '.join(f'{r}: pid {p}' for r, p in enumerate(pids))}", flush=True)

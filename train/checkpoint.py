@@ -16,11 +16,14 @@ import numpy as np
 import tinyattn as ta
 from tinyattn import distributed as dist
 
+from . import lora
 from .data import tokenizer_to_json
 
 
-def save(path, model, optimizer, meta):
-    arrays = {f"model/{name}": t.numpy() for name, t in model.state_dict().items()}
+def save(path, model, optimizer, meta, state=None):
+    """Write the checkpoint: ``state`` (default: the model's state_dict), the optimizer's state, meta."""
+    state = model.state_dict() if state is None else state
+    arrays = {f"model/{name}": t.numpy() for name, t in state.items()}
     opt = optimizer.state_dict()
     for i, values in opt["state"].items():
         for key, value in values.items():
@@ -56,7 +59,7 @@ def save_run(path, model, optimizer, state, args, dataset):
                 train_losses=state["train_losses"], elapsed=state.get("elapsed"), data_source=dataset.source)
     if dist.world_size() > 1:                    # every rank's streams, for --resume (train/parallel.py)
         meta.update(world_size=dist.world_size(), rank_rngs=state.get("rank_rngs"))
-    save(path, model, optimizer, meta)
+    save(path, model, optimizer, meta, lora.merged_state(model) if args.lora_rank else None)
 
 
 def write_text(path, text):

@@ -103,6 +103,10 @@ def build_parser():
     p.add_argument("--init_from", metavar="PATH",
                    help="fine-tune: start a new run from a trained model (a checkpoint, or a Hugging Face GPT-2 "
                         "folder written by GPT.export_hf), with its vocabulary and a fresh optimizer")
+    p.add_argument("--lora_rank", type=at_least(1), metavar="R",
+                   help="with --init_from: train low-rank adapters of rank R (your LoRALinear, exercise 17) "
+                        "around each block's attn.c_attn, every other weight frozen")
+    p.add_argument("--lora_alpha", type=float, metavar="A", help="the adapters' scale is A / R (default A = R)")
     p.add_argument("--overwrite", action="store_true",
                    help="start a new run in an --out_dir that holds one (its checkpoints and logs are deleted first)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, or strict (the test stand-in for a GPU)")
@@ -178,6 +182,10 @@ def validate_args(args):
         problems.append("--resume continues the run in --out_dir, --overwrite replaces it: give one of them")
     if args.data and args.layout:
         problems.append("--layout is for the 'it' corpus only, not with --data")
+    if args.lora_rank and not args.init_from:
+        problems.append("--lora_rank adapts a trained model: give it with --init_from PATH")
+    if args.lora_alpha is not None and not args.lora_rank:
+        problems.append("--lora_alpha is the scale of --lora_rank's adapters: give --lora_rank too")
     for name in AT_LEAST_1:
         if getattr(args, name) < 1:
             problems.append(f"--{name} must be at least 1, got {getattr(args, name)}")
@@ -234,6 +242,10 @@ def check_resume(args, meta, dataset):
     checkpoint's values, so the summary describes the model that is trained."""
     where = os.path.join(args.out_dir, "ckpt.npz")
     trained_on = (meta.get("args") or {}).get("data")
+    lora_rank = (meta.get("args") or {}).get("lora_rank")
+    if lora_rank:
+        raise ValueError(f"--resume: {where} holds the merged weights of a LoRA run, not its adapters: start "
+                         f"again from it with --init_from {where} --lora_rank {lora_rank} (and another --out_dir)")
     if meta.get("dataset") == "coref" and args.data:
         raise ValueError(f"--resume: {where} was trained on the lesson corpus, not on --data {args.data}: "
                          "drop --data, or use another --out_dir")

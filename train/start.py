@@ -10,7 +10,7 @@ import tinyattn as ta
 from tinyattn import distributed as dist
 from tinyattn.models import GPT, GPTConfig
 
-from . import checkpoint, finetune, memory, parallel
+from . import checkpoint, finetune, lora, memory, parallel
 from .config import check_resume, schedule_ended
 from .data import load_coref, load_data
 
@@ -44,7 +44,12 @@ def setup(args):
     if device_backend.on_host:                  # refused before it is allocated, in one line
         tokens_per_row = dataset.rows["train"].shape[1] - 1 if dataset.rows is not None else config.block_size
         memory.check_fits(config, args.batch_size // dist.world_size(), tokens_per_row)
-    model = (pretrained.model if pretrained else GPT(config)).to(args.device)
+    model = pretrained.model if pretrained else GPT(config)
+    if args.lora_rank:                          # only the adapters train: your LoRALinear (train/lora.py)
+        trained = lora.adapt(model, lora.lora_linear(), args.lora_rank, args.lora_alpha)
+        args._notes = [*getattr(args, "_notes", ()), f"--lora_rank {args.lora_rank}: {trained:,} adapter "
+                       f"parameters train, the model's {model.num_parameters() - trained:,} are frozen"]
+    model = model.to(args.device)
     optimizer = model.configure_optimizer(args.weight_decay, args.learning_rate, (args.beta1, args.beta2))
     if args.resume:
         model.load_state_dict(model_state)

@@ -188,3 +188,49 @@ def test_a_word_model_is_not_fine_tuned_on_characters(texts, tmp_path, capsys):
     code = main(["--data", texts["second"], "--out_dir", str(tmp_path / "x"), "--init_from", str(tmp_path / "coref"),
                  "--quiet"])
     assert "the model reads words" in one_line_error(capsys, 1, code)
+
+
+# ---------------------------------------------------------------- --lora_rank
+@pytest.fixture
+def reference_lora(monkeypatch):
+    """--lora_rank trains the learner's LoRALinear once exercise 17 passes: here, the reference solution's."""
+    from exercise_solutions import lora as solution
+    from train import lora
+    monkeypatch.setattr(lora, "lora_linear", lambda: solution.LoRALinear)
+    return solution.LoRALinear
+
+
+def test_lora_trains_only_the_adapters_and_saves_a_plain_gpt(texts, trained, tmp_path, reference_lora, capsys):
+    out = tmp_path / "lora"
+    assert finetune(texts, trained / "ckpt.npz", out, "--lora_rank", "2", "--lora_alpha", "4") == 0
+    assert "--lora_rank 2: 128 adapter parameters train" in capsys.readouterr().out   # 2 * (16 + 48) a block
+    before, _, _ = checkpoint.load(str(trained / "ckpt.npz"))
+    after, _, meta = checkpoint.load(str(out / "ckpt.npz"))
+    assert set(after) == set(before)                     # a plain GPT's names: sample, explore, export read it
+    changed = sorted(k for k in before if not np.array_equal(before[k], after[k]))
+    assert changed == ["h.0.attn.c_attn.weight"]         # frozen everywhere else; the adapters merged in there
+    model, tokenizer = load_model(str(out))              # the merged model scores what the run measured
+    dataset = load_text(texts["second"], tokenizer)
+    final = log_rows(out)[-1]
+    assert estimate_loss(model, dataset, eval_args())["val"] == pytest.approx(final["val_loss"], abs=2e-6)
+
+
+def test_lora_needs_init_from_and_a_lora_run_is_not_resumed(texts, trained, tmp_path, reference_lora, capsys):
+    with pytest.raises(SystemExit) as refused:             # a flag problem: one line, as argparse's
+        main(["--data", texts["second"], "--out_dir", str(tmp_path / "a"), *TINY, "--lora_rank", "2"])
+    assert refused.value.code == 2
+    assert "--lora_rank adapts a trained model: give it with --init_from PATH" in capsys.readouterr().err
+    out = tmp_path / "lora"
+    assert finetune(texts, trained / "ckpt.npz", out, "--lora_rank", "2") == 0
+    capsys.readouterr()
+    assert main(["--data", texts["second"], "--out_dir", str(out), "--resume", "--max_iters", "30"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "holds the merged weights of a LoRA run" in err and "--init_from" in err
+
+
+def test_lora_waits_for_the_learners_exercise(texts, trained, tmp_path, capsys):
+    """Without a passing exercises/lora.py, the flag says what to write, in one line."""
+    code = finetune(texts, trained / "ckpt.npz", tmp_path / "lora", "--lora_rank", "2")
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and len(err.splitlines()) == 1
+    assert "--lora_rank trains your LoRALinear (exercise 17 of EXERCISES.md, exercises/lora.py)" in err

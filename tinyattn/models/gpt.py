@@ -131,9 +131,10 @@ class GPT(nn.Module):
         return hf.from_hf(cls, folder, **overrides)
 
     def configure_optimizer(self, weight_decay, learning_rate, betas):
-        """AdamW that decays matrices (ndim >= 2) only: not biases or LayerNorm weights."""
+        """AdamW over the parameters that train (requires_grad), decaying matrices (ndim >= 2)
+        only: not biases or LayerNorm weights."""
         from ..optim import AdamW
-        params = self.parameters()
+        params = [p for p in self.parameters() if p.requires_grad]
         decay = [p for p in params if p.ndim >= 2]
         no_decay = [p for p in params if p.ndim < 2]
         return AdamW([{"params": decay, "weight_decay": weight_decay},

@@ -190,7 +190,7 @@ class MatMul(Function):
                 sum_to(a.mT @ g, b.shape) if db else None)    # (..., k, m)
 
 
-def check_same_kind(op, *tensors):
+def check_same_dtype(op, *tensors):
     """Layers and matmul do not mix dtypes, as in PyTorch: ids fed to a Linear layer by
     mistake, or a float64 input to float32 weights, would otherwise give a float64 result
     silently. (Elementwise ops promote instead: float32 + float64 is float64.)"""
@@ -210,7 +210,7 @@ def matmul(a, b):
     """numpy's matmul rules: a 1-d operand gains a dim of 1, which is dropped after."""
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError(f"matmul needs at least 1-d operands, got shapes {a.shape} and {b.shape}")
-    check_same_kind("matmul", a, b)
+    check_same_dtype("matmul", a, b)
     if a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]:
         raise ValueError(f"matmul: shapes {a.shape} and {b.shape} do not fit "
                          f"({a.shape[-1]} != {b.shape[-2 if b.ndim > 1 else 0]})")

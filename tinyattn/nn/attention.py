@@ -13,7 +13,7 @@ values of the tokens generated so far.
 import math
 
 from ..autograd import Function
-from ..ops import MaskedSoftmax, cat, causal_mask, check_same_kind, constant, masked_softmax, matrix_transpose, softmax
+from ..ops import MaskedSoftmax, cat, causal_mask, check_same_dtype, constant, masked_softmax, matrix_transpose, softmax
 from ..tensor import ones
 from .flash import flash_attention
 from .functional import dropout
@@ -66,7 +66,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropo
     """
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise ValueError(f"scaled_dot_product_attention: q {q.shape}, k {k.shape} and v {v.shape} do not fit")
-    check_same_kind("scaled_dot_product_attention", q, k, v)
+    check_same_dtype("scaled_dot_product_attention", q, k, v)
     if attention_impl(q, k, attn_mask, dropout_p, return_weights, impl) == "tiled":
         if return_weights:
             raise ValueError("scaled_dot_product_attention: impl='tiled' never builds the weights, so it "

@@ -8,7 +8,7 @@ twice. As in ops.py, each is only its formula: the fast layer
 """
 from ..autograd import Function, is_tensor
 from ..ops import (constant, gelu as _gelu, softmax, log_softmax, logsumexp,  # noqa: F401 (softmax family: F.*)
-                   stable_exp, check_float, check_same_kind)
+                   stable_exp, check_float, check_same_dtype)
 
 __all__ = ["softmax", "log_softmax", "logsumexp", "cross_entropy", "embedding", "layer_norm",
            "dropout", "gelu", "relu", "linear", "scaled_dot_product_attention",
@@ -143,7 +143,7 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, fused=True
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if len(shape) != 1 or x.shape[-1:] != shape:
         raise ValueError(f"layer_norm: normalized_shape {shape} does not match input shape {x.shape}")
-    check_same_kind("layer_norm", x, *[t for t in (weight, bias) if t is not None])
+    check_same_dtype("layer_norm", x, *[t for t in (weight, bias) if t is not None])
     check_float("layer_norm", x)
     if weight is None:
         weight = constant(x, x.backend.full(shape, 1, x.dtype))
@@ -198,7 +198,7 @@ class Linear(Function):
 
 def linear(x, weight, bias=None):
     """x @ weight.T + bias, with weight (out, in) as in PyTorch."""
-    check_same_kind("linear", x, weight, *([] if bias is None else [bias]))
+    check_same_dtype("linear", x, weight, *([] if bias is None else [bias]))
     if x.ndim == 0 or weight.ndim != 2 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"linear: input {x.shape} and weight {weight.shape} do not fit "
                          "(expected (..., in) and (out, in))")

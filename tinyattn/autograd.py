@@ -22,6 +22,7 @@ class _GradMode(threading.local):
     """Whether ops record a graph: one flag per thread, as in PyTorch, so a thread that runs
     backward (which records nothing) does not switch recording off in another thread."""
     enabled = True
+    inference = None        # inside ta.inference_mode(): an object that names the block; else None
 
 
 _grad_mode = _GradMode()
@@ -61,6 +62,9 @@ def set_grad_enabled(mode):
 class no_grad(contextlib.ContextDecorator):
     """``with ta.no_grad():`` or ``@ta.no_grad()``: ops record no graph."""
 
+    def _recreate_cm(self):               # a decorated function's calls (in two threads, say) each get their own
+        return type(self)()
+
     def __enter__(self):
         self._cm = set_grad_enabled(False)
         self._cm.__enter__()
@@ -77,6 +81,29 @@ class enable_grad(no_grad):
 
 def is_grad_enabled():
     return _grad_mode.enabled
+
+
+class inference_mode(no_grad):
+    """``with ta.inference_mode():`` or ``@ta.inference_mode()``: run a trained model. No graph,
+    as no_grad, and a promise that no parameter changes in place inside the block, so the fast
+    layer may keep what it derives from the weights (a copy laid out as its products run
+    fastest) until the block ends. GPT.generate runs in it."""
+
+    def __enter__(self):
+        super().__enter__()
+        self._outermost = _grad_mode.inference is None
+        if self._outermost:
+            _grad_mode.inference = object()                 # a new name for each outermost block
+
+    def __exit__(self, *exc):
+        if self._outermost:
+            _grad_mode.inference = None
+        return super().__exit__(*exc)
+
+
+def inference_block():
+    """The ta.inference_mode() block that runs now (an object that names it), or None."""
+    return _grad_mode.inference
 
 
 # --------------------------------------------------------------------------
@@ -138,7 +165,7 @@ class Function:
 
     @classmethod
     def apply(cls, *inputs, **params):
-        backend = _common_backend(inputs, cls.__name__)
+        backend = _common_backend(inputs, cls)
         ctx = backend.fast_ops.get(cls, cls)()        # the fast layer's version of the op, if it has one
         ctx.backend, ctx.xp = backend, backend.xp
         arrays = [t.data for t in inputs]
@@ -156,21 +183,29 @@ class Function:
             raise better from None
         if type(data) is tuple:
             return _several_outputs(ctx, inputs, data)
-        data = forward_result(ctx, data)
-        requires_grad = _grad_mode.enabled and any(t.requires_grad for t in inputs)
-        out = _Tensor._make(data, ctx.backend, requires_grad)     # forward may move ctx to another device
-        if requires_grad:
-            ctx.parents = inputs
-            ctx.needs_input_grad = tuple(t.requires_grad for t in inputs)
-            ctx._output = weakref.ref(out)
-            out.grad_fn = ctx
+        if type(data) is not backend.array_type:                  # (a numpy scalar, or not an array)
+            data = forward_result(ctx, data)
+        if not (_grad_mode.enabled and _any_requires_grad(inputs)):
+            return _Tensor._make(data, ctx.backend)               # no graph: forward may move ctx to another device
+        out = _Tensor._make(data, ctx.backend, True)
+        ctx.parents = inputs
+        ctx.needs_input_grad = tuple(t.requires_grad for t in inputs)
+        ctx._output = weakref.ref(out)
+        out.grad_fn = ctx
         return out
+
+
+def _any_requires_grad(tensors):
+    for t in tensors:
+        if t.requires_grad:
+            return True
+    return False
 
 
 def _several_outputs(ctx, inputs, arrays):
     """apply for a forward that returned a tuple: one Tensor per array, all made by ``ctx``."""
     arrays = [forward_result(ctx, a) for a in arrays]
-    requires_grad = _grad_mode.enabled and any(t.requires_grad for t in inputs)
+    requires_grad = _grad_mode.enabled and _any_requires_grad(inputs)
     outs = tuple(_Tensor._make(a, ctx.backend, requires_grad) for a in arrays)
     if requires_grad:
         ctx.parents = inputs
@@ -196,18 +231,21 @@ def forward_result(ctx, data):
     return array
 
 
-def _common_backend(tensors, op_name):
-    if not tensors:
-        raise TypeError(f"{op_name}.apply needs at least one Tensor input")
+def _common_backend(tensors, op):
+    """The backend (device) that every input Tensor of ``op`` is on; an error naming the op when
+    an input is not a Tensor or the inputs are on two devices."""
+    backend = None
     for i, t in enumerate(tensors):
-        if not is_tensor(t):
-            raise TypeError(f"{op_name}.apply: input {i} is a {type(t).__name__}, not a Tensor "
+        if not isinstance(t, _Tensor):
+            raise TypeError(f"{op.__name__}.apply: input {i} is a {type(t).__name__}, not a Tensor "
                             "(pass other values as keyword arguments)")
-    backend = tensors[0].backend
-    for t in tensors[1:]:
-        if t.backend is not backend:
-            raise RuntimeError(f"{op_name}: expected all tensors on one device, "
-                               f"found {backend.name} and {t.backend.name}")
+        if backend is None:
+            backend = t._backend
+        elif t._backend is not backend:
+            raise RuntimeError(f"{op.__name__}: expected all tensors on one device, "
+                               f"found {backend.name} and {t._backend.name}")
+    if backend is None:
+        raise TypeError(f"{op.__name__}.apply needs at least one Tensor input")
     return backend
 
 

@@ -65,6 +65,8 @@ def normalize_dim(dim, ndim, op):
     """``dim`` as an index in [0, ndim), negative dims counting from the end; an IndexError
     naming ``op`` when it is out of range (a 0-d tensor takes 0 and -1, as in PyTorch)."""
     n = max(ndim, 1)
+    if type(dim) is int and -n <= dim < n:                  # the usual case, at once
+        return dim % n
     if not isinstance(dim, int) and not (hasattr(dim, "__index__") and not hasattr(dim, "shape")):
         raise TypeError(f"{op}: dim must be an int (or a tuple of ints), got {describe(dim)}")
     dim = int(dim)
@@ -194,9 +196,13 @@ def check_same_dtype(op, *tensors):
     """Layers and matmul do not mix dtypes, as in PyTorch: ids fed to a Linear layer by
     mistake, or a float64 input to float32 weights, would otherwise give a float64 result
     silently. (Elementwise ops promote instead: float32 + float64 is float64.)"""
-    dtypes = [t.dtype for t in tensors]
-    if all(d == dtypes[0] for d in dtypes):
+    first = tensors[0].dtype
+    for t in tensors:
+        if t.dtype != first:
+            break
+    else:
         return
+    dtypes = [t.dtype for t in tensors]
     names = " and ".join(str(d) for d in dict.fromkeys(dtypes))             # each dtype once, in order
     if all(d.kind == "f" for d in dtypes):
         raise TypeError(f"{op}: got {names} tensors; convert one so both match (.float() or .double()): "
@@ -430,11 +436,12 @@ class Reshape(Function):
 
 class Permute(Function):
     def forward(self, a, dims):
-        self.inverse = tuple(sorted(range(len(dims)), key=dims.__getitem__))
+        self.dims = dims
         return self.xp.permute_dims(a, dims)
 
     def backward(self, g):
-        return g.permute(self.inverse)
+        inverse = tuple(sorted(range(len(self.dims)), key=self.dims.__getitem__))   # where each dim went
+        return g.permute(inverse)
 
 
 class Expand(Function):

@@ -3,6 +3,8 @@
 A Tensor wraps one backend array. Its methods are thin: each calls an op
 from ``ops.py``, and the engine in ``autograd.py`` records it.
 """
+from numpy import dtype as _np_dtype
+
 from . import autograd, ops as _ops
 from .backend import get_backend, float32, float64, int64, dtype_of_host, is_device, seed_all
 
@@ -34,7 +36,9 @@ class Tensor:
     def _make(cls, data, backend, requires_grad=False):
         """Wrap an array already on ``backend``: no copy, no conversion."""
         t = cls.__new__(cls)
-        t._init(data, backend, requires_grad)
+        t.data, t._backend, t.requires_grad = data, backend, requires_grad     # (_init, inlined: every op makes one)
+        t.grad = t.grad_fn = None
+        t.retains_grad = False
         return t
 
     # --- what it is ---
@@ -48,7 +52,8 @@ class Tensor:
 
     @property
     def dtype(self):
-        return self._backend.dtype_of(self.data)
+        dtype = self.data.dtype                      # numpy's and CuPy's arrays: a numpy dtype already
+        return dtype if isinstance(dtype, _np_dtype) else self._backend.dtype_of(self.data)
 
     @property
     def device(self):
@@ -404,7 +409,7 @@ class Tensor:
         dim0, dim1 = _ops.normalize_dim(dim0, self.ndim, "transpose"), _ops.normalize_dim(dim1, self.ndim, "transpose")
         dims = list(range(self.ndim))
         dims[dim0], dims[dim1] = dims[dim1], dims[dim0]
-        return self.permute(dims)
+        return _ops.Permute.apply(self, dims=tuple(dims))
 
     @property
     def T(self):

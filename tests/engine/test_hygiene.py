@@ -58,7 +58,7 @@ class Transfers:
                 counter._inside_to_numpy = False
 
         monkeypatch.setattr(StrictBackend, "to_numpy", to_numpy)
-        array_type = get_backend("strict")._array_type
+        array_type = get_backend("strict").array_type
 
         def wrap(name):
             original = getattr(array_type, name)

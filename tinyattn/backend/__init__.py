@@ -59,6 +59,7 @@ class Backend:
     use_kernels = True      # False: the fast ops decline every kernel (to compare them with the formulas)
     fast_ops = {}           # teaching Function class -> the fast layer's subclass (empty: the formulas run)
     load_kernels = None     # () -> {name: kernel}: set by the fast layer, called on first use
+    array_type = None       # the class of this device's arrays (is_array says yes to its subclasses too)
     _kernels = None
 
     # --- data in and out -------------------------------------------------
@@ -141,6 +142,8 @@ class NumpyBackend(Backend):
     ufunc_out = True
     setitem_basic = True
 
+    array_type = np.ndarray
+
     def __init__(self):
         self.xp = np
         self.seed(0)
@@ -164,7 +167,7 @@ class NumpyBackend(Backend):
         return view
 
     def is_array(self, a):
-        return isinstance(a, np.ndarray)
+        return isinstance(a, np.ndarray)   # (np.memmap too)
 
     def index_add(self, target, index, values):
         """target[index] += values, counting repeated indices (never ``x[idx] += v``)."""
@@ -232,6 +235,7 @@ class CupyBackend(Backend):
         import cupy
         import cupyx.scipy.special
         self.xp = cupy
+        self.array_type = cupy.ndarray
         self._erf = cupyx.scipy.special.erf
         self.use_kernels = os.environ.get("TINYATTN_FUSED", "1") != "0"
         self.seed(0)
@@ -311,7 +315,7 @@ class StrictBackend(Backend):
         import array_api_strict
         self.xp = array_api_strict
         self.device = array_api_strict.Device("device1")
-        self._array_type = type(array_api_strict.asarray(0))
+        self.array_type = type(array_api_strict.asarray(0))
         self._to_np = {getattr(array_api_strict, n): np.dtype(n) for n in DTYPES if hasattr(array_api_strict, n)}
         self._from_np = {v: k for k, v in self._to_np.items()}
         self.seed(0)
@@ -339,7 +343,7 @@ class StrictBackend(Backend):
         return self.xp.arange(n, device=self.device)
 
     def is_array(self, a):
-        return isinstance(a, self._array_type)
+        return isinstance(a, self.array_type)
 
     def _linear_index(self, shape, index):
         """Where ``a[index]`` reads, as flat positions (a host computation)."""

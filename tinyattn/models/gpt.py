@@ -5,7 +5,7 @@ B batch, T time (tokens), C channels (n_embd), H heads, V vocabulary.
 import math
 from dataclasses import dataclass, asdict
 
-from ..autograd import no_grad
+from ..autograd import inference_mode
 from ..tensor import arange, randn, tensor, zeros_like
 from ..ops import cat
 from ..backend import get_backend, host_rng
@@ -140,7 +140,7 @@ class GPT(nn.Module):
         return AdamW([{"params": decay, "weight_decay": weight_decay},
                       {"params": no_decay, "weight_decay": 0.0}], lr=learning_rate, betas=betas)
 
-    @no_grad()
+    @inference_mode()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True, stop=None):
         """Sample ``max_new_tokens`` tokens after ``idx`` (B, T) and return (B, T + new).
 

@@ -143,7 +143,10 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, fused=True
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if len(shape) != 1 or x.shape[-1:] != shape:
         raise ValueError(f"layer_norm: normalized_shape {shape} does not match input shape {x.shape}")
-    check_same_dtype("layer_norm", x, *[t for t in (weight, bias) if t is not None])
+    if weight is not None and bias is not None:
+        check_same_dtype("layer_norm", x, weight, bias)
+    else:
+        check_same_dtype("layer_norm", x, *[t for t in (weight, bias) if t is not None])
     check_float("layer_norm", x)
     if weight is None:
         weight = constant(x, x.backend.full(shape, 1, x.dtype))
@@ -198,12 +201,16 @@ class Linear(Function):
 
 def linear(x, weight, bias=None):
     """x @ weight.T + bias, with weight (out, in) as in PyTorch."""
-    check_same_dtype("linear", x, weight, *([] if bias is None else [bias]))
-    if x.ndim == 0 or weight.ndim != 2 or x.shape[-1] != weight.shape[1]:
-        raise ValueError(f"linear: input {x.shape} and weight {weight.shape} do not fit "
+    if bias is None:
+        check_same_dtype("linear", x, weight)
+    else:
+        check_same_dtype("linear", x, weight, bias)
+    x_shape, w_shape = x.shape, weight.shape
+    if not x_shape or len(w_shape) != 2 or x_shape[-1] != w_shape[1]:
+        raise ValueError(f"linear: input {x_shape} and weight {w_shape} do not fit "
                          "(expected (..., in) and (out, in))")
-    if bias is not None and bias.shape != weight.shape[:1]:
-        raise ValueError(f"linear: bias {bias.shape} does not fit weight {weight.shape} (expected ({weight.shape[0]},))")
+    if bias is not None and bias.shape != w_shape[:1]:
+        raise ValueError(f"linear: bias {bias.shape} does not fit weight {w_shape} (expected ({w_shape[0]},))")
     return Linear.apply(x, weight) if bias is None else Linear.apply(x, weight, bias)
 
 

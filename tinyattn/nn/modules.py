@@ -172,12 +172,14 @@ def expect_shape(module, x, pattern, words):
     """Check a module's input: a Tensor whose shape fits ``pattern`` (ints must match, None is
     any size, a leading ... any number of dims). Else an error such as
     ``MultiHeadAttention expects (B, T, C) with C = 8, got (5, 8)``."""
+    if pattern[0] is ... and len(pattern) == 2 and isinstance(x, Tensor) and x.shape[-1:] == pattern[1:]:
+        return                                           # (..., n): the common case, checked at once
     name = type(module).__name__
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} expects a Tensor {words}, got {type(x).__name__}")
     dims = pattern[1:] if pattern[0] is ... else pattern
     shape = x.shape[len(x.shape) - len(dims):] if pattern[0] is ... else x.shape
-    if len(shape) != len(dims) or any(d is not None and d != n for d, n in zip(dims, shape)):
+    if len(shape) != len(dims) or not all([d is None or d == n for d, n in zip(dims, shape)]):
         sizes = ", ".join(f"{w.strip('. ')} = {d}" for w, d in zip(words.strip("()").split(", ")[-len(dims):], dims)
                           if d is not None)
         raise ValueError(f"{name} expects {words}{' with ' + sizes if sizes else ''}, got {x.shape}")

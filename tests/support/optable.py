@@ -316,6 +316,14 @@ def _heads_attention(x, n_head):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+def _heads_attention_transposed(x, n_head):
+    """The same, with the heads cut as nn.MultiHeadAttention cuts them: (B, T, 3H, D) seen as
+    (B, 3H, T, D), then split into q, k, v (their gradients join without a copy: fast Split)."""
+    B, T, C = x.shape[0], x.shape[1], x.shape[2] // 3
+    q, k, v = x.view(B, T, 3 * n_head, C // n_head).transpose(1, 2).split(n_head, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 def _flash_mask(rng, t_q, t_k):
     m = rng.random((t_q, t_k)) > 0.3
     m[4] = False                                                  # a query that may see no key
@@ -361,8 +369,14 @@ KERNEL_CASES = [
                                                                                        "softmax_backward"},
                lambda r: [_with_minus_inf(4 * normal(r, 2, 5, 7)), np.array([[True] * 7] * 3 + [[True] * 6 + [False]] * 2)],
                fn=lambda x, m: ops.MaskedSoftmax.apply(x, m)),
-    KernelCase("softmax_backward (softmax over the last dim)", {"softmax_backward"},
+    KernelCase("softmax over the last dim", {"softmax", "softmax_backward"},
                lambda r: [5 * normal(r, 6, 4, 33)], fn=lambda a: F.softmax(a, -1)),
+    KernelCase("softmax, -inf among finite scores", {"softmax", "softmax_backward"},
+               lambda r: [_with_minus_inf(3 * normal(r, 2, 5, 7))[:, [0, 2, 3, 4]]], fn=lambda a: F.softmax(a, -1)),
+    KernelCase("softmax over rows of one", {"softmax", "softmax_backward"},
+               lambda r: [normal(r, 3, 7, 1)], fn=lambda a: F.softmax(a, -1)),
+    KernelCase("attention causal T=40, heads cut from a transposed qkv buffer", {"attention", "attention_backward"},
+               lambda r: [normal(r, 2, 40, 3 * 2 * 8)], fn=lambda x: _heads_attention_transposed(x, 2)),
     KernelCase("flash attention, causal, T not a multiple of the tile", {"attention_tile_softmax_",
                                                                           "attention_tile_backward_"},
                lambda r: [normal(r, 2, 2, 45, 8), normal(r, 2, 2, 45, 8), normal(r, 2, 2, 45, 8)],

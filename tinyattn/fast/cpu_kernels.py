@@ -17,7 +17,8 @@ then runs its own formula.
 
     gelu_tanh, gelu_tanh_backward          elementwise, one pass
     layer_norm, layer_norm_backward        one row at a time
-    masked_softmax, softmax_backward       one row at a time (the row's max, exp, sum in the row)
+    softmax, masked_softmax                one row at a time (the row's max, exp, sum in the row)
+    softmax_backward                       one row at a time
     index_add_rows                         embedding's backward: one pass over the rows
     cross_entropy, cross_entropy_backward  one row at a time
     adamw_                                 elementwise: p, m, v updated in place
@@ -42,7 +43,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
-from .threads import split
+from .threads import MIN_WORK, split
 
 # Every kernel: compiled on first call and cached on disk; division by zero gives inf
 # as in numpy (no Python-style check, which would stop the loops from vectorising);
@@ -115,12 +116,33 @@ def _real_by_type(c, like):
 def _all_float(*arrays):
     """True when all arrays share the dtype float32 or float64, and none is empty."""
     dtype = arrays[0].dtype
-    return dtype in (np.float32, np.float64) and all(a.dtype == dtype for a in arrays) and all(a.size for a in arrays)
+    if dtype.char not in "fd":                       # float32, float64
+        return False
+    for a in arrays:                                 # (a loop: this runs before every kernel, on tiny arrays too)
+        if a.dtype != dtype or a.size == 0:
+            return False
+    return True
 
 
 def _rows(a):
     """(..., C) -> a C-contiguous (N, C) array (a view when ``a`` is contiguous already)."""
+    if a.ndim == 2 and a.flags.c_contiguous:
+        return a
     return np.ascontiguousarray(a).reshape(-1, a.shape[-1])
+
+
+def _in_parts(kernel, args, sliced, n, work):
+    """``kernel(*args)`` over n rows, split over the threads: each part gets ``args[k][i:j]`` for
+    each k in ``sliced`` (the arrays whose first axis is the rows) and the other args whole.
+    Work too small to share runs as one call on the whole arrays (slicing costs time too)."""
+    if work < MIN_WORK:
+        kernel(*args)
+        return
+
+    def part(i, j):
+        kernel(*[a[i:j] if k in sliced else a for k, a in enumerate(args)])
+
+    split(part, n, work=work)
 
 
 # --------------------------------------------------------------------------
@@ -152,8 +174,7 @@ def gelu_tanh(x):
     real = x.dtype.type
     x1 = np.ascontiguousarray(x).reshape(-1)
     y = np.empty_like(x1)
-    a, b = real(-2 * _K0 * _K1), real(-2 * _K0)
-    split(lambda i, j: _gelu_tanh_fwd(x1[i:j], y[i:j], a, b), x1.size, work=x1.size)
+    _in_parts(_gelu_tanh_fwd, (x1, y, real(-2 * _K0 * _K1), real(-2 * _K0)), (0, 1), x1.size, work=x1.size)
     return y.reshape(x.shape)
 
 
@@ -164,7 +185,7 @@ def gelu_tanh_backward(x, g):
     x1, g1 = (np.ascontiguousarray(a).reshape(-1) for a in (x, g))
     dx = np.empty_like(x1)
     consts = real(-2 * _K0 * _K1), real(-2 * _K0), real(6 * _K0 * _K1), real(2 * _K0)
-    split(lambda i, j: _gelu_tanh_bwd(x1[i:j], g1[i:j], dx[i:j], *consts), x1.size, work=x1.size)
+    _in_parts(_gelu_tanh_bwd, (x1, g1, dx, *consts), (0, 1, 2), x1.size, work=x1.size)
     return dx.reshape(x.shape)
 
 
@@ -177,7 +198,7 @@ _LIGHT = 2
 
 
 @row_kernel
-def _layer_norm_fwd(x, w, b, y, xhat, rstd, eps):  # x, y, xhat (N, C); w, b (C,); rstd (N,)
+def _layer_norm_fwd(x, w, b, y, xhat, rstd, eps):  # x, y, xhat (N, C); w, b (C,); rstd (N, 1)
     N, C = x.shape
     one, inv_c = _real(1, x), _real(1 / C, x)
     for n in range(N):
@@ -187,7 +208,7 @@ def _layer_norm_fwd(x, w, b, y, xhat, rstd, eps):  # x, y, xhat (N, C); w, b (C,
             d = x[n, c] - mean
             var += d * d
         r = one / np.sqrt(var * inv_c + eps)
-        rstd[n] = r
+        rstd[n, 0] = r
         for c in range(C):
             h = (x[n, c] - mean) * r
             xhat[n, c] = h
@@ -219,10 +240,11 @@ def layer_norm(x, weight, bias, eps):
         return None
     x2 = _rows(x)                                                   # (N, C)
     y, xhat = np.empty_like(x2), np.empty_like(x2)
-    rstd = np.empty(x2.shape[0], dtype=x2.dtype)
+    rstd = np.empty((len(x2), 1), dtype=x2.dtype)
     w, b, eps = np.ascontiguousarray(weight), np.ascontiguousarray(bias), x2.dtype.type(eps)
-    split(lambda i, j: _layer_norm_fwd(x2[i:j], w, b, y[i:j], xhat[i:j], rstd[i:j], eps), len(x2),
-          work=x2.size // _LIGHT)
+    _in_parts(_layer_norm_fwd, (x2, w, b, y, xhat, rstd, eps), (0, 3, 4, 5), len(x2), work=x2.size // _LIGHT)
+    if x.ndim == 2:
+        return y, xhat, rstd
     return y.reshape(x.shape), xhat.reshape(x.shape), rstd.reshape(x.shape[:-1] + (1,))
 
 
@@ -284,13 +306,53 @@ def _softmax_bwd(y, g, scale, dx):                 # dx = y (g - sum(g y)) scale
             dx[n, c] = y[n, c] * (g[n, c] - s) * scale
 
 
+@row_kernel
+def _softmax_fwd(x, y):                            # y = softmax(x) over each row, x, y (N, C)
+    N, C = x.shape
+    zero, one = _real(0, x), _real(1, x)
+    for n in range(N):
+        m = x[n].max()
+        total = zero
+        for c in range(C):
+            e = _exp(x[n, c] - m)
+            y[n, c] = e
+            total += e
+        inv = one / total
+        for c in range(C):
+            y[n, c] *= inv
+
+
+@kernel
+def _row_bounds_(allowed, first, stop):            # allowed (Tq, Tk); first, stop (Tq,)
+    Tq, Tk = allowed.shape
+    for i in range(Tq):
+        first[i], stop[i] = 0, 0
+        for j in range(Tk):
+            if allowed[i, j]:
+                first[i] = j
+                break
+        for j in range(Tk - 1, -1, -1):
+            if allowed[i, j]:
+                stop[i] = j + 1
+                break
+
+
 def _row_bounds(allowed):
     """(first, stop), (Tq,) int64 each: row i's allowed keys lie in first[i]..stop[i] - 1 (0, 0: none).
     For a causal mask, 0 and i + 1: the max skips the masked half."""
-    some = allowed.any(axis=1)
-    first = np.where(some, allowed.argmax(axis=1), 0)
-    stop = np.where(some, allowed.shape[1] - allowed[:, ::-1].argmax(axis=1), 0)
-    return first.astype(np.int64), stop.astype(np.int64)
+    first, stop = np.empty(len(allowed), np.int64), np.empty(len(allowed), np.int64)
+    _row_bounds_(allowed, first, stop)
+    return first, stop
+
+
+def softmax(x):
+    """Softmax over the last dim of x (..., C)."""
+    if x.ndim < 1 or not _all_float(x):
+        return None
+    x2 = _rows(x)                                                   # (N, C)
+    y = np.empty_like(x2)
+    _in_parts(_softmax_fwd, (x2, y), (0, 1), len(x2), work=x2.size)
+    return y.reshape(x.shape)
 
 
 def masked_softmax(x, allowed):
@@ -301,7 +363,7 @@ def masked_softmax(x, allowed):
     y = np.empty_like(x3)
     allowed = np.ascontiguousarray(allowed)
     first, stop, one = *_row_bounds(allowed), x.dtype.type(1)
-    split(lambda i, j: _masked_softmax_fwd(x3[i:j], allowed, first, stop, one, y[i:j]), len(x3), work=x3.size)
+    _in_parts(_masked_softmax_fwd, (x3, allowed, first, stop, one, y), (0, 5), len(x3), work=x3.size)
     return y.reshape(x.shape)
 
 
@@ -313,7 +375,7 @@ def softmax_backward(y, g):
     dx = np.empty_like(y2)
     g2 = _rows(g)
     one = y.dtype.type(1)
-    split(lambda i, j: _softmax_bwd(y2[i:j], g2[i:j], one, dx[i:j]), len(y2), work=y2.size)
+    _in_parts(_softmax_bwd, (y2, g2, one, dx), (0, 1, 3), len(y2), work=y2.size)
     return dx.reshape(y.shape)
 
 
@@ -468,7 +530,7 @@ def cross_entropy_backward(g, logits, targets, lse, scale, ignore_index):
     dx = np.empty_like(x)
     real = x.dtype.type
     t, gscale, ignore = np.ascontiguousarray(targets, dtype=np.int64), real(g.reshape(()) * scale), np.int64(ignore_index)
-    split(lambda i, j: _cross_entropy_bwd(x[i:j], t[i:j], lse[i:j], gscale, dx[i:j], ignore), len(x), work=x.size)
+    _in_parts(_cross_entropy_bwd, (x, t, lse, gscale, dx, ignore), (0, 1, 2, 4), len(x), work=x.size)
     return dx
 
 
@@ -494,7 +556,7 @@ def adamw_(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step):
     p1, g1, m1, v1 = (a.reshape(-1) for a in (p, g, m, v))
     consts = (real(beta1), real(1 - beta1), real(beta2), real(1 - beta2), real(eps), real(1 - lr * weight_decay),
               real(lr / (1 - beta1 ** step)), real(1.0 / math.sqrt(1 - beta2 ** step)))
-    split(lambda i, j: _adamw(p1[i:j], g1[i:j], m1[i:j], v1[i:j], *consts), p1.size, work=p1.size)
+    _in_parts(_adamw, (p1, g1, m1, v1, *consts), (0, 1, 2, 3), p1.size, work=p1.size)
     return p
 
 
@@ -592,6 +654,7 @@ KERNELS = {
     "layer_norm": layer_norm,
     "layer_norm_backward": layer_norm_backward,
     "index_add_rows": index_add_rows,
+    "softmax": softmax,
     "masked_softmax": masked_softmax,
     "softmax_backward": softmax_backward,
     "cross_entropy": cross_entropy,

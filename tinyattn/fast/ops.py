@@ -16,10 +16,12 @@ off, and checks every kernel against its formula.
 """
 import math
 
+import numpy as np
+
 from .. import ops
 from ..autograd import is_grad_enabled
 from ..nn import attention, flash, functional as F
-from . import threads
+from . import layouts, threads
 
 
 # ---------------------------------------------------------------- sums as BLAS products
@@ -171,10 +173,16 @@ def softmax_backward(ctx, g):
 
 
 class Softmax(ops.Softmax):
+    """The kernel, else the sum as a BLAS product; over the last dim only."""
+
     def forward(self, x, dim):
+        self.dim = dim
+        if dim == x.ndim - 1:
+            out = self.backend.run_kernel("softmax", x)
+            if out is not None:
+                return out
         if dim != x.ndim - 1 or not can_sum_by_blas(self.backend, x):
             return super().forward(x, dim)
-        self.dim = dim
         e, _ = ops.stable_exp(self.xp, x, dim)
         e /= row_sums(self.backend, e)                                 # in place: e is ours
         return e
@@ -284,13 +292,18 @@ class LayerNorm(F.LayerNorm):
 
 class Linear(F.Linear):
     """One 2-d product over the flattened leading dims, split over the threads, with the bias
-    added in place; backward's products in one split (threads.matmuls)."""
+    added in place (inside ta.inference_mode, W^T as layouts.py finds fastest); backward's
+    products in one split (threads.matmuls)."""
 
     def forward(self, x, weight, bias=None):
         xp = self.xp
-        x2 = xp.reshape(x, (-1, x.shape[-1]))                     # (N, in)
-        out = threads.matmul(xp, x2, xp.permute_dims(weight, (1, 0)), add=bias)    # (N, out)
-        return xp.reshape(out, tuple(x.shape[:-1]) + (weight.shape[0],))
+        if xp is not np:                                          # (numpy's own methods below: fewer calls)
+            x2 = xp.reshape(x, (-1, x.shape[-1]))
+            out = threads.matmul(xp, x2, xp.permute_dims(weight, (1, 0)), add=bias)
+            return xp.reshape(out, tuple(x.shape[:-1]) + (weight.shape[0],))
+        x2 = x.reshape(-1, x.shape[-1])                           # (N, in)
+        out = threads.matmul(np, x2, layouts.transposed(weight, len(x2)), add=bias)   # (N, out)
+        return out.reshape(x.shape[:-1] + (weight.shape[0],))
 
     def backward(self, g):                                         # g (..., out)
         if is_grad_enabled():

@@ -218,8 +218,11 @@ def split(fn, n, work, n_threads=None):
     """``fn(start, stop)`` over rows 0..n, split in get_num_threads() (or ``n_threads``) parts when
     ``work`` is at least MIN_WORK, with BLAS held at one thread; else one call, ``fn(0, n)``."""
     global _pool
+    if work < MIN_WORK:
+        fn(0, n)
+        return
     k = min(_split_threads() if n_threads is None else (n_threads if blas_controllers() else 1), n)
-    if k < 2 or work < MIN_WORK:
+    if k < 2:
         fn(0, n)
         return
     if _pool is None or _pool.size < k:
@@ -240,6 +243,11 @@ def matmul(xp, a, b, add=None):
     """a @ b, plus ``add`` (broadcast over the rows) when given: (n, k) @ (k, m), or stacked
     (S, ..., n, k) @ (S, ..., k, m), on namespace ``xp``. For numpy, the rows, or the S stacked products, are split
     over the threads (one BLAS thread each); other shapes and other arrays run as xp.matmul."""
+    if xp is np and a.ndim == b.ndim == 2 and a.size * b.shape[1] < 32 * MIN_WORK:   # too small to split:
+        out = a.dot(b)                                        # dot skips matmul's dispatch (1 us of 1.4 at 4 x 4)
+        if add is not None:
+            out += add
+        return out
     stacked = a.ndim == b.ndim > 2 and a.shape[:-2] == b.shape[:-2]
     if xp is not np or not (a.ndim == b.ndim == 2 or stacked):
         out = xp.matmul(a, b)
@@ -280,12 +288,20 @@ def matmuls(xp, pairs):
 
 def joined(arrays, shape, dim):
     """The numpy array of ``shape`` whose consecutive slices along ``dim`` the ``arrays`` are,
-    exactly (views of it, in order, covering it): their concat without a copy. None when
-    they are anything else."""
-    base = arrays[0].base if isinstance(arrays[0], np.ndarray) else None
-    if base is None or base.size != math.prod(shape) or not base.flags.c_contiguous:
+    exactly (views of one buffer that they fill, in order, with the same strides): their concat
+    without a copy. It may be a strided view (q, k and v cut from a transposed qkv product give
+    the transposed product). None when they are anything else."""
+    first = arrays[0]
+    base = first.base if isinstance(first, np.ndarray) else None
+    if base is None or base.size != math.prod(shape) or not base.flags.c_contiguous \
+            or any(step == 0 and n > 1 for step, n in zip(first.strides, first.shape)):   # (broadcast: no)
         return None
-    whole, start, lead = base.reshape(shape), 0, (slice(None),) * dim
+    try:                                                    # the whole, laid out as the first piece
+        whole = np.ndarray(shape, first.dtype, buffer=base, offset=first.ctypes.data - base.ctypes.data,
+                           strides=first.strides)
+    except (ValueError, TypeError):                         # it would reach outside the buffer
+        return None
+    start, lead = 0, (slice(None),) * dim
     for a in arrays:
         piece = whole[lead + (slice(start, start + a.shape[dim]),)]
         if a.base is not base or a.dtype != piece.dtype or a.shape != piece.shape \
@@ -293,4 +309,3 @@ def joined(arrays, shape, dim):
             return None
         start += a.shape[dim]
     return whole if start == shape[dim] else None
-

@@ -166,15 +166,12 @@ class MultiHeadAttention(Module):
         expect_shape(self, x, (None, None, self.n_embd), "(B, T, C)")
         B, T, C = x.shape
         H, D = self.n_head, C // self.n_head
-        q, k, v = self.c_attn(x).split(C, dim=2)                     # 3 x (B, T, C)
-        q = q.view(B, T, H, D).transpose(1, 2)                       # (B, H, T, D)
-        k = k.view(B, T, H, D).transpose(1, 2)
-        v = v.view(B, T, H, D).transpose(1, 2)
+        qkv = self.c_attn(x).view(B, T, 3 * H, D)                    # channels: q's H heads, k's, v's
+        q, k, v = qkv.transpose(1, 2).split(H, dim=1)                # 3 x (B, H, T, D)
         if kv_cache is not None:                                     # the keys and values so far
             k, v = kv_cache.append(k, v)                             # (B, H, T_past + T, D)
-            if T > 1:                                                # new queries sit at the end
-                attn_mask = kv_cache.causal_mask(T, k.shape[2], x)
-                is_causal = False
+            attn_mask = kv_cache.causal_mask(T, k.shape[2], x)       # the new queries sit at the end
+            is_causal = False
         y = scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0, return_weights=self.keep_weights)
@@ -189,29 +186,73 @@ class MultiHeadAttention(Module):
 
 
 class KVCache:
-    """Keys and values of the tokens seen so far, for one attention layer."""
+    """Keys and values of the tokens seen so far, for one attention layer.
+
+    They live in two buffers, (B, H, capacity, D), that double in length when
+    full: appending a token writes its position and returns views of the filled
+    part, so a token costs as much at position 1000 as at position 10 (a cat per
+    token would copy the whole cache each time). Stored without a graph; new
+    keys or values that need a gradient come back joined to the past ones with
+    ``cat``, so gradients still reach them.
+    """
 
     def __init__(self):
-        self.k = self.v = None
+        self.k_buffer = self.v_buffer = None                         # (B, H, capacity, D) arrays
+        self.length = 0
 
     def __len__(self):
-        return 0 if self.k is None else self.k.shape[2]
+        return self.length
+
+    @property
+    def k(self):
+        """The cached keys, (B, H, len, D) (None before the first append)."""
+        return None if self.k_buffer is None else self._filled(self.k_buffer)
+
+    @property
+    def v(self):
+        return None if self.v_buffer is None else self._filled(self.v_buffer)
 
     def append(self, k, v):                                          # (B, H, T, D) each
-        if self.k is not None:
-            k = cat([self.k, k], dim=2)
-            v = cat([self.v, v], dim=2)
-        self.k, self.v = k.detach(), v.detach()
-        return k, v
+        if k.shape != v.shape or k.ndim != 4:
+            raise ValueError(f"KVCache.append: keys {k.shape} and values {v.shape} must share one (B, H, T, D) shape")
+        past, end = self.length, self.length + k.shape[2]
+        if self.k_buffer is None or end > self.k_buffer.shape[2]:
+            self._grow(k, end)
+        self.k_buffer[:, :, past:end] = k.data
+        self.v_buffer[:, :, past:end] = v.data
+        self.length = end
+        if k.requires_grad or v.requires_grad:                      # keep the new tokens' graph
+            return (cat([self._filled(self.k_buffer, past), k], dim=2),
+                    cat([self._filled(self.v_buffer, past), v], dim=2))
+        return self.k, self.v
+
+    def _filled(self, buffer, length=None):
+        """The first ``length`` (default: all cached) positions of a buffer, as a Tensor view."""
+        return constant(self.like, buffer[:, :, :self.length if length is None else length])
+
+    def _grow(self, k, needed):
+        """New buffers with room for ``needed`` positions (at least double the old), the cache copied in."""
+        B, H, _, D = k.shape
+        if self.k_buffer is not None and (self.k_buffer.shape[:2] + self.k_buffer.shape[3:] != (B, H, D)
+                                          or self.like.dtype != k.dtype or self.like.device != k.device):
+            raise ValueError(f"KVCache.append: keys of shape {k.shape} ({k.dtype}, {k.device}) do not fit the "
+                             f"cached (B, H, T, D) = {self.k.shape} ({self.like.dtype}, {self.like.device})")
+        capacity = max(needed, 2 * (0 if self.k_buffer is None else self.k_buffer.shape[2]), 16)
+        buffers = [k.backend.zeros((B, H, capacity, D), k.dtype) for _ in range(2)]
+        if self.k_buffer is not None:
+            for new, old in zip(buffers, (self.k_buffer, self.v_buffer)):
+                new[:, :, :self.length] = old[:, :, :self.length]
+        self.k_buffer, self.v_buffer = buffers
+        self.like = k.detach()                                       # the device and dtype of the cache
 
     def crop(self, length):
         """Keep only the last ``length`` positions."""
-        if self.k is not None and self.k.shape[2] > length:
-            self.k = self.k[:, :, -length:]
-            self.v = self.v[:, :, -length:]
+        if self.length > length:
+            for buffer in (self.k_buffer, self.v_buffer):
+                buffer[:, :, :length] = self.like.backend.copy(buffer[:, :, self.length - length:self.length])
+            self.length = length
 
     @staticmethod
     def causal_mask(t_new, t_total, like):
         """(t_new, t_total): query i (at absolute position t_total - t_new + i) sees keys <= it."""
         return constant(like, causal_mask(t_new, t_total, like.backend, offset=t_total - t_new))
-

@@ -1,0 +1,74 @@
+"""Weights laid out for the products they go into, while ta.inference_mode() holds them still.
+
+A Linear layer computes x @ W^T with W stored (out, in), as in PyTorch. BLAS
+takes the transposed W as it is, but some BLAS builds run that product
+several times slower than the same product with W^T stored contiguous when x
+has few rows, as when a model decodes a token or two at a time (OpenBLAS 0.3
+on AVX-512, 8 rows: about 4x; bench/BENCHMARKS.md). Copying W^T for every
+call would cost more than it saves; inside ``ta.inference_mode()`` the
+weights do not change, so the copy is made once per block and kept.
+
+Whether the copy is faster depends on the machine and the sizes, so it is
+measured: the first time a product of some shape comes (rows rounded up to a
+power of two), both layouts are timed on it, and the faster one is used from
+then on. The copies are kept up to ``BUDGET_BYTES`` in all.
+"""
+import threading
+import time
+
+import numpy as np
+
+from ..autograd import inference_block
+
+BUDGET_BYTES = 64 << 20          # the most that copies of weights may take
+MAX_ROWS = 256                   # more rows than this: the product is long enough that the layout hardly matters
+
+_lock = threading.Lock()
+_block = None                    # the inference_mode block the copies belong to
+_copies = {}                     # id(weight) -> (weight, W^T contiguous)
+_kept_bytes = 0
+_copy_is_faster = {}             # (rows rounded up to a power of two, in, out, dtype) -> bool, measured
+
+
+def transposed(weight, rows):
+    """W^T for ``rows`` rows of x times it: a contiguous copy kept for this inference_mode block
+    where that is measured to be faster, else the transposed view. ``weight`` (out, in) numpy."""
+    global _block, _kept_bytes
+    view = weight.T
+    block = inference_block()
+    if block is None or rows > MAX_ROWS or type(weight) is not np.ndarray:
+        return view
+    kept = _copies.get(id(weight))
+    if kept is not None and kept[0] is weight and block is _block:   # (the usual case, without the lock)
+        return kept[1]
+    with _lock:
+        if block is not _block:                              # a new block: the weights may have changed since
+            _block, _kept_bytes = block, 0
+            _copies.clear()
+        kept = _copies.get(id(weight))
+        if kept is not None and kept[0] is weight:
+            return kept[1]
+        if _kept_bytes + weight.nbytes > BUDGET_BYTES or not _faster_as_copy(rows, view):
+            return view
+        copy = np.ascontiguousarray(view)
+        _copies[id(weight)] = (weight, copy)                 # (the weight kept too, so its id stays its own)
+        _kept_bytes += weight.nbytes
+        return copy
+
+
+def _faster_as_copy(rows, view):
+    """Whether (rows, in) @ W^T runs faster with W^T contiguous than as the transposed view:
+    measured once per shape (the best of a few runs of each), then remembered."""
+    bucket = 1 << max(rows - 1, 0).bit_length()
+    key = (bucket,) + view.shape + (view.dtype.str,)
+    if key not in _copy_is_faster:
+        x = np.ones((bucket, view.shape[0]), view.dtype)
+        copy = np.ascontiguousarray(view)
+        times = {}
+        for name, w in (("view", view), ("copy", copy)) * 2:   # alternating, twice: the later runs count
+            start = time.perf_counter()
+            for _ in range(3):
+                x.dot(w)
+            times[name] = time.perf_counter() - start
+        _copy_is_faster[key] = times["copy"] < 0.9 * times["view"]
+    return _copy_is_faster[key]

@@ -254,6 +254,37 @@ def step_breakdown(side, steps):
                     "clip_grad_norm_, AdamW, zero_grad, Python; the profiler's own cost is in every number"}
 
 
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile",
+              "asimd", "sve")
+
+
+def cpu_info():
+    """The CPU a result ran on: its model, the vector instruction sets it has (of SIMD_FLAGS),
+    the cores this process may use, and the BLAS numpy calls."""
+    info = {"machine": platform.machine(), "model": platform.processor() or None, "simd": None,
+            "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:                                                  # not Linux: what platform knows
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key in ("model name", "Model", "CPU part") and info["model"] in (None, platform.machine()):
+            info["model"] = value.strip()
+        elif key in ("flags", "Features") and info["simd"] is None:
+            have = set(value.split())
+            info["simd"] = [f for f in SIMD_FLAGS if f in have]
+    try:
+        from threadpoolctl import threadpool_info
+        info["blas"] = [f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture')})"
+                        for i in threadpool_info() if i.get("user_api") == "blas"]
+    except ImportError:
+        info["blas"] = "unknown (no threadpoolctl)"
+    return info
+
+
 def versions(torch):
     v = {"python": platform.python_version(), "numpy": np.__version__, "tinyattn": ta.__version__}
     try:
@@ -368,7 +399,7 @@ def main(argv=None):
               "results": results, "same_architecture_check": check, "step_breakdown": breakdown,
               "torch": "ran" if "torch" in sides else torch_note, "host_allocator": allocator_note,
               "tinyattn_loss_after": final_loss if math.isfinite(final_loss) else str(final_loss),
-              "versions": versions(torch), "wall_s": round(time.perf_counter() - start, 2)}
+              "versions": versions(torch), "cpu": cpu_info(), "wall_s": round(time.perf_counter() - start, 2)}
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

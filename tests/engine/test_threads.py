@@ -46,7 +46,8 @@ def test_split_runs_the_parts_on_three_threads(split_everything):
 
 def test_small_work_and_one_thread_run_in_the_caller(monkeypatch):
     seen = []
-    threads.split(lambda i, j: seen.append((i, j, threading.current_thread())), 10, work=threads.MIN_WORK - 1)
+    monkeypatch.setattr(threads, "MIN_WORK", 1000)
+    threads.split(lambda i, j: seen.append((i, j, threading.current_thread())), 10, work=999)
     monkeypatch.setattr(threads, "_num_threads", 1)
     threads.split(lambda i, j: seen.append((i, j, threading.current_thread())), 10, work=10 ** 9)
     assert seen == [(0, 10, threading.current_thread())] * 2

@@ -43,7 +43,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
-from .threads import MIN_WORK, split
+from .threads import split, too_small
 
 # Every kernel: compiled on first call and cached on disk; division by zero gives inf
 # as in numpy (no Python-style check, which would stop the loops from vectorising);
@@ -135,7 +135,7 @@ def _in_parts(kernel, args, sliced, n, work):
     """``kernel(*args)`` over n rows, split over the threads: each part gets ``args[k][i:j]`` for
     each k in ``sliced`` (the arrays whose first axis is the rows) and the other args whole.
     Work too small to share runs as one call on the whole arrays (slicing costs time too)."""
-    if work < MIN_WORK:
+    if too_small(work):
         kernel(*args)
         return
 

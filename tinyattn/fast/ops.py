@@ -379,7 +379,7 @@ class FlashAttention(flash.FlashAttention):
             for item in items[start:stop]:
                 fn(item)
 
-        threads.split(some, len(items), work=threads.MIN_WORK, n_threads=n)
+        threads.split(some, len(items), work=math.inf, n_threads=n)
 
     def _softmax_tile(self, s, m, l, first):
         alpha = self.backend.run_kernel("attention_tile_softmax_", s, m, l,

@@ -22,19 +22,26 @@ instead made the pool's products slower: bench/BENCHMARKS.md.)
 
 Off (every op on the calling thread, BLAS as it is) with one core, without
 threadpoolctl (the ``fast`` extra), after ``set_num_threads(1)``, or with
-``TINYATTN_NUM_THREADS=1``; small ops never split (``MIN_WORK``): waking a
-thread costs about 20 us.
+``TINYATTN_NUM_THREADS=1``. Small ops never split: handing a part to a pool
+thread and getting it back costs from a few microseconds (bare metal) to
+about 50 (some VMs), so the first split measures that and the time a unit
+of work takes, and ops split from ``MIN_WORK`` on (measure_min_work).
 """
 import math
 import os
 import queue
+import statistics
 import threading
+import time
 import warnings
 
 import numpy as np
 
 NUM_THREADS_ENV = "TINYATTN_NUM_THREADS"
-MIN_WORK = 1 << 16      # split an op only from this much work (elements it touches, or products' n*k*m / 32)
+# Split an op only from this much work (elements it touches, or a product's n*k*m / 32): measured on
+# this machine at the first split (measure_min_work); below FLOOR nothing splits, even before that.
+MIN_WORK = None
+FLOOR = 1 << 14
 
 
 def cpu_count():
@@ -214,11 +221,17 @@ def parts(n, k):
     return [(i * n // k, (i + 1) * n // k) for i in range(k)]
 
 
+def too_small(work):
+    """True for work too small to split (below MIN_WORK; before it is measured, below FLOOR)."""
+    return work < (FLOOR if MIN_WORK is None else MIN_WORK)
+
+
 def split(fn, n, work, n_threads=None):
     """``fn(start, stop)`` over rows 0..n, split in get_num_threads() (or ``n_threads``) parts when
-    ``work`` is at least MIN_WORK, with BLAS held at one thread; else one call, ``fn(0, n)``."""
+    ``work`` is at least MIN_WORK, with BLAS held at one thread; else one call, ``fn(0, n)``.
+    ``work=math.inf`` always splits (where there are threads)."""
     global _pool
-    if work < MIN_WORK:
+    if too_small(work):
         fn(0, n)
         return
     k = min(_split_threads() if n_threads is None else (n_threads if blas_controllers() else 1), n)
@@ -233,9 +246,37 @@ def split(fn, n, work, n_threads=None):
         return
     try:
         hold_blas()
-        pool.run(fn, parts(n, k))
+        if MIN_WORK is None:
+            measure_min_work(pool)
+        if too_small(work):
+            fn(0, n)
+        else:
+            pool.run(fn, parts(n, k))
     finally:
         pool.lock.release()
+
+
+def measure_min_work(pool):
+    """Set MIN_WORK for this machine: splitting an op saves about half its one-thread time and
+    costs a round trip to a pool thread, so an op splits when half its time is more than that:
+    work >= 2 * round trip / (time per unit of work). Both are measured here (a few ms, once):
+    the round trip as the median of empty splits, a unit as a one-thread float32 product's time
+    over its work (n*k*m / 32). Returns the measurements."""
+    global MIN_WORK
+    trips = []
+    for _ in range(21):
+        start = time.perf_counter()
+        pool.run(lambda i, j: None, parts(pool.size, pool.size))
+        trips.append(time.perf_counter() - start)
+    a, b = np.ones((64, 256), np.float32), np.ones((256, 256), np.float32)
+    times = []
+    for _ in range(7):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    trip, unit = statistics.median(trips), min(times) / (64 * 256 * 256 // 32)
+    MIN_WORK = max(FLOOR, int(2 * trip / unit))
+    return {"round_trip_us": round(trip * 1e6, 1), "ns_per_unit": round(unit * 1e9, 3), "min_work": MIN_WORK}
 
 
 # ---------------------------------------------------------------- products split over the threads
@@ -243,7 +284,7 @@ def matmul(xp, a, b, add=None):
     """a @ b, plus ``add`` (broadcast over the rows) when given: (n, k) @ (k, m), or stacked
     (S, ..., n, k) @ (S, ..., k, m), on namespace ``xp``. For numpy, the rows, or the S stacked products, are split
     over the threads (one BLAS thread each); other shapes and other arrays run as xp.matmul."""
-    if xp is np and a.ndim == b.ndim == 2 and a.size * b.shape[1] < 32 * MIN_WORK:   # too small to split:
+    if xp is np and a.ndim == b.ndim == 2 and too_small(a.size * b.shape[1] // 32):   # too small to split:
         out = a.dot(b)                                        # dot skips matmul's dispatch (1 us of 1.4 at 4 x 4)
         if add is not None:
             out += add

@@ -214,17 +214,19 @@ def check_same_dtype(op, *tensors):
 
 def matmul(a, b):
     """numpy's matmul rules: a 1-d operand gains a dim of 1, which is dropped after."""
-    if a.ndim == 0 or b.ndim == 0:
-        raise ValueError(f"matmul needs at least 1-d operands, got shapes {a.shape} and {b.shape}")
-    check_same_dtype("matmul", a, b)
-    if a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]:
-        raise ValueError(f"matmul: shapes {a.shape} and {b.shape} do not fit "
-                         f"({a.shape[-1]} != {b.shape[-2 if b.ndim > 1 else 0]})")
-    if a.ndim == 1 and b.ndim == 1:
+    a_shape, b_shape = a.shape, b.shape
+    if not a_shape or not b_shape:
+        raise ValueError(f"matmul needs at least 1-d operands, got shapes {a_shape} and {b_shape}")
+    if a.dtype != b.dtype:
+        check_same_dtype("matmul", a, b)
+    inner = b_shape[-2] if len(b_shape) > 1 else b_shape[0]
+    if a_shape[-1] != inner:
+        raise ValueError(f"matmul: shapes {a_shape} and {b_shape} do not fit ({a_shape[-1]} != {inner})")
+    if len(a_shape) == 1 and len(b_shape) == 1:
         return (a * b).sum()
-    if a.ndim == 1:
+    if len(a_shape) == 1:
         return MatMul.apply(a.unsqueeze(0), b).squeeze(-2)
-    if b.ndim == 1:
+    if len(b_shape) == 1:
         return MatMul.apply(a, b.unsqueeze(-1)).squeeze(-1)
     return MatMul.apply(a, b)
 

@@ -123,7 +123,7 @@ class Backend:
 
     def run_kernel(self, name, *args):
         """``kernel(name)(*args)``, or None when there is no such kernel or it declines these inputs."""
-        fn = self.kernel(name)
+        fn = (self._kernels or self.kernels).get(name) if self.use_kernels else None    # (kernel(name), inlined)
         return None if fn is None else fn(*args)
 
     @property

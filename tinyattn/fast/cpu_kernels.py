@@ -347,12 +347,12 @@ def _row_bounds(allowed):
 
 def softmax(x):
     """Softmax over the last dim of x (..., C)."""
-    if x.ndim < 1 or not _all_float(x):
+    if x.ndim < 1 or x.dtype.char not in "fd" or x.size == 0:
         return None
     x2 = _rows(x)                                                   # (N, C)
     y = np.empty_like(x2)
     _in_parts(_softmax_fwd, (x2, y), (0, 1), len(x2), work=x2.size)
-    return y.reshape(x.shape)
+    return y if x.ndim == 2 else y.reshape(x.shape)
 
 
 def masked_softmax(x, allowed):

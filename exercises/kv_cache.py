@@ -3,8 +3,8 @@
     python -m exercises kv_cache        # or: pytest tests/exercise_checks/test_exercises_kv_cache.py -v
 
 nn.MultiHeadAttention, given a cache, calls ``k, v = cache.append(k, v)``
-and, when more than one new token comes at once, attends with
-``attn_mask=cache.causal_mask(T_new, k.shape[2], x)``. GPT.generate makes
+and attends with ``attn_mask=cache.causal_mask(T_new, k.shape[2], x)``
+(for one new token, a row that sees every key). GPT.generate makes
 one cache per block and reads ``len(cache)`` to place the new positions.
 """
 import tinyattn as ta

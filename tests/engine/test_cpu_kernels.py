@@ -142,6 +142,59 @@ def test_q_k_v_gradients_from_one_qkv_buffer_join_without_a_copy(monkeypatch):
     assert results[True][1] == 0 and results[False][1] == 1
 
 
+@needs_kernels
+def test_heads_cut_as_multi_head_attention_cuts_them_join_their_gradients_without_a_copy(monkeypatch):
+    """q, k, v cut from (B, T, 3H, D) seen as (B, 3H, T, D) (a view, a transpose, a split along
+    the heads: nn.MultiHeadAttention): their gradients fill the transposed buffer, which the
+    split's backward hands back as it is."""
+    r = np.random.default_rng(9)
+    B, T, H, D = 2, 16, 3, 4
+    x, g = r.standard_normal((B, T, 3 * H * D)), r.standard_normal((B, H, T, D))
+    results, concats, cat_forward = {}, [], ops.Cat.forward
+
+    def counting_cat(self, *arrays, dim):
+        concats.append(dim)
+        return cat_forward(self, *arrays, dim=dim)
+    monkeypatch.setattr(ops.Cat, "forward", counting_cat)
+    for use_kernels in (True, False):
+        monkeypatch.setattr(get_backend("cpu"), "use_kernels", use_kernels)
+        concats.clear()
+        xt = ta.tensor(x, dtype="float64", requires_grad=True)
+        q, k, v = xt.view(B, T, 3 * H, D).transpose(1, 2).split(H, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.backward(ta.tensor(g, dtype="float64"))
+        results[use_kernels] = (xt.grad.numpy(), len(concats))
+    np.testing.assert_allclose(results[True][0], results[False][0], rtol=1e-12, atol=1e-14)
+    assert results[True][1] == 0
+
+
+def test_joined_finds_the_strided_whole_of_heads_cut_from_a_transposed_buffer():
+    from tinyattn.fast import threads as cpu
+    B, T, H, D = 2, 5, 3, 4
+    qkv = np.arange(B * T * 3 * H * D, dtype=np.float32).reshape(B, T, 3 * H, D)
+    heads = qkv.transpose(0, 2, 1, 3)                                               # (B, 3H, T, D)
+    q, k, v = heads[:, :H], heads[:, H:2 * H], heads[:, 2 * H:]
+    shape = (B, 3 * H, T, D)
+    whole = cpu.joined([q, k, v], shape, 1)
+    assert whole is not None and np.shares_memory(whole, qkv)                       # no copy
+    assert whole.shape == shape and whole.strides == heads.strides
+    np.testing.assert_array_equal(whole, heads)
+    assert cpu.joined([k, q, v], shape, 1) is None                                  # out of order
+    assert cpu.joined([q, v, k], shape, 1) is None
+    assert cpu.joined([q, k], (B, 2 * H, T, D), 1) is None                          # part of the buffer
+    wide = np.zeros((B, T, 4 * H, D), np.float32).transpose(0, 2, 1, 3)             # a buffer they do not fill
+    assert cpu.joined([wide[:, :H], wide[:, H:2 * H], wide[:, 2 * H:3 * H]], shape, 1) is None
+    other = qkv.copy().transpose(0, 2, 1, 3)                                         # two buffers
+    assert cpu.joined([q, k, other[:, 2 * H:]], shape, 1) is None
+    assert cpu.joined([q, k, v.astype(np.float64)], shape, 1) is None
+    square = np.arange(16.0).reshape(2, 4, 2)                                       # in place, in another order
+    assert cpu.joined([square[:, :2], square[:, 2:].transpose(0, 2, 1)], (2, 4, 2), 1) is None
+    flat = np.arange(24.0)                                                           # broadcast pieces (stride 0)
+    repeated = np.broadcast_to(flat[:12].reshape(1, 3, 4), (2, 3, 4))               # over a buffer of 2 * 3 * 4
+    assert repeated.base is flat and repeated.strides[0] == 0
+    assert cpu.joined([repeated[:, i:i + 1] for i in range(3)], (2, 3, 4), 1) is None
+
+
 def test_joined_finds_the_array_whose_slices_the_pieces_are():
     from tinyattn.fast import threads as cpu
     whole = np.arange(2 * 3 * 9.0).reshape(2, 3, 9)
@@ -153,6 +206,47 @@ def test_joined_finds_the_array_whose_slices_the_pieces_are():
     assert cpu.joined(pieces[:2], (2, 3, 9), 2) is None                               # not all of it
     assert cpu.joined([whole[:, :, 0:2], whole[:, :, 3:7], whole[:, :, 7:9]], (2, 3, 9), 2) is None   # a gap
     assert cpu.joined([whole[:1], whole[1:]], (2, 3, 9), 0) is not None
+
+
+def _softmax_formula(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@needs_kernels
+@pytest.mark.parametrize("layout", ["transposed", "every other row", "reversed rows", "broadcast"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_the_softmax_kernel_on_inputs_laid_out_otherwise(layout, dtype):
+    """The op table hands the softmax kernel contiguous arrays; views (a transpose, a step, a
+    broadcast) must give the formula's numbers too, in the input's shape."""
+    from tinyattn.fast.cpu_kernels import softmax
+    x = (4 * np.random.default_rng(10).standard_normal((3, 7, 5))).astype(dtype)
+    view = {"transposed": x.transpose(0, 2, 1), "every other row": x[:, ::2], "reversed rows": x[:, :, ::-1],
+            "broadcast": np.broadcast_to(x[:1], x.shape)}[layout]
+    assert not view.flags.c_contiguous
+    y = softmax(view)
+    assert y.dtype == dtype and y.shape == view.shape
+    want = _softmax_formula(view.astype(np.float64))
+    np.testing.assert_allclose(y, want, rtol=1e-13 if dtype == np.float64 else 1e-5,
+                               atol=1e-15 if dtype == np.float64 else 1e-6)
+
+
+@needs_kernels
+def test_softmax_of_a_transposed_tensor_runs_the_kernel_and_matches_the_formula(monkeypatch):
+    cpu = get_backend("cpu")
+    calls = count_kernel_calls(cpu, monkeypatch)
+    monkeypatch.setattr(cpu, "use_kernels", True)
+    r = np.random.default_rng(11)
+    x, g = 4 * r.standard_normal((2, 6, 9)), r.standard_normal((2, 6, 9))
+    xt = ta.tensor(x, dtype="float64", requires_grad=True)
+    y = F.softmax(xt.transpose(1, 2), -1)                          # (2, 9, 6), rows strided in memory
+    (y.transpose(1, 2) * ta.tensor(g, dtype="float64")).sum().backward()   # a strided gradient back
+    assert calls.get("softmax") and calls.get("softmax_backward"), calls
+    want = _softmax_formula(x.transpose(0, 2, 1))
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-13, atol=1e-15)
+    gy = g.transpose(0, 2, 1)
+    dx = want * (gy - (gy * want).sum(-1, keepdims=True))
+    np.testing.assert_allclose(xt.grad.numpy(), dx.transpose(0, 2, 1), rtol=1e-12, atol=1e-14)
 
 
 @needs_kernels

@@ -134,6 +134,91 @@ def test_grad_mode_belongs_to_each_thread():
     np.testing.assert_allclose(x.grad.numpy(), 2.0)
 
 
+def test_inference_mode_records_no_graph_even_for_parameters():
+    lin = ta.nn.Linear(4, 3)
+    x = ta.randn(2, 4, requires_grad=True)
+    with ta.inference_mode():
+        assert not ta.is_grad_enabled()
+        y, z = lin(x), x * 2
+    assert lin.weight.requires_grad and ta.is_grad_enabled()
+    assert not y.requires_grad and y.grad_fn is None and not z.requires_grad and z.grad_fn is None
+
+
+def test_inference_block_names_the_outermost_inference_mode_block():
+    from tinyattn.autograd import inference_block
+    assert inference_block() is None
+    with ta.inference_mode():
+        first = inference_block()
+        assert first is not None
+        with ta.inference_mode():                 # nested: the same block
+            assert inference_block() is first
+        with ta.no_grad():
+            assert inference_block() is first
+        assert inference_block() is first         # an inner block's end is not the outer one's
+    assert inference_block() is None
+    with ta.no_grad():
+        assert inference_block() is None          # no_grad alone is no inference block
+        with ta.inference_mode():
+            second = inference_block()
+    assert second is not None and second is not first and inference_block() is None
+    with pytest.raises(KeyError):
+        with ta.inference_mode():
+            raise KeyError("inside")
+    assert inference_block() is None and ta.is_grad_enabled()
+
+
+def test_inference_mode_as_a_decorator():
+    from tinyattn.autograd import inference_block
+    x = ta.randn(3, requires_grad=True)
+
+    @ta.inference_mode()
+    def f(t):
+        return t * 3, inference_block()
+    y, block = f(x)
+    assert not y.requires_grad and block is not None
+    assert f(x)[1] is not block                   # each call is a block of its own
+    assert inference_block() is None and ta.is_grad_enabled()
+
+
+@pytest.mark.parametrize("decorator", ["no_grad", "inference_mode"])
+def test_a_decorated_function_called_from_two_threads_at_once(decorator):
+    """Each call enters a context of its own: the two calls overlap (A enters, B enters, A
+    leaves, B leaves), and each thread finds grad mode on again after its call."""
+    import threading
+    from tinyattn.autograd import inference_block
+    x = ta.randn(3, requires_grad=True)
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    @getattr(ta, decorator)()
+    def body(entered, wait_for):
+        entered.set()
+        waited = wait_for.wait(10)
+        return waited, (x * 2).requires_grad, inference_block()
+
+    def thread_a():
+        seen["a"] = body(a_in, b_in)
+        a_out.set()
+        seen["a after"] = ta.is_grad_enabled(), inference_block(), (x * 2).requires_grad
+
+    def thread_b():
+        a_in.wait(10)
+        seen["b"] = body(b_in, a_out)
+        seen["b after"] = ta.is_grad_enabled(), inference_block(), (x * 2).requires_grad
+
+    workers = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(20)
+    assert seen["a"][:2] == seen["b"][:2] == (True, False)        # both waited; no graph inside
+    if decorator == "inference_mode":
+        assert seen["a"][2] is not None and seen["b"][2] is not None and seen["a"][2] is not seen["b"][2]
+    else:
+        assert seen["a"][2] is None and seen["b"][2] is None
+    assert seen["a after"] == seen["b after"] == (True, None, True)
+
+
 def test_non_leaf_grad_only_with_retain_grad():
     x = ta.randn(3, requires_grad=True)
     h = x * 2

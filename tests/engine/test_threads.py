@@ -1,4 +1,5 @@
 """tinyattn's own CPU threads (tinyattn/fast/threads.py): ops split their rows over them."""
+import math
 import os
 import subprocess
 import sys
@@ -51,6 +52,82 @@ def test_small_work_and_one_thread_run_in_the_caller(monkeypatch):
     monkeypatch.setattr(threads, "_num_threads", 1)
     threads.split(lambda i, j: seen.append((i, j, threading.current_thread())), 10, work=10 ** 9)
     assert seen == [(0, 10, threading.current_thread())] * 2
+
+
+def test_too_small_is_below_the_floor_until_min_work_is_measured_then_below_min_work(monkeypatch):
+    monkeypatch.setattr(threads, "MIN_WORK", None)
+    assert threads.too_small(threads.FLOOR - 1) and not threads.too_small(threads.FLOOR)
+    monkeypatch.setattr(threads, "MIN_WORK", 10 * threads.FLOOR)
+    assert threads.too_small(10 * threads.FLOOR - 1) and not threads.too_small(10 * threads.FLOOR)
+    monkeypatch.setattr(threads, "MIN_WORK", 1000)                  # measured: MIN_WORK alone counts
+    assert threads.too_small(999) and not threads.too_small(1000)
+
+
+def test_measure_min_work_is_twice_a_round_trip_over_a_unit_of_work(monkeypatch):
+    monkeypatch.setattr(threads, "MIN_WORK", None)
+    monkeypatch.setattr(threads, "FLOOR", 1)                         # so that the measurement alone decides
+    pool = threads._Pool(2)
+    got = threads.measure_min_work(pool)
+    assert set(got) == {"round_trip_us", "ns_per_unit", "min_work"}
+    assert got["round_trip_us"] > 0 and got["ns_per_unit"] > 0 and got["min_work"] == threads.MIN_WORK > 0
+    trip, unit = got["round_trip_us"] * 1000, got["ns_per_unit"]     # ns, each rounded as reported
+    low = 2 * (trip - 50) / (unit + 0.0005)
+    high = 2 * (trip + 50) / (unit - 0.0005) if unit > 0.0005 else math.inf
+    assert low - 1 <= got["min_work"] <= high
+    monkeypatch.setattr(threads, "FLOOR", 10 ** 12)                  # never below FLOOR
+    assert threads.measure_min_work(pool)["min_work"] == threads.MIN_WORK == 10 ** 12
+
+
+@pytest.fixture
+def unmeasured(monkeypatch):
+    """MIN_WORK not yet measured, a new pool, two threads; [pool per measurement] comes back."""
+    monkeypatch.setattr(threads, "MIN_WORK", None)
+    monkeypatch.setattr(threads, "_pool", None)
+    monkeypatch.setattr(threads, "_num_threads", 2)
+    calls, measure = [], threads.measure_min_work
+
+    def counting(pool):
+        calls.append(pool)
+        return measure(pool)
+    monkeypatch.setattr(threads, "measure_min_work", counting)
+    return calls
+
+
+@needs_threadpoolctl
+def test_the_first_split_measures_min_work_once_then_splits_from_it(unmeasured):
+    seen = []
+
+    def record(i, j):
+        seen.append((i, j, threading.current_thread()))
+    here = threading.current_thread()
+    threads.split(record, 10, work=threads.FLOOR - 1)               # below the floor: no pool, no measurement
+    assert seen == [(0, 10, here)] and unmeasured == [] and threads._pool is None
+    seen.clear()
+    threads.split(record, 10, work=threads.FLOOR)                   # measures (and splits if FLOOR is enough)
+    assert unmeasured == [threads._pool] and threads.MIN_WORK >= threads.FLOOR
+    assert sorted((i, j) for i, j, _ in seen) in ([(0, 10)], [(0, 5), (5, 10)])
+    seen.clear()
+    threads.split(record, 10, work=threads.MIN_WORK)
+    assert sorted((i, j) for i, j, _ in seen) == [(0, 5), (5, 10)] and len({t for _, _, t in seen}) == 2
+    seen.clear()
+    threads.split(record, 10, work=threads.MIN_WORK - 1)
+    assert seen == [(0, 10, here)]
+    assert len(unmeasured) == 1                                      # measured once
+
+
+@needs_threadpoolctl
+@pytest.mark.parametrize("measured", ["more", "equal"])
+def test_the_first_split_goes_by_what_it_has_just_measured(measured, unmeasured, monkeypatch):
+    min_work = {"more": 10 ** 9, "equal": threads.FLOOR}[measured]
+
+    def measure(pool):
+        unmeasured.append(pool)
+        threads.MIN_WORK = min_work                                 # (monkeypatch puts MIN_WORK back)
+    monkeypatch.setattr(threads, "measure_min_work", measure)
+    seen = []
+    threads.split(lambda i, j: seen.append((i, j)), 10, work=threads.FLOOR)
+    assert len(unmeasured) == 1
+    assert sorted(seen) == ([(0, 10)] if measured == "more" else [(0, 5), (5, 10)])
 
 
 @needs_threadpoolctl

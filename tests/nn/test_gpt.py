@@ -110,6 +110,24 @@ def test_kv_cache_matches_the_uncached_path():
     np.testing.assert_allclose(cached.numpy(), full.numpy(), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["grad", "no_grad", "inference_mode"])
+def test_kv_cache_matches_the_uncached_path_as_its_buffers_grow(mode):
+    """A prompt of 20 (longer than the first buffers, 16), then tokens to 45 (the buffers grow
+    inside the forwards); batch 3. With grad on the cache hands back cats, else views."""
+    model = tiny(block_size=48).eval()
+    idx = ta.tensor(np.random.default_rng(4).integers(0, 11, (3, 45)))
+    full, _ = model(idx)
+    context = {"grad": ta.enable_grad, "no_grad": ta.no_grad, "inference_mode": ta.inference_mode}[mode]
+    caches = [ta.nn.KVCache() for _ in model.h]
+    with context():
+        pieces = [model(idx[:, :20], kv_caches=caches)[0]]
+        for t in range(20, 45):
+            pieces.append(model(idx[:, t:t + 1], kv_caches=caches)[0])
+    assert all(len(c) == 45 for c in caches) and pieces[-1].requires_grad == (mode == "grad")
+    cached = ta.cat(pieces, dim=1)
+    np.testing.assert_allclose(cached.numpy(), full.numpy(), rtol=1e-4, atol=1e-5)
+
+
 def test_greedy_generation_is_identical_with_and_without_cache():
     model = tiny()
     prompt = ta.tensor([[1, 2, 3]])

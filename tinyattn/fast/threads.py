@@ -334,7 +334,7 @@ def joined(arrays, shape, dim):
     the transposed product). None when they are anything else."""
     first = arrays[0]
     base = first.base if isinstance(first, np.ndarray) else None
-    if base is None or base.size != math.prod(shape) or not base.flags.c_contiguous \
+    if not isinstance(base, np.ndarray) or base.size != math.prod(shape) or not base.flags.c_contiguous \
             or any(step == 0 and n > 1 for step, n in zip(first.strides, first.shape)):   # (broadcast: no)
         return None
     try:                                                    # the whole, laid out as the first piece

@@ -216,6 +216,8 @@ class KVCache:
         if k.shape != v.shape or k.ndim != 4:
             raise ValueError(f"KVCache.append: keys {k.shape} and values {v.shape} must share one (B, H, T, D) shape")
         past, end = self.length, self.length + k.shape[2]
+        if self.k_buffer is not None:
+            self._check_fits(k)
         if self.k_buffer is None or end > self.k_buffer.shape[2]:
             self._grow(k, end)
         self.k_buffer[:, :, past:end] = k.data
@@ -230,20 +232,24 @@ class KVCache:
         """The first ``length`` (default: all cached) positions of a buffer, as a Tensor view."""
         return constant(self.like, buffer[:, :, :self.length if length is None else length])
 
+    def _check_fits(self, k):
+        """New keys must match the cached ones in B, H, D, dtype and device (else an error naming both)."""
+        B, H, _, D = self.k_buffer.shape
+        if (k.shape[0], k.shape[1], k.shape[3]) != (B, H, D) or k.dtype != self.like.dtype \
+                or k.device != self.like.device:
+            raise ValueError(f"KVCache.append: keys of shape {k.shape} ({k.dtype}, {k.device}) do not fit the "
+                             f"cached (B, H, T, D) = {self.k.shape} ({self.like.dtype}, {self.like.device})")
+
     def _grow(self, k, needed):
         """New buffers with room for ``needed`` positions (at least double the old), the cache copied in."""
         B, H, _, D = k.shape
-        if self.k_buffer is not None and (self.k_buffer.shape[:2] + self.k_buffer.shape[3:] != (B, H, D)
-                                          or self.like.dtype != k.dtype or self.like.device != k.device):
-            raise ValueError(f"KVCache.append: keys of shape {k.shape} ({k.dtype}, {k.device}) do not fit the "
-                             f"cached (B, H, T, D) = {self.k.shape} ({self.like.dtype}, {self.like.device})")
         capacity = max(needed, 2 * (0 if self.k_buffer is None else self.k_buffer.shape[2]), 16)
         buffers = [k.backend.zeros((B, H, capacity, D), k.dtype) for _ in range(2)]
         if self.k_buffer is not None:
             for new, old in zip(buffers, (self.k_buffer, self.v_buffer)):
                 new[:, :, :self.length] = old[:, :, :self.length]
         self.k_buffer, self.v_buffer = buffers
-        self.like = k.detach()                                       # the device and dtype of the cache
+        self.like = constant(k, buffers[0][:, :, :0])                # the cache's device and dtype (an empty view)
 
     def crop(self, length):
         """Keep only the last ``length`` positions."""

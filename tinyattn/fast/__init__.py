@@ -4,6 +4,8 @@ The teaching files (autograd.py, ops.py, nn/, optim/) hold one formula per op,
 the arithmetic that defines it. This package holds what makes them fast:
 
     ops.py           fast versions of ops, each a subclass of the teaching op
+    modules.py       fast versions of layers: a forward on arrays where no graph is recorded
+    layouts.py       weights laid out for their products, inside ta.inference_mode
     optim.py         AdamW on flat buffers (the same arithmetic, fewer passes)
     threads.py       tinyattn's own CPU threads, and BLAS held at one thread beside them
     cpu_kernels.py   fused CPU kernels, compiled with numba (the ``fast`` extra)
@@ -27,6 +29,8 @@ from ..backend import CupyBackend, NumpyBackend, made_backends, on_every_backend
 from . import threads
 from .allocator import tune_host_allocator  # noqa: F401
 from .ops import FAST_OPS
+from .modules import FAST_MODULES
+from ..nn.modules import Module
 from .optim import AdamW as FastAdamW
 from .threads import get_num_threads, set_num_threads  # noqa: F401
 
@@ -41,6 +45,8 @@ def set_fast(on=True):
     global _on
     _on = bool(on)
     Optimizer.fast_variants = {TeachingAdamW: FastAdamW} if _on else {}
+    Module.fast_variants = FAST_MODULES if _on else {}          # (layers made before keep their class: they
+                                                                # check backend.fast_ops, which goes empty)
     for backend in made_backends():
         _install(backend)
     if not _on:
@@ -78,4 +84,5 @@ def _install(backend):
 
 
 Optimizer.fast_variants = {TeachingAdamW: FastAdamW} if _on else {}
+Module.fast_variants = FAST_MODULES if _on else {}
 on_every_backend(_install)

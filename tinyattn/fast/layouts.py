@@ -26,6 +26,7 @@ MAX_ROWS = 256                   # more rows than this: the product is long enou
 _lock = threading.Lock()
 _block = None                    # the inference_mode block the copies belong to
 _copies = {}                     # id(weight) -> (weight, W^T contiguous)
+_chosen = {}                     # (id(weight), rows rounded up to a power of two) -> (weight, what transposed gives)
 _kept_bytes = 0
 _copy_is_faster = {}             # (rows rounded up to a power of two, in, out, dtype) -> bool, measured
 
@@ -34,32 +35,41 @@ def transposed(weight, rows):
     """W^T for ``rows`` rows of x times it: a contiguous copy kept for this inference_mode block
     where that is measured to be faster, else the transposed view. ``weight`` (out, in) numpy."""
     global _block, _kept_bytes
-    view = weight.T
     block = inference_block()
     if block is None or rows > MAX_ROWS or type(weight) is not np.ndarray:
-        return view
-    kept = _copies.get(id(weight))
-    if kept is not None and kept[0] is weight and block is _block:   # (the usual case, without the lock)
-        return kept[1]
+        return weight.T
+    key = (id(weight), _bucket(rows))
+    chosen = _chosen.get(key)
+    if chosen is not None and chosen[0] is weight and block is _block:   # (the usual case, without the lock)
+        return chosen[1]
     with _lock:
         if block is not _block:                              # a new block: the weights may have changed since
             _block, _kept_bytes = block, 0
             _copies.clear()
+            _chosen.clear()
+        view = weight.T
         kept = _copies.get(id(weight))
         if kept is not None and kept[0] is weight:
-            return kept[1]
-        if _kept_bytes + weight.nbytes > BUDGET_BYTES or not _faster_as_copy(rows, view):
-            return view
-        copy = np.ascontiguousarray(view)
-        _copies[id(weight)] = (weight, copy)                 # (the weight kept too, so its id stays its own)
-        _kept_bytes += weight.nbytes
-        return copy
+            result = kept[1]
+        elif _kept_bytes + weight.nbytes <= BUDGET_BYTES and _faster_as_copy(rows, view):
+            result = np.ascontiguousarray(view)
+            _copies[id(weight)] = (weight, result)           # (the weight kept too, so its id stays its own)
+            _kept_bytes += weight.nbytes
+        else:
+            result = view
+        _chosen[key] = (weight, result)
+        return result
+
+
+def _bucket(rows):
+    """Rows rounded up to a power of two: products are measured, and their choice kept, per bucket."""
+    return 1 << max(rows - 1, 0).bit_length()
 
 
 def _faster_as_copy(rows, view):
     """Whether (rows, in) @ W^T runs faster with W^T contiguous than as the transposed view:
     measured once per shape (the best of a few runs of each), then remembered."""
-    bucket = 1 << max(rows - 1, 0).bit_length()
+    bucket = _bucket(rows)
     key = (bucket,) + view.shape + (view.dtype.str,)
     if key not in _copy_is_faster:
         x = np.ones((bucket, view.shape[0]), view.dtype)

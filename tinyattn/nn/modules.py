@@ -38,6 +38,11 @@ class Module:
     """Base class of layers. Assign Parameters and Modules as attributes; they
     are registered in order, so ``parameters()`` always comes in the same order."""
 
+    fast_variants = {}      # module class -> the fast layer's subclass (tinyattn/fast), while it is on
+
+    def __new__(cls, *args, **kwargs):
+        return super().__new__(Module.fast_variants.get(cls, cls))
+
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())

@@ -29,6 +29,7 @@ LAYERS = [
     ("tinyattn.tokenizers", 4),    # text to ids: stdlib, numpy and numba only
     ("tinyattn.fast", 5),          # the fast layer: subclasses of the ops above, never imported by them
     ("tinyattn.models", 6),
+    ("tinyattn.fast.models", 6),   # the fast layer's versions of the GPT's own layers
     ("data", 7),
     ("train", 8),
     ("bench", 9),

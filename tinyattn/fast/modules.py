@@ -3,8 +3,8 @@
 Running a trained model (GPT.generate, ta.inference_mode) records no graph,
 so the ops a layer's forward is made of need not be recorded one by one: a
 MultiHeadAttention's projection, head split, cache write, attention and
-output projection run here as a few array calls, an MLP's two products and
-GELU as three, with the same arithmetic as the fast ops (layouts.py's
+output projection run here as a few array calls (and, in models.py, a GPT
+block's layer norms and residual adds, its MLP's two products and GELU), with the same arithmetic as the fast ops (layouts.py's
 weights, threads.matmul, the attention and gelu kernels). Each subclass runs
 the teaching forward (``super().forward``) whenever a graph could be
 recorded (grad on and a parameter or input that requires it), when a
@@ -20,13 +20,12 @@ import numpy as np
 
 from .. import autograd
 from ..autograd import constant, is_grad_enabled
-from ..models import gpt
 from ..nn import attention, modules
 from ..ops import causal_mask, masked_softmax, matrix_transpose
 from . import layouts, threads
 
 
-def _no_graph(x, module):
+def no_graph(x, module):
     """True where running ``module`` on ``x`` records no graph and nothing watches the ops."""
     if autograd.hooks is not None or not x.backend.fast_ops or x.xp is not np:
         return False
@@ -35,17 +34,17 @@ def _no_graph(x, module):
     return not x.requires_grad and not any(p.requires_grad for p in module.parameters())
 
 
-def _is_linear(layer, x):
+def is_linear(layer, x):
     return type(layer) is modules.Linear and layer.weight.dtype == x.dtype
 
 
-def _linear(x2, layer):
+def linear_on_arrays(x2, layer):
     """x2 (N, in) @ W^T + b on arrays, as the fast Linear runs it."""
     w, b = layer.weight.data, None if layer.bias is None else layer.bias.data
     return threads.matmul(np, x2, layouts.transposed(w, len(x2)), add=b)
 
 
-def _idle(dropout, training):
+def idle(dropout, training):
     """The Dropout layer does nothing here (eval, or p = 0)."""
     return type(dropout) is modules.Dropout and (not training or dropout.p == 0.0)
 
@@ -59,7 +58,7 @@ class MultiHeadAttention(attention.MultiHeadAttention):
             return super().forward(x, attn_mask, is_causal, kv_cache)
         B, T, C = x.shape
         H, D = self.n_head, C // self.n_head
-        qkv = _linear(x.data.reshape(B * T, C), self.c_attn).reshape(B, T, 3 * H, D)
+        qkv = linear_on_arrays(x.data.reshape(B * T, C), self.c_attn).reshape(B, T, 3 * H, D)
         heads = qkv.transpose(0, 2, 1, 3)                                # (B, 3H, T, D): q's heads, k's, v's
         q, k, v = heads[:, :H], heads[:, H:2 * H], heads[:, 2 * H:]      # (B, H, T, D) each
         t_k = T
@@ -74,15 +73,15 @@ class MultiHeadAttention(attention.MultiHeadAttention):
         else:                                                            # the Attention op's formula
             out = masked_softmax(np, (q @ matrix_transpose(np, k)) * scale, allowed) @ v
         y = out.transpose(0, 2, 1, 3).reshape(B * T, C)                  # merge heads: (B*T, C)
-        return constant(x, _linear(y, self.c_proj).reshape(B, T, C))
+        return constant(x, linear_on_arrays(y, self.c_proj).reshape(B, T, C))
 
     def _on_arrays(self, x, attn_mask, is_causal, kv_cache):
         if not (attn_mask is None and (is_causal or kv_cache is not None) and not self.keep_weights
                 and isinstance(x, autograd._Tensor) and x.ndim == 3 and x.shape[-1] == self.n_embd
                 and (kv_cache is None or type(kv_cache) is attention.KVCache)
-                and _is_linear(self.c_attn, x) and _is_linear(self.c_proj, x)
-                and _idle(self.resid_dropout, self.training) and (self.dropout == 0.0 or not self.training)
-                and (self.head_dropout == 0.0 or not self.training) and _no_graph(x, self)):
+                and is_linear(self.c_attn, x) and is_linear(self.c_proj, x)
+                and idle(self.resid_dropout, self.training) and (self.dropout == 0.0 or not self.training)
+                and (self.head_dropout == 0.0 or not self.training) and no_graph(x, self)):
             return False
         B, T, C = x.shape                                                # the naive path, not the tiled one
         t_k = T + (len(kv_cache) if kv_cache is not None else 0)
@@ -90,48 +89,4 @@ class MultiHeadAttention(attention.MultiHeadAttention):
         return attention.attention_impl(shaped(T), shaped(t_k)) == "naive"
 
 
-class MLP(gpt.MLP):
-    """Without a graph: c_fc, the GELU kernel and c_proj on arrays."""
-
-    def forward(self, x):
-        if not (isinstance(x, autograd._Tensor) and x.ndim >= 1 and _is_linear(self.c_fc, x)
-                and _is_linear(self.c_proj, x) and type(self.gelu) is modules.GELU
-                and self.gelu.approximate == "tanh" and x.shape[-1] == self.c_fc.in_features
-                and _idle(self.dropout, self.training) and _no_graph(x, self)
-                and x.backend.kernel("gelu_tanh") is not None):
-            return super().forward(x)
-        h = _linear(x.data.reshape(-1, x.shape[-1]), self.c_fc)         # (N, 4C)
-        h = x.backend.run_kernel("gelu_tanh", h)
-        if h is None:                                                    # (a dtype the kernel declines)
-            return super().forward(x)
-        return constant(x, _linear(h, self.c_proj).reshape(x.shape[:-1] + (self.c_proj.out_features,)))
-
-
-def _layer_norm(x, layer):
-    """LayerNorm on an array by the kernel (None where it declines)."""
-    if type(layer) is not modules.LayerNorm or layer.bias is None or layer.weight.dtype != x.dtype:
-        return None
-    out = layer.weight.backend.run_kernel("layer_norm", x, layer.weight.data, layer.bias.data, layer.eps)
-    return None if out is None else out[0]
-
-
-class Block(gpt.Block):
-    """Without a graph: both layer norms by the kernel and both residual adds on arrays, around
-    the fast attention and MLP."""
-
-    def forward(self, x, kv_cache=None):
-        if not (isinstance(x, autograd._Tensor) and x.ndim == 3 and _no_graph(x, self)
-                and x.shape[-1] == self.ln_1.weight.shape[0]):
-            return super().forward(x, kv_cache)
-        h = _layer_norm(x.data, self.ln_1)
-        if h is None:
-            return super().forward(x, kv_cache)
-        x1 = x.data + self.attn(constant(x, h), is_causal=kv_cache is None, kv_cache=kv_cache).data
-        h = _layer_norm(x1, self.ln_2)
-        if h is None:                                                    # (cannot happen after ln_1 took it)
-            return constant(x, x1) + self.mlp(self.ln_2(constant(x, x1)))
-        x1 += self.mlp(constant(x, h)).data                              # (x1 is ours: a new array)
-        return constant(x, x1)
-
-
-FAST_MODULES = {cls.__mro__[1]: cls for cls in (MultiHeadAttention, MLP, Block)}
+FAST_MODULES = {attention.MultiHeadAttention: MultiHeadAttention}    # (fast/models.py adds the GPT's layers)

@@ -34,7 +34,7 @@ import tinyattn as ta
 from tinyattn.fast import tune_host_allocator
 from tinyattn.models import GPT, GPTConfig
 
-from bench_step import CONFIGS, cpu_info, make_torch_gpt  # (beside this file: python puts its folder on the path)
+from bench_step import CONFIGS, cpu_info, import_torch, make_torch_gpt  # (beside this file: python puts its folder on the path)
 
 
 def make_models(torch, cfg):
@@ -118,11 +118,7 @@ def main(argv=None):
     p.add_argument("--prompt", type=int, default=4, help="prompt tokens; decoding runs up to the block size (default 4)")
     p.add_argument("--rounds", type=int, default=15, help="generate calls per side (default 15)")
     args = p.parse_args(argv)
-    try:
-        import torch
-    except ImportError:
-        sys.exit("bench_decode: needs PyTorch in this Python (pip install torch==2.13.0 "
-                 "--index-url https://download.pytorch.org/whl/cpu)")
+    torch = import_torch("bench_decode")
     tune_host_allocator()                                              # as the training program does
     print(json.dumps({"cpu": cpu_info(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
                       "tinyattn_threads": ta.get_num_threads()}), flush=True)

@@ -15,21 +15,22 @@ and Python's cost around a tiny array operation. Each op runs under
 
 A round times ``--calls`` calls of one side, then of the other (the sides
 alternate, so that a machine whose speed drifts moves both alike). Prints
-one JSON line per op: the median microseconds per call of each side over the
-rounds, and tinyattn's time over PyTorch's (1.0: as fast; 2.0: twice as long).
+one JSON line per op (after one naming the CPU): the median microseconds per
+call of each side over the rounds, and tinyattn's time over PyTorch's (1.0: as
+fast; 2.0: twice as long).
 Needs PyTorch in this Python (a CPU build: pip install torch==2.13.0 --index-url
 https://download.pytorch.org/whl/cpu).
 """
 import argparse
 import json
 import statistics
-import sys
 import time
 
 import numpy as np
 
 import tinyattn as ta
 import tinyattn.nn.functional as F
+from bench_step import cpu_info, import_torch  # (beside this file: python puts its folder on the path)
 
 OPS = ["add", "matmul", "softmax", "layer_norm", "linear"]
 
@@ -77,12 +78,9 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=20, help="rounds per op, alternating the sides (default 20)")
     p.add_argument("--calls", type=int, default=2000, help="calls per side in a round (default 2000)")
     args = p.parse_args(argv)
-    try:
-        import torch
-    except ImportError:
-        sys.exit("bench_ops: needs PyTorch in this Python (pip install torch==2.13.0 "
-                 "--index-url https://download.pytorch.org/whl/cpu)")
+    torch = import_torch("bench_ops")
     torch.set_num_threads(1)                                 # a tiny op runs on one thread on both sides
+    print(json.dumps({"cpu": cpu_info(), "torch": torch.__version__}), flush=True)
     table = cases(torch, np.random.default_rng(0))
     with ta.no_grad(), torch.no_grad():
         for name in args.ops:

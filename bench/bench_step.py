@@ -254,6 +254,16 @@ def step_breakdown(side, steps):
                     "clip_grad_norm_, AdamW, zero_grad, Python; the profiler's own cost is in every number"}
 
 
+def import_torch(program):
+    """PyTorch, or exit with one line saying how to install it (a CPU build)."""
+    try:
+        import torch
+    except ImportError:
+        sys.exit(f"{program}: needs PyTorch in this Python (pip install torch==2.13.0 "
+                 "--index-url https://download.pytorch.org/whl/cpu)")
+    return torch
+
+
 SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile",
               "asimd", "sve")
 

@@ -118,36 +118,23 @@ def test_masked_softmax_finds_each_rows_max_at_its_first_or_last_allowed_key(mas
     assert calls.get("masked_softmax") and calls.get("attention"), calls
 
 
+def _split_then_view(xt, B, T, H, D):
+    """q, k, v as (B, T, C) pieces of the qkv product, each seen as (B, H, T, D)."""
+    return [t.view(B, T, H, D).transpose(1, 2) for t in xt.split(H * D, dim=2)]
+
+
+def _view_then_split(xt, B, T, H, D):
+    """As nn.MultiHeadAttention cuts them: (B, T, 3H, D) seen as (B, 3H, T, D), split along the heads."""
+    return xt.view(B, T, 3 * H, D).transpose(1, 2).split(H, dim=1)
+
+
 @needs_kernels
-def test_q_k_v_gradients_from_one_qkv_buffer_join_without_a_copy(monkeypatch):
+@pytest.mark.parametrize("cut", [_split_then_view, _view_then_split])
+def test_q_k_v_gradients_from_one_qkv_buffer_join_without_a_copy(monkeypatch, cut):
     """The attention kernel writes dq, dk, dv where q, k, v sit in the qkv buffer, so the
-    split's backward has nothing to concatenate; the gradient is the same either way."""
+    split's backward has nothing to concatenate (the buffer, or its transposed view, is the
+    gradient); the gradient is the same either way."""
     r = np.random.default_rng(8)
-    x, g = r.standard_normal((2, 16, 3 * 12)), r.standard_normal((2, 3, 16, 4))
-    results, concats, cat_forward = {}, [], ops.Cat.forward
-
-    def counting_cat(self, *arrays, dim):
-        concats.append(dim)
-        return cat_forward(self, *arrays, dim=dim)
-    monkeypatch.setattr(ops.Cat, "forward", counting_cat)
-    for use_kernels in (True, False):
-        monkeypatch.setattr(get_backend("cpu"), "use_kernels", use_kernels)
-        concats.clear()
-        xt = ta.tensor(x, dtype="float64", requires_grad=True)
-        q, k, v = (t.view(2, 16, 3, 4).transpose(1, 2) for t in xt.split(12, dim=2))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        out.backward(ta.tensor(g, dtype="float64"))
-        results[use_kernels] = (xt.grad.numpy(), len(concats))
-    np.testing.assert_allclose(results[True][0], results[False][0], rtol=1e-12, atol=1e-14)
-    assert results[True][1] == 0 and results[False][1] == 1
-
-
-@needs_kernels
-def test_heads_cut_as_multi_head_attention_cuts_them_join_their_gradients_without_a_copy(monkeypatch):
-    """q, k, v cut from (B, T, 3H, D) seen as (B, 3H, T, D) (a view, a transpose, a split along
-    the heads: nn.MultiHeadAttention): their gradients fill the transposed buffer, which the
-    split's backward hands back as it is."""
-    r = np.random.default_rng(9)
     B, T, H, D = 2, 16, 3, 4
     x, g = r.standard_normal((B, T, 3 * H * D)), r.standard_normal((B, H, T, D))
     results, concats, cat_forward = {}, [], ops.Cat.forward
@@ -160,12 +147,12 @@ def test_heads_cut_as_multi_head_attention_cuts_them_join_their_gradients_withou
         monkeypatch.setattr(get_backend("cpu"), "use_kernels", use_kernels)
         concats.clear()
         xt = ta.tensor(x, dtype="float64", requires_grad=True)
-        q, k, v = xt.view(B, T, 3 * H, D).transpose(1, 2).split(H, dim=1)
+        q, k, v = cut(xt, B, T, H, D)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         out.backward(ta.tensor(g, dtype="float64"))
         results[use_kernels] = (xt.grad.numpy(), len(concats))
     np.testing.assert_allclose(results[True][0], results[False][0], rtol=1e-12, atol=1e-14)
-    assert results[True][1] == 0
+    assert results[True][1] == 0 and results[False][1] == 1
 
 
 def test_joined_finds_the_strided_whole_of_heads_cut_from_a_transposed_buffer():

@@ -127,29 +127,17 @@ def test_new_keys_and_values_that_need_a_gradient_get_it_through_the_cache(needs
     ta.gradcheck(lambda a, b, c: _attend_over_cache(a, b, c, k_past, v_past), (q, k_new, v_new), mode="full")
 
 
-def test_mha_with_a_cache_one_token_at_a_time_matches_the_full_causal_pass():
-    """B = 2, T = 20: the cache grows past 16 positions during the tokens."""
-    ta.manual_seed(0)
+@pytest.mark.parametrize("seed, B, T, prompt", [(0, 2, 20, 3),      # the cache grows past 16 during the tokens
+                                             (1, 3, 40, 18)])    # 18 > 16 in one forward, then tokens
+def test_mha_with_a_cache_one_token_at_a_time_matches_the_full_causal_pass(seed, B, T, prompt):
+    ta.manual_seed(seed)
     mha = nn.MultiHeadAttention(8, 2)
-    x = ta.tensor(np.random.default_rng(6).standard_normal((2, 20, 8)), dtype="float32")
+    x = ta.tensor(np.random.default_rng(seed + 6).standard_normal((B, T, 8)), dtype="float32")
     with ta.no_grad():
         full = mha(x, is_causal=True)
         cache = nn.KVCache()
-        pieces = [mha(x[:, :3], kv_cache=cache)]                  # a prompt of 3
-        for t in range(3, 20):
+        pieces = [mha(x[:, :prompt], kv_cache=cache)]
+        for t in range(prompt, T):
             pieces.append(mha(x[:, t:t + 1], kv_cache=cache))
-    assert len(cache) == 20
-    np.testing.assert_allclose(ta.cat(pieces, dim=1).numpy(), full.numpy(), rtol=1e-5, atol=1e-6)
-
-
-def test_mha_with_a_prompt_longer_than_the_first_buffers_then_tokens_matches_the_full_pass():
-    ta.manual_seed(1)
-    mha = nn.MultiHeadAttention(8, 2)
-    x = ta.tensor(np.random.default_rng(7).standard_normal((3, 40, 8)), dtype="float32")
-    with ta.no_grad():
-        full = mha(x, is_causal=True)
-        cache = nn.KVCache()
-        pieces = [mha(x[:, :18], kv_cache=cache)]                 # 18 > 16 in one forward
-        for t in range(18, 40):
-            pieces.append(mha(x[:, t:t + 1], kv_cache=cache))
+    assert len(cache) == T
     np.testing.assert_allclose(ta.cat(pieces, dim=1).numpy(), full.numpy(), rtol=1e-5, atol=1e-6)

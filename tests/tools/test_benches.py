@@ -1,0 +1,42 @@
+"""bench/bench_ops.py and bench/bench_decode.py run (no timing is checked: speed is measured in
+benchmarks, never in tests). Without PyTorch they say so in one line; with it, a tiny run prints
+its JSON lines."""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+RUNS = {"bench_ops.py": ["--ops", "add", "softmax", "--rounds", "1", "--calls", "5"],
+        "bench_decode.py": ["--configs", "tiny", "--batches", "2", "--rounds", "1"]}
+
+
+def run(script, *args):
+    return subprocess.run([sys.executable, f"bench/{script}", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.skipif(HAS_TORCH, reason="PyTorch is installed here")
+@pytest.mark.parametrize("script", sorted(RUNS))
+def test_without_pytorch_a_benchmark_says_so_in_one_line(script):
+    done = run(script, *RUNS[script])
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [f"{script[:-3]}: needs PyTorch in this Python (pip install "
+                                                "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu)"]
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="needs PyTorch")
+@pytest.mark.parametrize("script", sorted(RUNS))
+def test_a_tiny_benchmark_run_prints_the_cpu_then_one_line_per_case(script):
+    done = run(script, *RUNS[script])
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert "cpu" in lines[0]
+    if script == "bench_decode.py":                              # one config, one batch size
+        assert len(lines) == 2 and lines[1]["tokens_agree"] == 1.0 and lines[1]["speed_vs_torch"] > 0
+    else:
+        assert [r["op"] for r in lines[1:]] == ["add", "softmax"]

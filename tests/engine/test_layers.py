@@ -190,6 +190,18 @@ def test_every_fast_op_is_a_subclass_of_the_teaching_op_it_replaces():
         assert not teaching.__module__.startswith("tinyattn.fast")
 
 
+def test_every_fast_module_is_a_subclass_of_the_teaching_module_it_replaces():
+    import tinyattn  # noqa: F401  (its __init__ imports fast/models.py, which adds the GPT's layers)
+    from tinyattn.fast.modules import FAST_MODULES
+    from tinyattn.models.gpt import MLP, Block
+    from tinyattn.nn import MultiHeadAttention
+    assert {MultiHeadAttention, MLP, Block} <= set(FAST_MODULES)
+    for teaching, fast in FAST_MODULES.items():
+        assert issubclass(fast, teaching) and fast.__name__ == teaching.__name__, fast
+        assert fast.__module__.startswith("tinyattn.fast"), fast
+        assert not teaching.__module__.startswith("tinyattn.fast"), teaching
+
+
 def test_the_switch_runs_the_teaching_formulas_and_back():
     import numpy as np
     import tinyattn as ta

@@ -1,0 +1,484 @@
+"""The fast layers (tinyattn/fast/modules.py and fast/models.py): a GPT's attention, MLP and
+block as a few array calls where no graph is recorded, the teaching forward everywhere else.
+
+Each test compares the array path with the teaching path of the same model (``ta.set_fast(False)``:
+the fast subclasses then see no fast ops and call ``super().forward``), and counts with spies which
+path ran, so that no comparison is the teaching path against itself.
+"""
+import collections
+import contextlib
+
+import numpy as np
+import pytest
+
+import tinyattn as ta
+import tinyattn.nn as nn
+from exercise_solutions import kv_cache as learner_kv_cache
+from exercise_solutions import lora as learner_lora
+from tinyattn.backend import get_backend
+from tinyattn.fast import models as fast_models
+from tinyattn.fast import modules as fast_modules
+from tinyattn.models import GPT, GPTConfig, gpt
+from tinyattn.nn import attention
+
+TOL = {"float32": dict(rtol=1e-5, atol=1e-5), "float64": dict(rtol=1e-12, atol=1e-12)}
+PATHS = ("attention", "mlp", "block")
+
+
+def gpt_model(dtype="float32", **kw):
+    """A small GPT in eval mode. init="default" (Embedding N(0, 1), uniform Linears): logits of
+    order one, so a wrong product or a missing bias shows; the layer norms' weights and biases
+    moved off 1 and 0, so that each layer norm is its own."""
+    ta.manual_seed(0)
+    cfg = dict(block_size=64, vocab_size=13, n_layer=2, n_head=2, n_embd=16, init="default")
+    cfg.update(kw)
+    model = GPT(GPTConfig(**cfg)).eval()
+    rng = np.random.default_rng(2)
+    for name, p in model.named_parameters():
+        if ".ln_" in name or name.startswith("ln_"):
+            p.data = p.data + 0.2 * rng.standard_normal(p.shape).astype(p.dtype)
+        p.data = p.data.astype(dtype)
+    return model
+
+
+def random_ids(B, T, vocab=13, seed=1):
+    return ta.tensor(np.random.default_rng(seed).integers(0, vocab, (B, T)))
+
+
+@contextlib.contextmanager
+def fast_layer_off():
+    ta.set_fast(False)
+    try:
+        yield
+    finally:
+        ta.set_fast(True)
+
+
+def no_graph(mode):
+    return ta.no_grad() if mode == "no_grad" else ta.inference_mode()
+
+
+@pytest.fixture
+def array_paths(monkeypatch):
+    """Counts of the array paths that ran: "attention" (fast MultiHeadAttention's products),
+    "mlp" (fast MLP's products), "block" (fast Block's layer norms by the kernel)."""
+    calls = collections.Counter()
+
+    def counted(name, fn):
+        def spy(*args):
+            out = fn(*args)
+            if out is not None:                  # (_layer_norm declines with None: the Block falls back)
+                calls[name] += 1
+            return out
+        return spy
+
+    monkeypatch.setattr(fast_modules, "linear_on_arrays", counted("attention", fast_modules.linear_on_arrays))
+    monkeypatch.setattr(fast_models, "linear_on_arrays", counted("mlp", fast_models.linear_on_arrays))
+    monkeypatch.setattr(fast_models, "_layer_norm", counted("block", fast_models._layer_norm))
+    return calls
+
+
+@pytest.fixture(params=["kernels", "numpy"])
+def kernels(request, monkeypatch):
+    """With the CPU's fused kernels, and without (the attention formula on arrays; the Block and
+    MLP, which need the layer norm and GELU kernels, fall back)."""
+    cpu = get_backend("cpu")
+    if request.param == "kernels" and not cpu.kernels:
+        pytest.skip("no CPU kernels here (numba is not installed, or TINYATTN_CPU_KERNELS=0)")
+    monkeypatch.setattr(cpu, "use_kernels", request.param == "kernels")
+    return request.param
+
+
+def expected_paths(kernels):
+    return set(PATHS) if kernels == "kernels" else {"attention"}
+
+
+def paths_here():
+    """The array paths that a GPT's no-graph forward takes on this machine: the MLP and the Block
+    need the CPU's GELU and layer norm kernels (numba, the ``fast`` extra)."""
+    return expected_paths("kernels" if get_backend("cpu").kernel("gelu_tanh") else "numpy")
+
+
+def decode(model, idx, ends, cache=nn.KVCache):
+    """Logits (B, T, V) of idx run through one KV cache a block: idx[:, :ends[0]] first, then up to
+    each next end."""
+    caches = [cache() for _ in model.h]
+    out, start = [], 0
+    for end in ends:
+        out.append(model(idx[:, start:end], kv_caches=caches)[0].numpy())
+        start = end
+    return np.concatenate(out, axis=1)
+
+
+PROMPT_THEN_TOKENS = [10, 13] + list(range(14, 41))   # a prompt, a chunk of 3, then one at a time past 16 and 32
+
+
+# ---------------------------------------------------------------- which classes are made
+def test_a_gpt_made_with_the_fast_layer_on_has_the_fast_layers():
+    block = gpt_model().h[0]
+    assert type(block) is fast_models.Block and isinstance(block, gpt.Block)
+    assert type(block.mlp) is fast_models.MLP and isinstance(block.mlp, gpt.MLP)
+    assert type(block.attn) is fast_modules.MultiHeadAttention and isinstance(block.attn, attention.MultiHeadAttention)
+    assert type(block.ln_1) is nn.LayerNorm and type(block.attn.c_attn) is nn.Linear   # (no fast versions)
+    assert type(nn.MultiHeadAttention(8, 2)) is fast_modules.MultiHeadAttention
+
+
+def test_a_gpt_made_with_the_fast_layer_off_has_the_teaching_layers():
+    with fast_layer_off():
+        block = gpt_model().h[0]
+        mha = nn.MultiHeadAttention(8, 2)
+    assert type(block) is gpt.Block and type(block.mlp) is gpt.MLP
+    assert type(block.attn) is attention.MultiHeadAttention and type(mha) is attention.MultiHeadAttention
+    assert type(gpt_model().h[0]) is fast_models.Block                 # and back on
+
+
+# ---------------------------------------------------------------- the same numbers both ways
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+@pytest.mark.parametrize("B", [1, 3])
+def test_logits_on_arrays_match_the_teaching_path(dtype, mode, B, kernels, array_paths):
+    model = gpt_model(dtype)
+    idx = random_ids(B, 20)
+    with no_graph(mode):
+        fast = model(idx)[0]
+    assert set(array_paths) == expected_paths(kernels), array_paths
+    assert fast.dtype == dtype and not fast.requires_grad
+    array_paths.clear()
+    with fast_layer_off(), no_graph(mode):
+        teaching = model(idx)[0]
+    assert not array_paths
+    np.testing.assert_allclose(fast.numpy(), teaching.numpy(), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+@pytest.mark.parametrize("B", [1, 3])
+def test_logits_through_the_kv_cache_match_the_teaching_path(dtype, mode, B, kernels, array_paths):
+    model = gpt_model(dtype)
+    idx = random_ids(B, 40)
+    with no_graph(mode):
+        fast = decode(model, idx, PROMPT_THEN_TOKENS)
+    assert set(array_paths) == expected_paths(kernels), array_paths
+    array_paths.clear()
+    with fast_layer_off(), no_graph(mode):
+        teaching = decode(model, idx, PROMPT_THEN_TOKENS)
+        whole = model(idx)[0].numpy()                                   # (and the cache changes nothing)
+    assert not array_paths
+    np.testing.assert_allclose(fast, teaching, **TOL[dtype])
+    np.testing.assert_allclose(fast, whole, **TOL[dtype])
+
+
+@pytest.mark.parametrize("B", [1, 3])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_greedy_generate_writes_the_same_tokens_both_ways(B, dtype, array_paths):
+    model = gpt_model(dtype, block_size=32)
+    idx = random_ids(B, 5)
+    fast = model.generate(idx, 40, temperature=0).numpy()               # past 16 and 32: the window slides
+    assert array_paths["attention"] > 0
+    with fast_layer_off():
+        teaching = model.generate(idx, 40, temperature=0).numpy()
+        uncached = model.generate(idx, 40, temperature=0, use_cache=False).numpy()
+    np.testing.assert_array_equal(fast, teaching)
+    np.testing.assert_array_equal(fast, uncached)
+
+
+def test_without_biases_the_block_falls_back_and_the_logits_still_match(array_paths):
+    """bias=False: Linears without a bias run on arrays; a LayerNorm without one has no kernel,
+    so the Block runs its teaching forward around the fast attention and MLP."""
+    model = gpt_model("float64", bias=False)
+    block = model.h[0]
+    assert block.attn.c_attn.bias is None and block.mlp.c_fc.bias is None and block.ln_1.bias is None
+    idx = random_ids(3, 40)
+    with ta.inference_mode():
+        fast = model(idx)[0].numpy()
+        fast_cached = decode(model, idx, PROMPT_THEN_TOKENS)
+    assert set(array_paths) == paths_here() - {"block"}, array_paths
+    with fast_layer_off(), ta.inference_mode():
+        teaching = model(idx)[0].numpy()
+    np.testing.assert_allclose(fast, teaching, **TOL["float64"])
+    np.testing.assert_allclose(fast_cached, teaching, **TOL["float64"])
+
+
+def test_exact_gelu_takes_the_teaching_mlp_and_the_logits_still_match(array_paths):
+    model = gpt_model("float64", gelu="none")
+    idx = random_ids(3, 20)
+    with ta.inference_mode():
+        fast = model(idx)[0].numpy()
+    assert set(array_paths) == paths_here() - {"mlp"}, array_paths
+    with fast_layer_off(), ta.inference_mode():
+        teaching = model(idx)[0].numpy()
+    np.testing.assert_allclose(fast, teaching, **TOL["float64"])
+
+
+def test_frozen_parameters_with_grad_on_run_on_arrays(array_paths):
+    """Grad on but nothing requires grad: no graph can be recorded, so the arrays serve."""
+    model = gpt_model("float64")
+    for p in model.parameters():
+        p.requires_grad = False
+    idx = random_ids(3, 20)
+    fast = model(idx)[0]
+    assert not fast.requires_grad and set(array_paths) == paths_here()
+    with fast_layer_off():
+        teaching = model(idx)[0].numpy()
+    np.testing.assert_allclose(fast.numpy(), teaching, **TOL["float64"])
+
+
+# ---------------------------------------------------------------- where the teaching forward runs
+def test_training_runs_the_teaching_forward_and_gives_the_teaching_gradients(array_paths):
+    model = gpt_model("float64").train()                                # dropout 0: only the graph stops it
+    idx, targets = random_ids(3, 20), random_ids(3, 20, seed=2)
+    _, loss = model(idx, targets)
+    loss.backward()
+    assert not array_paths
+    grads = {name: p.grad.numpy() for name, p in model.named_parameters()}
+    model.zero_grad()
+    with fast_layer_off():
+        _, teaching_loss = model(idx, targets)
+        teaching_loss.backward()
+    np.testing.assert_allclose(loss.item(), teaching_loss.item(), rtol=1e-12)
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(grads[name], p.grad.numpy(), **TOL["float64"], err_msg=name)
+
+
+def test_an_input_that_requires_grad_runs_the_teaching_forward(array_paths):
+    """Frozen parameters, but the input wants a gradient (as for a saliency map)."""
+    ta.manual_seed(0)
+    mha = nn.MultiHeadAttention(16, 2).eval()
+    for p in mha.parameters():
+        p.requires_grad = False
+    x = ta.randn(2, 5, 16, requires_grad=True)
+    mha(x, is_causal=True).sum().backward()
+    assert not array_paths and x.grad is not None and np.abs(x.grad.numpy()).sum() > 0
+
+
+@pytest.mark.parametrize("watch", ["profile", "detect_anomaly"])
+def test_under_a_profiler_or_anomaly_detection_every_op_is_recorded(watch, array_paths):
+    model = gpt_model(n_layer=1)
+    idx = random_ids(3, 20)
+    with ta.no_grad():
+        fast = model(idx)[0].numpy()
+    array_paths.clear()
+    with ta.no_grad(), (ta.profile() if watch == "profile" else ta.detect_anomaly()) as watching:
+        watched = model(idx)[0].numpy()
+    assert not array_paths
+    np.testing.assert_allclose(watched, fast, **TOL["float32"])
+    if watch == "profile":
+        calls = {name: row["calls"] for name, row in watching.key_averages().items()}
+        # c_attn, c_proj, c_fc, c_proj and lm_head; ln_1, ln_2 and ln_f
+        assert calls["Linear"] == 5 and calls["LayerNorm"] == 3, calls
+        assert calls["Attention"] == 1 and calls["GeluTanh"] == 1, calls
+
+
+def test_keep_weights_runs_the_teaching_forward_and_keeps_them(array_paths):
+    ta.manual_seed(0)
+    mha = nn.MultiHeadAttention(16, 2).eval()
+    x = ta.randn(3, 7, 16)
+    with ta.no_grad():
+        fast = mha(x, is_causal=True).numpy()
+        assert array_paths["attention"] > 0
+        array_paths.clear()
+        mha.keep_weights = True
+        kept = mha(x, is_causal=True).numpy()
+    assert not array_paths
+    np.testing.assert_allclose(kept, fast, **TOL["float32"])
+    w = mha.last_weights.numpy()
+    assert w.shape == (3, 2, 7, 7)
+    np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)
+    assert np.all(w[..., np.triu_indices(7, 1)[0], np.triu_indices(7, 1)[1]] == 0)   # causal
+
+
+@pytest.mark.parametrize("mask", ["none", "not causal", "boolean", "additive"])
+def test_attention_that_is_not_just_causal_runs_the_teaching_forward(mask, array_paths):
+    ta.manual_seed(0)
+    mha = nn.MultiHeadAttention(16, 2).eval()
+    x = ta.randn(3, 7, 16)
+    rng = np.random.default_rng(4)
+    allowed = rng.random((7, 7)) < 0.6
+    allowed[:, 0] = True
+    kwargs = {"none": dict(is_causal=True), "not causal": dict(),
+              "boolean": dict(attn_mask=ta.tensor(allowed)),
+              "additive": dict(attn_mask=ta.tensor(rng.standard_normal((7, 7)), dtype="float32"))}[mask]
+    with ta.inference_mode():
+        fast = mha(x, **kwargs).numpy()
+    assert array_paths["attention"] == (2 if mask == "none" else 0)
+    with fast_layer_off(), ta.inference_mode():
+        teaching = mha(x, **kwargs).numpy()
+    np.testing.assert_allclose(fast, teaching, **TOL["float32"])
+
+
+class ShiftedLinear(nn.Linear):
+    """A Linear with a vector added (as a LoRA adapter adds its update), counting its calls."""
+
+    def forward(self, x):
+        self.calls = getattr(self, "calls", 0) + 1
+        return super().forward(x) + self.shift       # (not the same in every channel: a LayerNorm would undo that)
+
+
+def with_adapter(layer, kind):
+    """``layer``'s weights inside a Linear subclass, or the reference LoRALinear (exercise 17) with B nonzero."""
+    if kind == "Linear subclass":
+        adapted = ShiftedLinear(layer.in_features, layer.out_features, bias=layer.bias is not None)
+        adapted.weight, adapted.bias = layer.weight, layer.bias
+        adapted.shift = ta.tensor(np.linspace(-0.5, 0.5, layer.out_features), dtype=layer.weight.dtype)
+        return adapted
+    ta.manual_seed(3)
+    adapted = learner_lora.LoRALinear(layer, r=2)
+    adapted.A.data = adapted.A.data.astype(layer.weight.dtype)
+    adapted.B.data = (ta.randn(*adapted.B.shape).data * 0.5).astype(layer.weight.dtype)
+    adapted.forward = counting_forward(adapted, adapted.forward)
+    return adapted
+
+
+def counting_forward(module, forward):
+    def counted(*args):
+        module.calls = getattr(module, "calls", 0) + 1
+        return forward(*args)
+    return counted
+
+
+@pytest.mark.parametrize("kind", ["Linear subclass", "LoRALinear"])
+@pytest.mark.parametrize("where", ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"])
+def test_an_adapter_in_place_of_a_linear_is_called(where, kind, array_paths):
+    model = gpt_model("float64", n_layer=1)
+    idx = random_ids(3, 20)
+    with ta.inference_mode():
+        plain = model(idx)[0].numpy()
+    layer_name, linear_name = where.split(".")
+    layer = getattr(model.h[0], layer_name)
+    adapter = with_adapter(getattr(layer, linear_name), kind)
+    setattr(layer, linear_name, adapter)
+    array_paths.clear()
+    with ta.inference_mode():
+        fast = model(idx)[0].numpy()
+        fast_cached = decode(model, idx, [10] + list(range(11, 21)))
+    assert adapter.calls == 1 + 11
+    assert set(array_paths) == paths_here() - {"attention" if layer_name == "attn" else "mlp"}, array_paths
+    assert np.abs(fast - plain).max() > 1e-3                            # the adapter changes the logits
+    with fast_layer_off(), ta.inference_mode():
+        teaching = model(idx)[0].numpy()
+    np.testing.assert_allclose(fast, teaching, **TOL["float64"])
+    np.testing.assert_allclose(fast_cached, teaching, **TOL["float64"])
+
+
+def test_a_learners_kv_cache_is_used_through_the_teaching_path(array_paths, monkeypatch):
+    model = gpt_model()
+    idx = random_ids(3, 40)
+    with ta.inference_mode():
+        library = decode(model, idx, PROMPT_THEN_TOKENS)
+        greedy = model.generate(idx[:, :5], 30, temperature=0).numpy()
+    assert array_paths["attention"] > 0
+    array_paths.clear()
+    appends = collections.Counter()
+    append = learner_kv_cache.KVCache.append
+
+    def counted_append(self, k, v):
+        appends["append"] += 1
+        return append(self, k, v)
+    monkeypatch.setattr(learner_kv_cache.KVCache, "append", counted_append)
+    with ta.inference_mode():
+        learners = decode(model, idx, PROMPT_THEN_TOKENS, cache=learner_kv_cache.KVCache)
+    assert appends["append"] == 2 * len(PROMPT_THEN_TOKENS) and array_paths["attention"] == 0
+    np.testing.assert_allclose(learners, library, **TOL["float32"])
+    monkeypatch.setattr(ta.nn, "KVCache", learner_kv_cache.KVCache)     # what generate makes
+    np.testing.assert_array_equal(model.generate(idx[:, :5], 30, temperature=0).numpy(), greedy)
+    assert array_paths["attention"] == 0
+
+
+@pytest.mark.parametrize("which", ["dropout", "head_dropout", "attention dropout"])
+def test_training_mode_with_dropout_runs_the_teaching_forward(which, array_paths):
+    model = gpt_model("float64", n_layer=1, **{"head_dropout" if which == "head_dropout" else "dropout": 0.3})
+    if which == "attention dropout":                                    # on the attention weights alone
+        for layer in model.modules():
+            if type(layer) is nn.Dropout:
+                layer.p = 0.0
+    idx = random_ids(3, 20)
+    with ta.no_grad():
+        clean = model(idx)[0].numpy()                                   # eval: dropout does nothing
+        array_paths.clear()
+        model.train()
+        ta.manual_seed(5)
+        dropped = model(idx)[0].numpy()
+    assert set(array_paths) == paths_here() - ({"attention", "mlp"} if which == "dropout" else {"attention"})
+    assert np.abs(dropped - clean).max() > 1e-3
+    with fast_layer_off(), ta.no_grad():
+        ta.manual_seed(5)
+        teaching = model(idx)[0].numpy()
+    np.testing.assert_allclose(dropped, teaching, **TOL["float64"])
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_sequence_long_enough_for_the_tiled_path_runs_the_teaching_forward(cached, array_paths, monkeypatch):
+    model = gpt_model("float64")
+    idx = random_ids(3, 40)
+    run = (lambda: decode(model, idx, PROMPT_THEN_TOKENS)) if cached else (lambda: model(idx)[0].numpy())
+    with ta.inference_mode():
+        naive = run()
+    assert array_paths["attention"] > 0
+    array_paths.clear()
+    tiled = collections.Counter()
+    flash = attention.flash_attention
+
+    def counted_flash(*args, **kwargs):
+        tiled["calls"] += 1
+        return flash(*args, **kwargs)
+    monkeypatch.setattr(attention, "flash_attention", counted_flash)
+    monkeypatch.setattr(attention, "TILED_MIN_SCORES", 1)               # every length is "long"
+    with ta.inference_mode():
+        long = run()
+    assert array_paths["attention"] == 0 and tiled["calls"] > 0
+    np.testing.assert_allclose(long, naive, **TOL["float64"])
+
+
+@pytest.mark.xfail(strict=True, reason="the fast layers take a Dropout as idle when its parent is in eval "
+                                       "mode, though the Dropout's own training flag says it samples")
+def test_a_dropout_left_training_in_an_eval_model_still_samples(array_paths):
+    """Monte Carlo dropout: model.eval(), then the Dropout layers alone put back in training mode.
+    The teaching forward samples in them; the fast forward must too (or fall back)."""
+    ta.manual_seed(0)
+    mha = nn.MultiHeadAttention(8, 2, dropout=0.5).eval()
+    mha.resid_dropout.train()
+    x = ta.randn(1, 4, 8)
+    with ta.no_grad():
+        first, second = mha(x, is_causal=True).numpy(), mha(x, is_causal=True).numpy()
+    assert not np.array_equal(first, second)
+
+
+# ---------------------------------------------------------------- errors stay the teaching ones
+def error_both_ways(fn, error=ValueError):
+    """The message of what ``fn`` raises with the fast layer on (under no_grad) and off."""
+    messages = []
+    for off in (False, True):
+        with (fast_layer_off() if off else contextlib.nullcontext()), ta.no_grad():
+            with pytest.raises(error) as err:
+                fn()
+        messages.append(str(err.value))
+    return messages
+
+
+def test_a_wrong_shape_gives_the_teaching_error():
+    mha = nn.MultiHeadAttention(8, 2).eval()
+    message = "MultiHeadAttention expects (B, T, C) with C = 8, got (5, 8)"
+    fast, teaching = error_both_ways(lambda: mha(ta.randn(5, 8), is_causal=True))
+    assert fast == teaching and message in fast
+    fast, teaching = error_both_ways(lambda: mha(ta.randn(2, 5, 4), is_causal=True))
+    assert fast == teaching and "got (2, 5, 4)" in fast
+    block = gpt_model(n_embd=8).h[0]
+    fast, teaching = error_both_ways(lambda: block(ta.randn(5, 8)))
+    assert fast == teaching and message in fast
+
+
+def test_a_cache_of_another_batch_gives_the_teaching_error():
+    model = gpt_model()
+
+    def run():
+        caches = [nn.KVCache() for _ in model.h]
+        model(random_ids(3, 10), kv_caches=caches)
+        model(random_ids(1, 1), kv_caches=caches)
+    fast, teaching = error_both_ways(run)
+    assert fast == teaching and "do not fit the cached (B, H, T, D) = (3, 2, 10, 8)" in fast
+
+
+def test_a_float64_input_to_float32_weights_gives_the_teaching_error():
+    mha = nn.MultiHeadAttention(8, 2).eval()
+    fast, teaching = error_both_ways(lambda: mha(ta.randn(2, 5, 8, dtype="float64"), is_causal=True), TypeError)
+    assert fast == teaching and "float64" in fast and "float32" in fast

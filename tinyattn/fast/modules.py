@@ -35,7 +35,8 @@ def no_graph(x, module):
 
 
 def is_linear(layer, x):
-    return type(layer) is modules.Linear and layer.weight.dtype == x.dtype
+    """An nn.Linear itself (not a subclass, no forward of its own set on it) of x's dtype."""
+    return type(layer) is modules.Linear and "forward" not in layer.__dict__ and layer.weight.dtype == x.dtype
 
 
 def linear_on_arrays(x2, layer):
@@ -44,9 +45,9 @@ def linear_on_arrays(x2, layer):
     return threads.matmul(np, x2, layouts.transposed(w, len(x2)), add=b)
 
 
-def idle(dropout, training):
-    """The Dropout layer does nothing here (eval, or p = 0)."""
-    return type(dropout) is modules.Dropout and (not training or dropout.p == 0.0)
+def idle(dropout):
+    """The Dropout layer does nothing here (its own training flag off, or p = 0)."""
+    return type(dropout) is modules.Dropout and (not dropout.training or dropout.p == 0.0)
 
 
 class MultiHeadAttention(attention.MultiHeadAttention):
@@ -80,7 +81,7 @@ class MultiHeadAttention(attention.MultiHeadAttention):
                 and isinstance(x, autograd._Tensor) and x.ndim == 3 and x.shape[-1] == self.n_embd
                 and (kv_cache is None or type(kv_cache) is attention.KVCache)
                 and is_linear(self.c_attn, x) and is_linear(self.c_proj, x)
-                and idle(self.resid_dropout, self.training) and (self.dropout == 0.0 or not self.training)
+                and idle(self.resid_dropout) and (self.dropout == 0.0 or not self.training)
                 and (self.head_dropout == 0.0 or not self.training) and no_graph(x, self)):
             return False
         B, T, C = x.shape                                                # the naive path, not the tiled one

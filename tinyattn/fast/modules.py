@@ -4,8 +4,9 @@ Running a trained model (GPT.generate, ta.inference_mode) records no graph,
 so the ops a layer's forward is made of need not be recorded one by one: a
 MultiHeadAttention's projection, head split, cache write, attention and
 output projection run here as a few array calls (and, in models.py, a GPT
-block's layer norms and residual adds, its MLP's two products and GELU), with the same arithmetic as the fast ops (layouts.py's
-weights, threads.matmul, the attention and gelu kernels). Each subclass runs
+block's layer norms and residual adds, its MLP's two products and GELU),
+with the same arithmetic as the fast ops (linear_rows, attention_arrays,
+the gelu and layer norm kernels). Each subclass runs
 the teaching forward (``super().forward``) whenever a graph could be
 recorded (grad on and a parameter or input that requires it), when a
 profiler or anomaly detection watches the ops, when the fast layer is off,
@@ -21,8 +22,8 @@ import numpy as np
 from .. import autograd
 from ..autograd import constant, is_grad_enabled
 from ..nn import attention, modules
-from ..ops import causal_mask, masked_softmax, matrix_transpose
-from . import layouts, threads
+from ..ops import causal_mask
+from .ops import attention_arrays, linear_rows
 
 
 def no_graph(x, module):
@@ -41,8 +42,7 @@ def is_linear(layer, x):
 
 def linear_on_arrays(x2, layer):
     """x2 (N, in) @ W^T + b on arrays, as the fast Linear runs it."""
-    w, b = layer.weight.data, None if layer.bias is None else layer.bias.data
-    return threads.matmul(np, x2, layouts.transposed(w, len(x2)), add=b)
+    return linear_rows(x2, layer.weight.data, None if layer.bias is None else layer.bias.data)
 
 
 def idle(dropout):
@@ -67,12 +67,7 @@ class MultiHeadAttention(attention.MultiHeadAttention):
             k_t, v_t = kv_cache.append(constant(x, k), constant(x, v))   # (B, H, T_past + T, D)
             k, v, t_k = k_t.data, v_t.data, k_t.shape[2]
         allowed = causal_mask(T, t_k, x.backend, offset=t_k - T)
-        scale = 1.0 / math.sqrt(D)
-        fused = x.backend.run_kernel("attention", q, k, v, allowed, scale)
-        if fused is not None:
-            out = fused[0]
-        else:                                                            # the Attention op's formula
-            out = masked_softmax(np, (q @ matrix_transpose(np, k)) * scale, allowed) @ v
+        out, _ = attention_arrays(x.backend, q, k, v, allowed, 1.0 / math.sqrt(D))
         y = out.transpose(0, 2, 1, 3).reshape(B * T, C)                  # merge heads: (B*T, C)
         return constant(x, linear_on_arrays(y, self.c_proj).reshape(B, T, C))
 
@@ -84,10 +79,9 @@ class MultiHeadAttention(attention.MultiHeadAttention):
                 and idle(self.resid_dropout) and (self.dropout == 0.0 or not self.training)
                 and (self.head_dropout == 0.0 or not self.training) and no_graph(x, self)):
             return False
-        B, T, C = x.shape                                                # the naive path, not the tiled one
+        B, T, _ = x.shape                                                # the naive path, not the tiled one
         t_k = T + (len(kv_cache) if kv_cache is not None else 0)
-        shaped = lambda t: constant(x, np.empty((B, self.n_head, t, C // self.n_head), x.dtype))  # noqa: E731  (untouched)
-        return attention.attention_impl(shaped(T), shaped(t_k)) == "naive"
+        return not attention.is_long(T, t_k, B * self.n_head, x.dtype.itemsize, x.backend.on_host)
 
 
 FAST_MODULES = {attention.MultiHeadAttention: MultiHeadAttention}    # (fast/models.py adds the GPT's layers)

@@ -292,6 +292,11 @@ class LayerNorm(F.LayerNorm):
         return kept(dx), kept(dw, weight.requires_grad), kept(db, bias.requires_grad)
 
 
+def linear_rows(x2, weight, bias=None):
+    """x2 (N, in) @ W^T + b on numpy arrays: split over the threads, W^T as layouts.py finds fastest."""
+    return threads.matmul(np, x2, layouts.transposed(weight, len(x2)), add=bias)
+
+
 class Linear(F.Linear):
     """One 2-d product over the flattened leading dims, split over the threads, with the bias
     added in place (inside ta.inference_mode, W^T as layouts.py finds fastest); backward's
@@ -303,8 +308,7 @@ class Linear(F.Linear):
             x2 = xp.reshape(x, (-1, x.shape[-1]))
             out = threads.matmul(xp, x2, xp.permute_dims(weight, (1, 0)), add=bias)
             return xp.reshape(out, tuple(x.shape[:-1]) + (weight.shape[0],))
-        x2 = x.reshape(-1, x.shape[-1])                           # (N, in)
-        out = threads.matmul(np, x2, layouts.transposed(weight, len(x2)), add=bias)   # (N, out)
+        out = linear_rows(x.reshape(-1, x.shape[-1]), weight, bias)    # (N, out)
         return out.reshape(x.shape[:-1] + (weight.shape[0],))
 
     def backward(self, g):                                         # g (..., out)
@@ -330,6 +334,17 @@ class Linear(F.Linear):
         return tuple(self.constant(results[i]) if i in results else None for i in range(len(self.parents)))
 
 
+def attention_arrays(backend, q, k, v, allowed, scale):
+    """(out, weights) of softmax(q k^T scale where allowed) v on arrays: the kernel, else the formula."""
+    fused = backend.run_kernel("attention", q, k, v, allowed, scale)
+    if fused is not None:
+        return fused
+    xp = backend.xp
+    scores = threads.matmul(xp, q, ops.matrix_transpose(xp, k)) * scale   # (B, H, Tq, Tk)
+    weights = ops.masked_softmax(xp, scores, allowed)
+    return threads.matmul(xp, weights, v), weights
+
+
 class Attention(attention.Attention):
     """The kernel (both products and the softmax of a part of the batch in one thread, outputs
     and gradients in their inputs' memory order), else the formula; forward keeps the weights,
@@ -337,13 +352,7 @@ class Attention(attention.Attention):
 
     def forward(self, q, k, v, allowed, scale):
         self.scale = scale
-        fused = self.backend.run_kernel("attention", q, k, v, allowed, scale)
-        if fused is None:
-            xp = self.xp
-            scores = threads.matmul(xp, q, ops.matrix_transpose(xp, k)) * scale   # (B, H, Tq, Tk)
-            weights = ops.masked_softmax(xp, scores, allowed)
-            fused = threads.matmul(xp, weights, v), weights
-        out, weights = fused
+        out, weights = attention_arrays(self.backend, q, k, v, allowed, scale)
         self.save(weights)                                         # (B, H, Tq, Tk)
         return out
 

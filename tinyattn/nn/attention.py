@@ -42,11 +42,15 @@ def attention_impl(q, k, attn_mask=None, dropout_p=0.0, return_weights=False, im
         return impl
     if return_weights or (attn_mask is not None and attn_mask.requires_grad):
         return "naive"
-    t_q, t_k = q.shape[-2], k.shape[-2]
-    heads = math.prod(q.shape[:-2])
-    score_bytes = heads * t_q * t_k * q.dtype.itemsize
-    long = TILED_MIN_SCORES if q.backend.on_host else TILED_MIN_SCORES_DEVICE
-    return "tiled" if t_q * t_k >= long or score_bytes > TILED_MAX_SCORE_BYTES else "naive"
+    long = is_long(q.shape[-2], k.shape[-2], math.prod(q.shape[:-2]), q.dtype.itemsize, q.backend.on_host)
+    return "tiled" if long else "naive"
+
+
+def is_long(t_q, t_k, heads, itemsize, on_host):
+    """Whether attention_impl's "auto" takes the tiled path for these sizes (masks and weights aside):
+    Tq * Tk from TILED_MIN_SCORES (TILED_MIN_SCORES_DEVICE off the CPU), or scores over TILED_MAX_SCORE_BYTES."""
+    least = TILED_MIN_SCORES if on_host else TILED_MIN_SCORES_DEVICE
+    return t_q * t_k >= least or heads * t_q * t_k * itemsize > TILED_MAX_SCORE_BYTES
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0,

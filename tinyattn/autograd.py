@@ -167,27 +167,36 @@ class Function:
     def apply(cls, *inputs, **params):
         backend = _common_backend(inputs, cls)
         ctx = backend.fast_ops.get(cls, cls)()        # the fast layer's version of the op, if it has one
-        ctx.backend, ctx.xp = backend, backend.xp
-        arrays = [t.data for t in inputs]
-        if cls.guard_inputs or hooks is not None:                 # (inside detect_anomaly: every op)
-            arrays = [backend.read_only(a) for a in arrays]
+        ctx.backend = backend
+        ctx.xp = backend.xp
         try:
-            if hooks is None:
-                data = ctx.forward(*arrays, **params)
+            if cls.guard_inputs or hooks is not None:             # (inside detect_anomaly: every op)
+                arrays = [backend.read_only(t.data) for t in inputs]
+                data = ctx.forward(*arrays, **params) if hooks is None else hooks.forward(ctx, inputs, arrays, params)
+            elif len(inputs) == 1:                                # (one and two inputs, spelled out: most ops)
+                data = ctx.forward(inputs[0].data, **params)
+            elif len(inputs) == 2:
+                data = ctx.forward(inputs[0].data, inputs[1].data, **params)
             else:
-                data = hooks.forward(ctx, inputs, arrays, params)
+                data = ctx.forward(*[t.data for t in inputs], **params)
         except Exception as e:
             better = _explain_forward_error(cls, inputs, e)
             if better is None:
                 raise
             raise better from None
-        if type(data) is tuple:
-            return _several_outputs(ctx, inputs, data)
         if type(data) is not backend.array_type:                  # (a numpy scalar, or not an array)
+            if type(data) is tuple:
+                return _several_outputs(ctx, inputs, data)
             data = forward_result(ctx, data)
-        if not (_grad_mode.enabled and _any_requires_grad(inputs)):
-            return _Tensor._make(data, ctx.backend)               # no graph: forward may move ctx to another device
-        out = _Tensor._make(data, ctx.backend, True)
+        if _grad_mode.enabled:
+            for t in inputs:
+                if t.requires_grad:
+                    break
+            else:
+                return _Tensor._make(data, ctx.backend)           # no graph: forward may move ctx to another device
+        else:
+            return _Tensor._make(data, ctx.backend)
+        out = _Tensor._make(data, ctx.backend, True)              # a graph: link the output to ctx, ctx to the inputs
         ctx.parents = inputs
         ctx.needs_input_grad = tuple(t.requires_grad for t in inputs)
         ctx._output = weakref.ref(out)
@@ -235,6 +244,14 @@ def _common_backend(tensors, op):
     """The backend (device) that every input Tensor of ``op`` is on; an error naming the op when
     an input is not a Tensor or the inputs are on two devices."""
     backend = None
+    for t in tensors:                             # (the usual case: one short loop, no error to build)
+        if not isinstance(t, _Tensor) or (backend is not None and t._backend is not backend):
+            break
+        backend = t._backend
+    else:
+        if backend is not None:
+            return backend
+    backend = None                                # else: find the first fault, and name it
     for i, t in enumerate(tensors):
         if not isinstance(t, _Tensor):
             raise TypeError(f"{op.__name__}.apply: input {i} is a {type(t).__name__}, not a Tensor "
@@ -244,9 +261,7 @@ def _common_backend(tensors, op):
         elif t._backend is not backend:
             raise RuntimeError(f"{op.__name__}: expected all tensors on one device, "
                                f"found {backend.name} and {t._backend.name}")
-    if backend is None:
-        raise TypeError(f"{op.__name__}.apply needs at least one Tensor input")
-    return backend
+    raise TypeError(f"{op.__name__}.apply needs at least one Tensor input")
 
 
 def broadcast_shape(op, *shapes):

@@ -64,9 +64,9 @@ def unbroadcast(g, x):
 def normalize_dim(dim, ndim, op):
     """``dim`` as an index in [0, ndim), negative dims counting from the end; an IndexError
     naming ``op`` when it is out of range (a 0-d tensor takes 0 and -1, as in PyTorch)."""
+    if type(dim) is int and -ndim <= dim < ndim:            # the usual case, at once
+        return dim % ndim
     n = max(ndim, 1)
-    if type(dim) is int and -n <= dim < n:                  # the usual case, at once
-        return dim % n
     if not isinstance(dim, int) and not (hasattr(dim, "__index__") and not hasattr(dim, "shape")):
         raise TypeError(f"{op}: dim must be an int (or a tuple of ints), got {describe(dim)}")
     dim = int(dim)
@@ -196,9 +196,9 @@ def check_same_dtype(op, *tensors):
     """Layers and matmul do not mix dtypes, as in PyTorch: ids fed to a Linear layer by
     mistake, or a float64 input to float32 weights, would otherwise give a float64 result
     silently. (Elementwise ops promote instead: float32 + float64 is float64.)"""
-    first = tensors[0].dtype
-    for t in tensors:
-        if t.dtype != first:
+    first = tensors[0].data.dtype
+    for t in tensors:                  # (the arrays' own dtypes: equal when the Tensors' are, and cheaper to read)
+        if t.data.dtype != first:
             break
     else:
         return
@@ -217,8 +217,7 @@ def matmul(a, b):
     a_shape, b_shape = a.shape, b.shape
     if not a_shape or not b_shape:
         raise ValueError(f"matmul needs at least 1-d operands, got shapes {a_shape} and {b_shape}")
-    if a.dtype != b.dtype:
-        check_same_dtype("matmul", a, b)
+    check_same_dtype("matmul", a, b)
     inner = b_shape[-2] if len(b_shape) > 1 else b_shape[0]
     if a_shape[-1] != inner:
         raise ValueError(f"matmul: shapes {a_shape} and {b_shape} do not fit ({a_shape[-1]} != {inner})")

@@ -3,10 +3,17 @@
 A Tensor wraps one backend array. Its methods are thin: each calls an op
 from ``ops.py``, and the engine in ``autograd.py`` records it.
 """
+from operator import attrgetter as _attrgetter
+
 from numpy import dtype as _np_dtype
 
 from . import autograd, ops as _ops
 from .backend import get_backend, float32, float64, int64, dtype_of_host, is_device, seed_all
+
+
+# The classes of the usual numpy dtypes: a set lookup costs a third of isinstance(d, numpy.dtype).
+_NUMPY_DTYPE_TYPES = frozenset(type(_np_dtype(name)) for name in ("float32", "float64", "float16", "int64",
+                                                                  "int32", "int8", "uint8", "bool"))
 
 
 # --------------------------------------------------------------------------
@@ -42,18 +49,17 @@ class Tensor:
         return t
 
     # --- what it is ---
-    @property
-    def shape(self):
-        return tuple(self.data.shape)
-
-    @property
-    def ndim(self):
-        return self.data.ndim
+    # shape and ndim are the array's own (a tuple and an int on every backend), read by C code:
+    # ops read them on every call, and a Python property costs twice as much.
+    shape = property(_attrgetter("data.shape"), doc="The size of each dim, a tuple of ints.")
+    ndim = property(_attrgetter("data.ndim"), doc="The number of dims.")
 
     @property
     def dtype(self):
         dtype = self.data.dtype                      # numpy's and CuPy's arrays: a numpy dtype already
-        return dtype if isinstance(dtype, _np_dtype) else self._backend.dtype_of(self.data)
+        if type(dtype) in _NUMPY_DTYPE_TYPES or isinstance(dtype, _np_dtype):
+            return dtype
+        return self._backend.dtype_of(self.data)
 
     @property
     def device(self):

@@ -234,15 +234,24 @@ def _layer_norm_bwd(g, xhat, w, rstd, dx, dw, db):  # dx = rstd (gx - mean(gx) -
             dx[n, c] = r * (g[n, c] * w[c] - s1 - xhat[n, c] * s2)
 
 
-def layer_norm(x, weight, bias, eps):
-    """(y, xhat, rstd) shaped (..., C), (..., C), (..., 1)."""
+def layer_norm(x, weight, bias, eps, keep=True):
+    """(y, xhat, rstd) shaped (..., C), (..., C), (..., 1); with keep=False (no backward will
+    run), (y, None, None), and the kernel writes xhat where y goes (one array fewer)."""
     if not _all_float(x, weight, bias) or weight.shape != x.shape[-1:] or bias.shape != x.shape[-1:]:
         return None
     x2 = _rows(x)                                                   # (N, C)
-    y, xhat = np.empty_like(x2), np.empty_like(x2)
+    y = np.empty_like(x2)
+    xhat = np.empty_like(x2) if keep else y                        # (y[n, c] is written after xhat[n, c])
     rstd = np.empty((len(x2), 1), dtype=x2.dtype)
-    w, b, eps = np.ascontiguousarray(weight), np.ascontiguousarray(bias), x2.dtype.type(eps)
-    _in_parts(_layer_norm_fwd, (x2, w, b, y, xhat, rstd, eps), (0, 3, 4, 5), len(x2), work=x2.size // _LIGHT)
+    w = weight if weight.flags.c_contiguous else np.ascontiguousarray(weight)
+    b = bias if bias.flags.c_contiguous else np.ascontiguousarray(bias)
+    args = (x2, w, b, y, xhat, rstd, x2.dtype.type(eps))
+    if too_small(x2.size // _LIGHT):                                # (_in_parts, inlined: tiny rows come often)
+        _layer_norm_fwd(*args)
+    else:
+        _in_parts(_layer_norm_fwd, args, (0, 3, 4, 5), len(x2), work=x2.size // _LIGHT)
+    if not keep:
+        return (y if x.ndim == 2 else y.reshape(x.shape)), None, None
     if x.ndim == 2:
         return y, xhat, rstd
     return y.reshape(x.shape), xhat.reshape(x.shape), rstd.reshape(x.shape[:-1] + (1,))
@@ -347,11 +356,14 @@ def _row_bounds(allowed):
 
 def softmax(x):
     """Softmax over the last dim of x (..., C)."""
-    if x.ndim < 1 or x.dtype.char not in "fd" or x.size == 0:
+    if x.dtype.char not in "fd" or x.size == 0 or x.ndim < 1:
         return None
     x2 = _rows(x)                                                   # (N, C)
     y = np.empty_like(x2)
-    _in_parts(_softmax_fwd, (x2, y), (0, 1), len(x2), work=x2.size)
+    if too_small(x2.size):                                          # (_in_parts, inlined: tiny rows come often)
+        _softmax_fwd(x2, y)
+    else:
+        _in_parts(_softmax_fwd, (x2, y), (0, 1), len(x2), work=x2.size)
     return y if x.ndim == 2 else y.reshape(x.shape)
 
 

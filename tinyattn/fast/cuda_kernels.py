@@ -233,8 +233,9 @@ def _rows(x):
     return cupy.ascontiguousarray(x).reshape(-1, x.shape[-1])
 
 
-def layer_norm(x, weight, bias, eps):
-    """Layer norm over the last dim: (y, xhat, rstd) shaped (..., C), (..., C), (..., 1)."""
+def layer_norm(x, weight, bias, eps, keep=True):
+    """Layer norm over the last dim: (y, xhat, rstd) shaped (..., C), (..., C), (..., 1).
+    (``keep``, as the CPU kernel takes it, changes nothing here: xhat and rstd come back always.)"""
     if not _all_float(x, weight, bias) or weight.shape != x.shape[-1:] or bias.shape != x.shape[-1:]:
         return None
     x2 = _rows(x)                                                  # (N, C)

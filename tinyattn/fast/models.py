@@ -31,7 +31,7 @@ def _layer_norm(x, layer):
     """LayerNorm on an array by the kernel (None where it declines)."""
     if type(layer) is not modules.LayerNorm or "forward" in layer.__dict__ or layer.bias is None or layer.weight.dtype != x.dtype:
         return None
-    out = layer.weight.backend.run_kernel("layer_norm", x, layer.weight.data, layer.bias.data, layer.eps)
+    out = layer.weight.backend.run_kernel("layer_norm", x, layer.weight.data, layer.bias.data, layer.eps, False)
     return None if out is None else out[0]
 
 

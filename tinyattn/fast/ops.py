@@ -247,10 +247,12 @@ class LayerNorm(F.LayerNorm):
 
     def forward(self, x, weight, bias, eps):
         self.eps = eps
-        fused = self.backend.run_kernel("layer_norm", x, weight, bias, eps)
+        keep = is_grad_enabled()                                 # (no grad mode: no backward, nothing to keep)
+        fused = self.backend.run_kernel("layer_norm", x, weight, bias, eps, keep)
         if fused is not None:
             y, xhat, rstd = fused
-            self.save(xhat, rstd)
+            if keep:
+                self.save(xhat, rstd)
             return y
         xhat = x - self._row_means(x)                            # (..., C), centred
         rstd = 1.0 / self.xp.sqrt(self._row_means(xhat * xhat) + eps)   # (..., 1)
@@ -308,6 +310,8 @@ class Linear(F.Linear):
             x2 = xp.reshape(x, (-1, x.shape[-1]))
             out = threads.matmul(xp, x2, xp.permute_dims(weight, (1, 0)), add=bias)
             return xp.reshape(out, tuple(x.shape[:-1]) + (weight.shape[0],))
+        if x.ndim == 2:
+            return linear_rows(x, weight, bias)                        # (N, out)
         out = linear_rows(x.reshape(-1, x.shape[-1]), weight, bias)    # (N, out)
         return out.reshape(x.shape[:-1] + (weight.shape[0],))
 

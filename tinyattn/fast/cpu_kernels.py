@@ -286,6 +286,7 @@ def layer_norm_backward(g, xhat, weight, rstd):
 def _masked_softmax_fwd(x, allowed, first, stop, scale, y):   # x, y (N, Tq, Tk); allowed (Tq, Tk); first, stop (Tq,)
     N, Tq, Tk = x.shape                                         # y = softmax(x scale) where allowed
     zero, one = _real(0, x), _real(1, x)
+    row = np.empty(Tk, x.dtype)                                 # one row's exps (see _ROW below)
     for n in range(N):
         for i in range(Tq):
             m = _real(-np.inf, x)
@@ -297,38 +298,51 @@ def _masked_softmax_fwd(x, allowed, first, stop, scale, y):   # x, y (N, Tq, Tk)
             for j in range(Tk):                                 # the whole row: a loop the compiler vectorises
                 e = _exp(x[n, i, j] * scale - m)
                 e = e if allowed[i, j] else zero
-                y[n, i, j] = e
+                row[j] = e
                 total += e
             inv = zero if total == zero else one / total        # a fully masked row: zeros
             for j in range(Tk):
-                y[n, i, j] *= inv
+                y[n, i, j] = row[j] * inv
+
+
+# _ROW: a kernel that may run in place (y is x, as attention's forward and backward call them)
+# writes each row through a scratch row. Written straight into y, the loops would read and write
+# one array, and the compiler, which cannot prove that safe for SIMD, runs them one element at a
+# time: 3 to 4 times slower (bench/BENCHMARKS.md).
 
 
 @row_kernel
 def _softmax_bwd(y, g, scale, dx):                 # dx = y (g - sum(g y)) scale, rows of y, g, dx (N, C)
     N, C = y.shape
+    row = np.empty(C, y.dtype)                     # (dx may be g itself: _ROW above)
     for n in range(N):
         s = _real(0, y)
         for c in range(C):
             s += g[n, c] * y[n, c]
         for c in range(C):
-            dx[n, c] = y[n, c] * (g[n, c] - s) * scale
+            row[c] = y[n, c] * (g[n, c] - s) * scale
+        for c in range(C):
+            dx[n, c] = row[c]
 
 
 @row_kernel
 def _softmax_fwd(x, y):                            # y = softmax(x) over each row, x, y (N, C)
     N, C = x.shape
     zero, one = _real(0, x), _real(1, x)
+    row = np.empty(C, x.dtype)                     # (y may be x itself: _ROW above)
     for n in range(N):
-        m = x[n].max()
+        m = x[n, 0]
+        for c in range(1, C):                      # (a loop: x[n].max() costs twice as much on short rows)
+            v = x[n, c]
+            m = v if v > m or v != v else m        # (a NaN is the max, as in numpy)
         total = zero
         for c in range(C):
             e = _exp(x[n, c] - m)
-            y[n, c] = e
+            row[c] = e
             total += e
         inv = one / total
         for c in range(C):
-            y[n, c] *= inv
+            y[n, c] = row[c] * inv
 
 
 @kernel

@@ -199,20 +199,28 @@ _LIGHT = 2
 
 @row_kernel
 def _layer_norm_fwd(x, w, b, y, xhat, rstd, eps):  # x, y, xhat (N, C); w, b (C,); rstd (N, 1)
-    N, C = x.shape
+    N, C = x.shape                                  # (xhat and rstd with no rows: y only)
     one, inv_c = _real(1, x), _real(1 / C, x)
+    keep = len(xhat) > 0
     for n in range(N):
-        mean = x[n].sum() * inv_c
+        total = _real(0, x)
+        for c in range(C):                          # (a loop: x[n].sum() is not SIMD)
+            total += x[n, c]
+        mean = total * inv_c
         var = _real(0, x)
         for c in range(C):
             d = x[n, c] - mean
             var += d * d
         r = one / np.sqrt(var * inv_c + eps)
-        rstd[n, 0] = r
-        for c in range(C):
-            h = (x[n, c] - mean) * r
-            xhat[n, c] = h
-            y[n, c] = h * w[c] + b[c]
+        if keep:
+            rstd[n, 0] = r
+            for c in range(C):
+                h = (x[n, c] - mean) * r
+                xhat[n, c] = h
+                y[n, c] = h * w[c] + b[c]
+        else:
+            for c in range(C):
+                y[n, c] = (x[n, c] - mean) * r * w[c] + b[c]
 
 
 @row_kernel
@@ -236,13 +244,13 @@ def _layer_norm_bwd(g, xhat, w, rstd, dx, dw, db):  # dx = rstd (gx - mean(gx) -
 
 def layer_norm(x, weight, bias, eps, keep=True):
     """(y, xhat, rstd) shaped (..., C), (..., C), (..., 1); with keep=False (no backward will
-    run), (y, None, None), and the kernel writes xhat where y goes (one array fewer)."""
+    run), (y, None, None), computed without writing xhat or rstd."""
     if not _all_float(x, weight, bias) or weight.shape != x.shape[-1:] or bias.shape != x.shape[-1:]:
         return None
     x2 = _rows(x)                                                   # (N, C)
     y = np.empty_like(x2)
-    xhat = np.empty_like(x2) if keep else y                        # (y[n, c] is written after xhat[n, c])
-    rstd = np.empty((len(x2), 1), dtype=x2.dtype)
+    rows = len(x2) if keep else 0                                   # (no rows: the kernel keeps nothing)
+    xhat, rstd = np.empty((rows, x2.shape[1]), x2.dtype), np.empty((rows, 1), x2.dtype)
     w = weight if weight.flags.c_contiguous else np.ascontiguousarray(weight)
     b = bias if bias.flags.c_contiguous else np.ascontiguousarray(bias)
     args = (x2, w, b, y, xhat, rstd, x2.dtype.type(eps))

@@ -291,17 +291,23 @@ def layer_norm_backward(g, xhat, weight, rstd):
 # softmax over the last dim, with a (Tq, Tk) mask (True = take part)
 # --------------------------------------------------------------------------
 @row_kernel
-def _masked_softmax_fwd(x, allowed, first, stop, scale, y):   # x, y (N, Tq, Tk); allowed (Tq, Tk); first, stop (Tq,)
-    N, Tq, Tk = x.shape                                         # y = softmax(x scale) where allowed
-    zero, one = _real(0, x), _real(1, x)
+def _masked_softmax_fwd(x, allowed, first, stop, dense, scale, y):   # x, y (N, Tq, Tk); allowed (Tq, Tk);
+    N, Tq, Tk = x.shape                                         # first, stop, dense (Tq,) (_row_bounds)
+    zero, one = _real(0, x), _real(1, x)                        # y = softmax(x scale) where allowed
     row = np.empty(Tk, x.dtype)                                 # one row's exps (see _ROW below)
+    maxes = np.empty(Tq, x.dtype)
     for n in range(N):
+        for i in range(Tq):                                     # the maxes first, in a loop of their own (_row_max)
+            if dense[i]:
+                maxes[i] = _range_max(x[n, i], first[i], stop[i], scale)
+            else:
+                m = _real(-np.inf, x)
+                for j in range(first[i], stop[i]):              # only where keys may be allowed
+                    v = x[n, i, j] * scale
+                    m = v if allowed[i, j] and v > m else m
+                maxes[i] = m
         for i in range(Tq):
-            m = _real(-np.inf, x)
-            for j in range(first[i], stop[i]):                  # the max: only where keys may be allowed
-                v = x[n, i, j] * scale
-                m = v if allowed[i, j] and v > m else m
-            m = m if m > _real(-np.inf, x) else zero            # every allowed entry -inf: zeros
+            m = maxes[i] if maxes[i] > _real(-np.inf, x) else zero   # every allowed entry -inf: zeros
             total = zero
             for j in range(Tk):                                 # the whole row: a loop the compiler vectorises
                 e = _exp(x[n, i, j] * scale - m)
@@ -334,12 +340,17 @@ def _softmax_bwd(y, g, scale, dx):                 # dx = y (g - sum(g y)) scale
 
 
 @kernel
-def _row_max(x, n):                                # the max of row n of x (N, C)
-    m = x[n, 0]                                    # (a loop of max(): SIMD, where x[n].max() is not: 2x to 4x
-    for c in range(1, x.shape[1]):                 # faster on short rows. A NaN in the row may be skipped here;
-        m = max(m, x[n, c])                        # it reaches the callers' exp, so the row still comes out NaN.
+def _range_max(row, a, b, scale):                  # the max of row[a:b] * scale, for a < b
+    m = row[a] * scale                             # (a loop of max(): SIMD, where row.max() is not: 2x to 4x
+    for c in range(a + 1, b):                      # faster on short rows. A NaN in the row may be skipped here;
+        m = max(m, row[c] * scale)                 # it reaches the callers' exp, so the row still comes out NaN.
     return m                                       # Callers find every row's max in a loop of its own: inside
                                                    # the loop that sums the exps, the compiler runs it unrolled, not SIMD)
+
+
+@kernel
+def _row_max(x, n):                                # the max of row n of x (N, C)
+    return _range_max(x[n], 0, x.shape[1], _real(1, x))
 
 
 @row_kernel
@@ -363,7 +374,7 @@ def _softmax_fwd(x, y):                            # y = softmax(x) over each ro
 
 
 @kernel
-def _row_bounds_(allowed, first, stop):            # allowed (Tq, Tk); first, stop (Tq,)
+def _row_bounds_(allowed, first, stop, dense):     # allowed (Tq, Tk); first, stop, dense (Tq,)
     Tq, Tk = allowed.shape
     for i in range(Tq):
         first[i], stop[i] = 0, 0
@@ -375,14 +386,20 @@ def _row_bounds_(allowed, first, stop):            # allowed (Tq, Tk); first, st
             if allowed[i, j]:
                 stop[i] = j + 1
                 break
+        dense[i] = first[i] < stop[i]
+        for j in range(first[i], stop[i]):
+            if not allowed[i, j]:
+                dense[i] = False
 
 
 def _row_bounds(allowed):
-    """(first, stop), (Tq,) int64 each: row i's allowed keys lie in first[i]..stop[i] - 1 (0, 0: none).
-    For a causal mask, 0 and i + 1: the max skips the masked half."""
+    """(first, stop, dense), (Tq,) each: row i's allowed keys lie in first[i]..stop[i] - 1 (0, 0: none),
+    and dense[i] says every key between is allowed. For a causal mask, 0, i + 1 and True: the max
+    skips the masked half, and checks no mask."""
     first, stop = np.empty(len(allowed), np.int64), np.empty(len(allowed), np.int64)
-    _row_bounds_(allowed, first, stop)
-    return first, stop
+    dense = np.empty(len(allowed), np.bool_)
+    _row_bounds_(allowed, first, stop, dense)
+    return first, stop, dense
 
 
 def softmax(x):
@@ -405,8 +422,9 @@ def masked_softmax(x, allowed):
     x3 = np.ascontiguousarray(x).reshape((-1,) + x.shape[-2:])     # (N, Tq, Tk)
     y = np.empty_like(x3)
     allowed = np.ascontiguousarray(allowed)
-    first, stop, one = *_row_bounds(allowed), x.dtype.type(1)
-    _in_parts(_masked_softmax_fwd, (x3, allowed, first, stop, one, y), (0, 5), len(x3), work=x3.size)
+    first, stop, dense = _row_bounds(allowed)
+    args = (x3, allowed, first, stop, dense, x.dtype.type(1), y)
+    _in_parts(_masked_softmax_fwd, args, (0, 6), len(x3), work=x3.size)
     return y.reshape(x.shape)
 
 
@@ -445,13 +463,13 @@ def attention(q, k, v, allowed, scale):
     weights = np.empty(q.shape[:-1] + k.shape[-2:-1], dtype=q.dtype)     # (S, ..., Tq, Tk)
     out = np.empty_like(q, shape=q.shape[:-1] + v.shape[-1:])             # (S, ..., Tq, Dv), q's order
     allowed, scale = np.ascontiguousarray(allowed), q.dtype.type(scale)
-    first, stop = _row_bounds(allowed)
+    first, stop, dense = _row_bounds(allowed)
 
     def rows(i, j):
         w = weights[i:j]
         np.matmul(q[i:j], np.matrix_transpose(k[i:j]), out=w)   # scores, unscaled
         w3 = w.reshape((-1,) + w.shape[-2:])
-        _masked_softmax_fwd(w3, allowed, first, stop, scale, w3)          # weights, in place
+        _masked_softmax_fwd(w3, allowed, first, stop, dense, scale, w3)   # weights, in place
         np.matmul(w, v[i:j], out=out[i:j])
 
     split(rows, len(q), work=weights.size * (q.shape[-1] + v.shape[-1]) // 32)

@@ -242,6 +242,9 @@ def _layer_norm_bwd(g, xhat, w, rstd, dx, dw, db):  # dx = rstd (gx - mean(gx) -
             dx[n, c] = r * (g[n, c] * w[c] - s1 - xhat[n, c] * s2)
 
 
+_NO_ROWS = {c: (np.empty((0, 1), c), np.empty((0, 1), c)) for c in "fd"}    # (xhat, rstd) to keep nothing
+
+
 def layer_norm(x, weight, bias, eps, keep=True):
     """(y, xhat, rstd) shaped (..., C), (..., C), (..., 1); with keep=False (no backward will
     run), (y, None, None), computed without writing xhat or rstd."""
@@ -249,8 +252,10 @@ def layer_norm(x, weight, bias, eps, keep=True):
         return None
     x2 = _rows(x)                                                   # (N, C)
     y = np.empty_like(x2)
-    rows = len(x2) if keep else 0                                   # (no rows: the kernel keeps nothing)
-    xhat, rstd = np.empty((rows, x2.shape[1]), x2.dtype), np.empty((rows, 1), x2.dtype)
+    if keep:
+        xhat, rstd = np.empty_like(x2), np.empty((len(x2), 1), x2.dtype)
+    else:
+        xhat, rstd = _NO_ROWS[x2.dtype.char]                        # (no rows: the kernel keeps nothing)
     w = weight if weight.flags.c_contiguous else np.ascontiguousarray(weight)
     b = bias if bias.flags.c_contiguous else np.ascontiguousarray(bias)
     args = (x2, w, b, y, xhat, rstd, x2.dtype.type(eps))
@@ -392,14 +397,25 @@ def _row_bounds_(allowed, first, stop, dense):     # allowed (Tq, Tk); first, st
                 dense[i] = False
 
 
+_bounds_of_small_masks = {}       # (shape, the mask's bytes) -> _row_bounds: decoding asks for the same few
+
+
 def _row_bounds(allowed):
     """(first, stop, dense), (Tq,) each: row i's allowed keys lie in first[i]..stop[i] - 1 (0, 0: none),
     and dense[i] says every key between is allowed. For a causal mask, 0, i + 1 and True: the max
     skips the masked half, and checks no mask."""
-    first, stop = np.empty(len(allowed), np.int64), np.empty(len(allowed), np.int64)
-    dense = np.empty(len(allowed), np.bool_)
-    _row_bounds_(allowed, first, stop, dense)
-    return first, stop, dense
+    key = (allowed.shape, allowed.tobytes()) if allowed.size <= 4096 else None
+    bounds = _bounds_of_small_masks.get(key) if key is not None else None
+    if bounds is None:
+        first, stop = np.empty(len(allowed), np.int64), np.empty(len(allowed), np.int64)
+        dense = np.empty(len(allowed), np.bool_)
+        _row_bounds_(allowed, first, stop, dense)
+        bounds = first, stop, dense
+        if key is not None:
+            if len(_bounds_of_small_masks) >= 256:
+                _bounds_of_small_masks.clear()
+            _bounds_of_small_masks[key] = bounds
+    return bounds
 
 
 def softmax(x):

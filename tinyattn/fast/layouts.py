@@ -26,7 +26,7 @@ MAX_ROWS = 256                   # more rows than this: the product is long enou
 _lock = threading.Lock()
 _block = None                    # the inference_mode block the copies belong to
 _copies = {}                     # id(weight) -> (weight, W^T contiguous)
-_chosen = {}                     # (id(weight), rows rounded up to a power of two) -> (weight, what transposed gives)
+_chosen = {}                     # (id(weight), rows) -> (weight, what transposed gives)
 _kept_bytes = 0
 _copy_is_faster = {}             # (rows rounded up to a power of two, in, out, dtype) -> bool, measured
 
@@ -38,7 +38,7 @@ def transposed(weight, rows):
     block = inference_block()
     if block is None or rows > MAX_ROWS or type(weight) is not np.ndarray:
         return weight.T
-    key = (id(weight), _bucket(rows))
+    key = (id(weight), rows)
     chosen = _chosen.get(key)
     if chosen is not None and chosen[0] is weight and block is _block:   # (the usual case, without the lock)
         return chosen[1]

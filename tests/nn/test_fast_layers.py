@@ -22,7 +22,7 @@ from tinyattn.models import GPT, GPTConfig, gpt
 from tinyattn.nn import attention
 
 TOL = {"float32": dict(rtol=1e-5, atol=1e-5), "float64": dict(rtol=1e-12, atol=1e-12)}
-PATHS = ("attention", "mlp", "block")
+PATHS = ("attention", "mlp", "block", "gpt")
 
 
 def gpt_model(dtype="float32", **kw):
@@ -61,7 +61,8 @@ def no_graph(mode):
 @pytest.fixture
 def array_paths(monkeypatch):
     """Counts of the array paths that ran: "attention" (fast MultiHeadAttention's products),
-    "mlp" (fast MLP's products), "block" (fast Block's layer norms by the kernel)."""
+    "mlp" (fast MLP's products), "block" (fast Block's layer norms by the kernel), "gpt" (fast
+    GPT's final layer norm and head)."""
     calls = collections.Counter()
 
     def counted(name, fn):
@@ -75,6 +76,7 @@ def array_paths(monkeypatch):
     monkeypatch.setattr(fast_modules, "linear_on_arrays", counted("attention", fast_modules.linear_on_arrays))
     monkeypatch.setattr(fast_models, "linear_on_arrays", counted("mlp", fast_models.linear_on_arrays))
     monkeypatch.setattr(fast_models, "_layer_norm", counted("block", fast_models._layer_norm))
+    monkeypatch.setattr(fast_models, "_logits", counted("gpt", fast_models._logits))
     return calls
 
 
@@ -121,6 +123,8 @@ def test_a_gpt_made_with_the_fast_layer_on_has_the_fast_layers():
     assert type(block.attn) is fast_modules.MultiHeadAttention and isinstance(block.attn, attention.MultiHeadAttention)
     assert type(block.ln_1) is nn.LayerNorm and type(block.attn.c_attn) is nn.Linear   # (no fast versions)
     assert type(nn.MultiHeadAttention(8, 2)) is fast_modules.MultiHeadAttention
+    model = gpt_model()
+    assert type(model) is fast_models.GPT and isinstance(model, gpt.GPT) and isinstance(model, GPT)
 
 
 def test_a_gpt_made_with_the_fast_layer_off_has_the_teaching_layers():
@@ -128,6 +132,8 @@ def test_a_gpt_made_with_the_fast_layer_off_has_the_teaching_layers():
         block = gpt_model().h[0]
         mha = nn.MultiHeadAttention(8, 2)
     assert type(block) is gpt.Block and type(block.mlp) is gpt.MLP
+    with fast_layer_off():
+        assert type(gpt_model()) is gpt.GPT
     assert type(block.attn) is attention.MultiHeadAttention and type(mha) is attention.MultiHeadAttention
     assert type(gpt_model().h[0]) is fast_models.Block                 # and back on
 
@@ -184,7 +190,8 @@ def test_greedy_generate_writes_the_same_tokens_both_ways(B, dtype, array_paths)
 
 def test_without_biases_the_block_falls_back_and_the_logits_still_match(array_paths):
     """bias=False: Linears without a bias run on arrays; a LayerNorm without one has no kernel,
-    so the Block runs its teaching forward around the fast attention and MLP."""
+    so the Block runs its teaching forward around the fast attention and MLP, and the GPT its
+    final layer norm and head."""
     model = gpt_model("float64", bias=False)
     block = model.h[0]
     assert block.attn.c_attn.bias is None and block.mlp.c_fc.bias is None and block.ln_1.bias is None
@@ -192,7 +199,7 @@ def test_without_biases_the_block_falls_back_and_the_logits_still_match(array_pa
     with ta.inference_mode():
         fast = model(idx)[0].numpy()
         fast_cached = decode(model, idx, PROMPT_THEN_TOKENS)
-    assert set(array_paths) == paths_here() - {"block"}, array_paths
+    assert set(array_paths) == paths_here() - {"block", "gpt"}, array_paths
     with fast_layer_off(), ta.inference_mode():
         teaching = model(idx)[0].numpy()
     np.testing.assert_allclose(fast, teaching, **TOL["float64"])
@@ -398,7 +405,7 @@ def test_training_mode_with_dropout_runs_the_teaching_forward(which, array_paths
         model.train()
         ta.manual_seed(5)
         dropped = model(idx)[0].numpy()
-    assert set(array_paths) == paths_here() - ({"attention", "mlp"} if which == "dropout" else {"attention"})
+    assert set(array_paths) == paths_here() - ({"attention", "mlp", "gpt"} if which == "dropout" else {"attention"})
     assert np.abs(dropped - clean).max() > 1e-3
     with fast_layer_off(), ta.no_grad():
         ta.manual_seed(5)
@@ -493,3 +500,52 @@ def test_a_forward_set_on_a_layer_itself_is_called():
     with ta.no_grad():
         model(ta.tensor(np.zeros((1, 4), dtype=np.int64)))
     assert {id(layer) for layer in seen} == {id(model.h[0].attn.c_attn), id(model.h[0].mlp.c_fc), id(model.h[0].ln_1)}
+
+
+# ---------------------------------------------------------------- the GPT's own array path
+def test_the_gpt_with_targets_runs_the_teaching_forward_and_its_loss(array_paths):
+    model = gpt_model("float64")
+    idx, targets = random_ids(3, 20), random_ids(3, 20, seed=4)
+    with ta.inference_mode():
+        logits, loss = model(idx, targets)
+    assert array_paths["gpt"] == 0 and array_paths["attention"] > 0      # the blocks are still fast
+    with fast_layer_off(), ta.inference_mode():
+        want_logits, want_loss = model(idx, targets)
+    np.testing.assert_allclose(logits.numpy(), want_logits.numpy(), **TOL["float64"])
+    np.testing.assert_allclose(loss.item(), want_loss.item(), **TOL["float64"])
+
+
+def test_the_gpts_array_path_refuses_ids_out_of_range_as_the_teaching_path_does():
+    model = gpt_model()
+    bad = ta.tensor([[1, 2, 13]])                                       # vocab_size 13
+    with ta.inference_mode(), pytest.raises(IndexError) as fast:
+        model(bad)
+    with fast_layer_off(), ta.inference_mode(), pytest.raises(IndexError) as teaching:
+        model(bad)
+    assert str(fast.value) == str(teaching.value) and "[0, 13)" in str(fast.value)
+    with ta.inference_mode(), pytest.raises(ValueError, match="longer than block_size"):
+        model(random_ids(1, 65))                                        # block_size 64
+
+
+@pytest.mark.parametrize("what", ["head subclass", "a forward set on wte", "dropout on"])
+def test_the_gpt_falls_back_where_it_holds_more_than_the_librarys_parts(what, array_paths):
+    model = gpt_model("float64")
+    idx = random_ids(3, 20)
+    if what == "head subclass":                                         # tied weights kept
+        model.lm_head = with_adapter(model.lm_head, "Linear subclass")
+    elif what == "a forward set on wte":
+        wte = model.wte
+        wte.forward = lambda ids: nn.Embedding.forward(wte, ids) * 2.0
+    else:
+        model.drop.p = 0.5
+        model.drop.train()
+    ta.manual_seed(3)
+    with ta.inference_mode():
+        fast = model(idx)[0].numpy()
+    assert array_paths["gpt"] == 0 and array_paths["attention"] > 0
+    if what == "head subclass":
+        assert model.lm_head.calls == 1 and model.lm_head.weight is model.wte.weight
+    ta.manual_seed(3)
+    with fast_layer_off(), ta.inference_mode():
+        teaching = model(idx)[0].numpy()
+    np.testing.assert_allclose(fast, teaching, **TOL["float64"])

@@ -6,8 +6,9 @@ module last, which adds them to FAST_MODULES.
 from .. import autograd
 from ..autograd import constant
 from ..models import gpt
-from ..nn import modules
+from ..nn import functional as F, modules
 from .modules import FAST_MODULES, idle, is_linear, linear_on_arrays, no_graph
+from .ops import linear_rows
 
 
 class MLP(gpt.MLP):
@@ -29,6 +30,10 @@ class MLP(gpt.MLP):
 
 def _layer_norm(x, layer):
     """LayerNorm on an array by the kernel (None where it declines)."""
+    return _layer_norm_kernel(x, layer)
+
+
+def _layer_norm_kernel(x, layer):
     if type(layer) is not modules.LayerNorm or "forward" in layer.__dict__ or layer.bias is None or layer.weight.dtype != x.dtype:
         return None
     out = layer.weight.backend.run_kernel("layer_norm", x, layer.weight.data, layer.bias.data, layer.eps, False)
@@ -54,4 +59,44 @@ class Block(gpt.Block):
         return constant(x, x1)
 
 
-FAST_MODULES.update({cls.__mro__[1]: cls for cls in (MLP, Block)})
+class GPT(gpt.GPT):
+    """Without a graph and without targets (decoding, logits for a prompt): the embeddings, the
+    final layer norm and the head on arrays, around the fast blocks."""
+
+    def forward(self, idx, targets=None, kv_caches=None):
+        table = self.wte.weight
+        if not (targets is None and isinstance(idx, autograd._Tensor) and idx.ndim == 2
+                and idx.dtype.kind in "iu" and _is_embedding(self.wte) and _is_embedding(self.wpe)
+                and idle(self.drop) and is_linear(self.lm_head, table) and no_graph(table, self)):
+            return super().forward(idx, targets, kv_caches)
+        B, T = idx.shape
+        start = len(kv_caches[0]) if kv_caches else 0
+        if start + T > self.config.block_size:
+            return super().forward(idx, targets, kv_caches)                # (its error)
+        F._check_id_range("embedding", "ids", idx, table.shape[0])          # (the teaching path's error)
+        x = table.data.take(idx.data, axis=0) + self.wpe.weight.data[start:start + T]   # (B, T, C)
+        x = constant(table, x)
+        for i, block in enumerate(self.h):
+            x = block(x, kv_caches[i] if kv_caches else None)
+        logits = _logits(x.data, self)
+        if logits is None:                                                  # (the layer norm kernel declined)
+            return self.lm_head(self.ln_f(x)), None
+        return constant(x, logits), None
+
+
+def _logits(x, model):
+    """The final layer norm and the head on an array x (B, T, C): (B, T, V), or None where the
+    layer norm kernel declines."""
+    h = _layer_norm_kernel(x, model.ln_f)
+    if h is None:
+        return None
+    head = model.lm_head
+    out = linear_rows(h.reshape(-1, h.shape[-1]), head.weight.data, None if head.bias is None else head.bias.data)
+    return out.reshape(x.shape[:-1] + (head.out_features,))
+
+
+def _is_embedding(layer):
+    return type(layer) is modules.Embedding and "forward" not in layer.__dict__
+
+
+FAST_MODULES.update({cls.__mro__[1]: cls for cls in (MLP, Block, GPT)})

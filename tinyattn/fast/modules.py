@@ -32,7 +32,7 @@ def no_graph(x, module):
         return False
     if not is_grad_enabled():
         return True
-    return not x.requires_grad and not any(p.requires_grad for p in module.parameters())
+    return not x.requires_grad and not any(p.requires_grad for _, p in module.named_parameters())   # (lazily)
 
 
 def is_linear(layer, x):

@@ -173,10 +173,12 @@ class Function:
             if cls.guard_inputs or hooks is not None:             # (inside detect_anomaly: every op)
                 arrays = [backend.read_only(t.data) for t in inputs]
                 data = ctx.forward(*arrays, **params) if hooks is None else hooks.forward(ctx, inputs, arrays, params)
-            elif len(inputs) == 1:                                # (one and two inputs, spelled out: most ops)
+            elif len(inputs) == 1:                                # (one to three inputs, spelled out: most ops)
                 data = ctx.forward(inputs[0].data, **params)
             elif len(inputs) == 2:
                 data = ctx.forward(inputs[0].data, inputs[1].data, **params)
+            elif len(inputs) == 3:
+                data = ctx.forward(inputs[0].data, inputs[1].data, inputs[2].data, **params)
             else:
                 data = ctx.forward(*[t.data for t in inputs], **params)
         except Exception as e:

@@ -243,22 +243,36 @@ def _layer_norm_bwd(g, xhat, w, rstd, dx, dw, db):  # dx = rstd (gx - mean(gx) -
 
 
 _NO_ROWS = {c: (np.empty((0, 1), c), np.empty((0, 1), c)) for c in "fd"}    # (xhat, rstd) to keep nothing
+_scalars = {}
+
+
+def _scalar(dtype, value):
+    """The Python number ``value`` as a numpy scalar of ``dtype``, made once (eps and scale come often)."""
+    key = (dtype.char, value)
+    made = _scalars.get(key)
+    if made is None:
+        if len(_scalars) >= 1024:
+            _scalars.clear()
+        made = _scalars[key] = dtype.type(value)
+    return made
 
 
 def layer_norm(x, weight, bias, eps, keep=True):
     """(y, xhat, rstd) shaped (..., C), (..., C), (..., 1); with keep=False (no backward will
     run), (y, None, None), computed without writing xhat or rstd."""
-    if not _all_float(x, weight, bias) or weight.shape != x.shape[-1:] or bias.shape != x.shape[-1:]:
+    dtype = x.dtype
+    if (dtype.char not in "fd" or weight.dtype != dtype or bias.dtype != dtype or x.size == 0
+            or weight.shape != x.shape[-1:] or bias.shape != weight.shape):
         return None
-    x2 = _rows(x)                                                   # (N, C)
+    x2 = x if x.ndim == 2 and x.flags.c_contiguous else _rows(x)   # (N, C)
     y = np.empty_like(x2)
     if keep:
-        xhat, rstd = np.empty_like(x2), np.empty((len(x2), 1), x2.dtype)
+        xhat, rstd = np.empty_like(x2), np.empty((len(x2), 1), dtype)
     else:
-        xhat, rstd = _NO_ROWS[x2.dtype.char]                        # (no rows: the kernel keeps nothing)
+        xhat, rstd = _NO_ROWS[dtype.char]                           # (no rows: the kernel keeps nothing)
     w = weight if weight.flags.c_contiguous else np.ascontiguousarray(weight)
     b = bias if bias.flags.c_contiguous else np.ascontiguousarray(bias)
-    args = (x2, w, b, y, xhat, rstd, x2.dtype.type(eps))
+    args = (x2, w, b, y, xhat, rstd, _scalar(dtype, eps))
     if too_small(x2.size // _LIGHT):                                # (_in_parts, inlined: tiny rows come often)
         _layer_norm_fwd(*args)
     else:
@@ -422,7 +436,7 @@ def softmax(x):
     """Softmax over the last dim of x (..., C)."""
     if x.dtype.char not in "fd" or x.size == 0 or x.ndim < 1:
         return None
-    x2 = _rows(x)                                                   # (N, C)
+    x2 = x if x.ndim == 2 and x.flags.c_contiguous else _rows(x)   # (N, C)
     y = np.empty_like(x2)
     if too_small(x2.size):                                          # (_in_parts, inlined: tiny rows come often)
         _softmax_fwd(x2, y)

@@ -217,7 +217,8 @@ def matmul(a, b):
     a_shape, b_shape = a.shape, b.shape
     if not a_shape or not b_shape:
         raise ValueError(f"matmul needs at least 1-d operands, got shapes {a_shape} and {b_shape}")
-    check_same_dtype("matmul", a, b)
+    if a.data.dtype != b.data.dtype:                     # (the arrays' dtypes: cheaper than Tensor.dtype)
+        check_same_dtype("matmul", a, b)
     inner = b_shape[-2] if len(b_shape) > 1 else b_shape[0]
     if a_shape[-1] != inner:
         raise ValueError(f"matmul: shapes {a_shape} and {b_shape} do not fit ({a_shape[-1]} != {inner})")

@@ -246,7 +246,7 @@ class Tensor:
         return _ops.Pow.apply(*_ops.operands(self, other, "**", reverse=True))
 
     def __matmul__(self, other):
-        return _ops.matmul(self, _ops.lift(self, other, "@"))
+        return _ops.matmul(self, other if isinstance(other, Tensor) else _ops.lift(self, other, "@"))
 
     def __rmatmul__(self, other):
         return _ops.matmul(_ops.lift(self, other, "@"), self)

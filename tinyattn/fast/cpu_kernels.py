@@ -126,8 +126,8 @@ def _all_float(*arrays):
 
 def _rows(a):
     """(..., C) -> a C-contiguous (N, C) array (a view when ``a`` is contiguous already)."""
-    if a.ndim == 2 and a.flags.c_contiguous:
-        return a
+    if a.flags.c_contiguous:                                        # (the usual case: no copy, no call)
+        return a if a.ndim == 2 else a.reshape(-1, a.shape[-1])
     return np.ascontiguousarray(a).reshape(-1, a.shape[-1])
 
 
@@ -264,7 +264,7 @@ def layer_norm(x, weight, bias, eps, keep=True):
     if (dtype.char not in "fd" or weight.dtype != dtype or bias.dtype != dtype or x.size == 0
             or weight.shape != x.shape[-1:] or bias.shape != weight.shape):
         return None
-    x2 = x if x.ndim == 2 and x.flags.c_contiguous else _rows(x)   # (N, C)
+    x2 = _rows(x)                                                   # (N, C)
     y = np.empty_like(x2)
     if keep:
         xhat, rstd = np.empty_like(x2), np.empty((len(x2), 1), dtype)
@@ -436,7 +436,7 @@ def softmax(x):
     """Softmax over the last dim of x (..., C)."""
     if x.dtype.char not in "fd" or x.size == 0 or x.ndim < 1:
         return None
-    x2 = x if x.ndim == 2 and x.flags.c_contiguous else _rows(x)   # (N, C)
+    x2 = _rows(x)                                                   # (N, C)
     y = np.empty_like(x2)
     if too_small(x2.size):                                          # (_in_parts, inlined: tiny rows come often)
         _softmax_fwd(x2, y)

@@ -196,9 +196,9 @@ def check_same_dtype(op, *tensors):
     """Layers and matmul do not mix dtypes, as in PyTorch: ids fed to a Linear layer by
     mistake, or a float64 input to float32 weights, would otherwise give a float64 result
     silently. (Elementwise ops promote instead: float32 + float64 is float64.)"""
-    first = tensors[0].data.dtype
-    for t in tensors:                  # (the arrays' own dtypes: equal when the Tensors' are, and cheaper to read)
-        if t.data.dtype != first:
+    first = tensors[0].dtype
+    for t in tensors:
+        if t.dtype != first:
             break
     else:
         return
@@ -217,7 +217,7 @@ def matmul(a, b):
     a_shape, b_shape = a.shape, b.shape
     if not a_shape or not b_shape:
         raise ValueError(f"matmul needs at least 1-d operands, got shapes {a_shape} and {b_shape}")
-    if a.data.dtype != b.data.dtype:                     # (the arrays' dtypes: cheaper than Tensor.dtype)
+    if a.dtype != b.dtype:
         check_same_dtype("matmul", a, b)
     inner = b_shape[-2] if len(b_shape) > 1 else b_shape[0]
     if a_shape[-1] != inner:

@@ -266,8 +266,8 @@ def test_every_kernel_returns_arrays_or_none():
 @pytest.mark.parametrize("shape", [(1, 128), (3, 5, 8), (700, 96)], ids=["one row", "3-d", "split over threads"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_layer_norm_without_keeping_xhat_gives_the_same_output(shape, dtype):
-    """keep=False (no backward to come) skips xhat and rstd: y must not change for it, beyond
-    rounding (the compiler may fold rstd * weight into one factor when xhat is not written)."""
+    """keep=False (no backward to come) skips xhat and rstd: y must not change for it, to the bit
+    (inference and training give the same outputs)."""
     from tinyattn.fast.cpu_kernels import layer_norm
     r = np.random.default_rng(12)
     x = (3 * r.standard_normal(shape) + 1).astype(dtype)
@@ -275,8 +275,7 @@ def test_layer_norm_without_keeping_xhat_gives_the_same_output(shape, dtype):
     y, xhat, rstd = layer_norm(x, w, b, 1e-5)
     y_only, none1, none2 = layer_norm(x, w, b, 1e-5, keep=False)
     assert none1 is None and none2 is None and y_only.shape == x.shape
-    tight = dict(rtol=1e-14, atol=1e-14) if dtype == np.float64 else dict(rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(y_only, y, **tight)
+    np.testing.assert_array_equal(y_only, y)
     mean, var = x.astype(np.float64).mean(-1, keepdims=True), x.astype(np.float64).var(-1, keepdims=True)
     want = (x - mean) / np.sqrt(var + 1e-5) * w + b
     np.testing.assert_allclose(y_only, want, rtol=1e-12 if dtype == np.float64 else 1e-4,
@@ -296,4 +295,16 @@ def test_layer_norm_saves_xhat_with_grad_mode_on_and_not_under_no_grad(monkeypat
         y0 = F.layer_norm(x, 16, w, b)
     y1 = F.layer_norm(x, 16, w, b)
     assert y0.grad_fn is None and len(y1.grad_fn.saved) == 2          # (xhat, rstd) for backward
-    np.testing.assert_allclose(y0.numpy(), y1.numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(y0.numpy(), y1.numpy())
+
+
+@needs_kernels
+@pytest.mark.parametrize("eps", [1e-5, np.float32(1e-5), np.array(1e-5), 1])
+def test_layer_norm_takes_eps_of_any_number_type(eps):
+    x = ta.tensor(np.random.default_rng(14).standard_normal((3, 4)), dtype="float32")
+    w, b = ta.ones(4), ta.zeros(4)
+    with ta.no_grad():
+        y = F.layer_norm(x, 4, w, b, eps=eps).numpy()
+    xd = x.numpy().astype(np.float64)
+    want = (xd - xd.mean(-1, keepdims=True)) / np.sqrt(xd.var(-1, keepdims=True) + float(eps))
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)

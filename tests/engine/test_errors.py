@@ -219,6 +219,23 @@ def test_function_apply_takes_tensors_only():
         _op(None).apply(ta.randn(3), np.ones(3))
 
 
+@pytest.mark.parametrize("call", [lambda t, a: ta.matmul(t, a), lambda t, a: F.linear(t, a),
+                                  lambda t, a: F.linear(a, t), lambda t, a: F.layer_norm(t, 3, a, a)],
+                         ids=["matmul", "linear weight", "linear input", "layer_norm weight"])
+def test_a_numpy_array_for_a_tensor_is_named_by_apply(call):
+    with pytest.raises(TypeError, match=r"\.apply: input \d is a ndarray, not a Tensor"):
+        call(ta.ones(3, 3), np.ones((3, 3), np.float32))
+
+
+@pytest.mark.parametrize("call", [lambda a, b: a @ b, lambda a, b: F.linear(a, b),
+                                  lambda a, b: F.layer_norm(a, 3, b[0], b[0])],
+                         ids=["matmul", "linear", "layer_norm"])
+def test_tensors_on_two_devices_get_the_device_error_not_a_dtype_error(call):
+    pytest.importorskip("array_api_strict")
+    with pytest.raises(RuntimeError, match="expected all tensors on one device, found cpu and strict"):
+        call(ta.ones(3, 3), ta.ones(3, 3, device="strict"))
+
+
 def test_gradcheck_of_a_bad_backward_names_the_function():
     with pytest.raises(TypeError, match="MyOp.backward returned a numpy.ndarray"):
         ta.gradcheck(lambda a, b: _op(lambda self, g: (g.data, g.data)).apply(a, b),

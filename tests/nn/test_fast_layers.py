@@ -7,6 +7,7 @@ path ran, so that no comparison is the teaching path against itself.
 """
 import collections
 import contextlib
+import importlib.util
 
 import numpy as np
 import pytest
@@ -549,3 +550,21 @@ def test_the_gpt_falls_back_where_it_holds_more_than_the_librarys_parts(what, ar
     with fast_layer_off(), ta.inference_mode():
         teaching = model(idx)[0].numpy()
     np.testing.assert_allclose(fast, teaching, **TOL["float64"])
+
+
+def test_the_gpts_array_path_gives_the_teaching_paths_errors_for_ids_elsewhere_and_a_short_position_table():
+    model = gpt_model()
+    idx = random_ids(1, 8)
+    if importlib.util.find_spec("array_api_strict") is not None:      # ids on another device
+        elsewhere = idx.to("strict")
+        with ta.inference_mode(), pytest.raises(RuntimeError) as fast:
+            model(elsewhere)
+        with fast_layer_off(), ta.inference_mode(), pytest.raises(RuntimeError) as teaching:
+            model(elsewhere)
+        assert str(fast.value) == str(teaching.value) and "one device" in str(fast.value)
+    model.wpe.weight.data = model.wpe.weight.data[:4]                   # fewer positions than block_size
+    with ta.inference_mode(), pytest.raises(IndexError) as fast:
+        model(idx)
+    with fast_layer_off(), ta.inference_mode(), pytest.raises(IndexError) as teaching:
+        model(idx)
+    assert str(fast.value) == str(teaching.value) and "[0, 4)" in str(fast.value)

@@ -219,8 +219,13 @@ def _layer_norm_fwd(x, w, b, y, xhat, rstd, eps):  # x, y, xhat (N, C); w, b (C,
                 xhat[n, c] = h
                 y[n, c] = h * w[c] + b[c]
         else:
-            for c in range(C):
-                y[n, c] = (x[n, c] - mean) * r * w[c] + b[c]
+            _normalize_row(x, n, mean, r, w, b, y)
+
+
+@kernel
+def _normalize_row(x, n, mean, r, w, b, y):       # y[n] = (x[n] - mean) r w + b
+    for c in range(x.shape[1]):                     # (no "reassoc" here: the same rounding as through xhat)
+        y[n, c] = (x[n, c] - mean) * r * w[c] + b[c]
 
 
 @row_kernel
@@ -248,6 +253,8 @@ _scalars = {}
 
 def _scalar(dtype, value):
     """The Python number ``value`` as a numpy scalar of ``dtype``, made once (eps and scale come often)."""
+    if type(value) is not float:                    # (an int, an array: made each time)
+        return dtype.type(value)
     key = (dtype.char, value)
     made = _scalars.get(key)
     if made is None:

@@ -66,12 +66,13 @@ class GPT(gpt.GPT):
     def forward(self, idx, targets=None, kv_caches=None):
         table = self.wte.weight
         if not (targets is None and isinstance(idx, autograd._Tensor) and idx.ndim == 2
-                and idx.dtype.kind in "iu" and _is_embedding(self.wte) and _is_embedding(self.wpe)
+                and idx.dtype.kind in "iu" and idx.backend is table.backend
+                and _is_embedding(self.wte) and _is_embedding(self.wpe)
                 and idle(self.drop) and is_linear(self.lm_head, table) and no_graph(table, self)):
             return super().forward(idx, targets, kv_caches)
         B, T = idx.shape
         start = len(kv_caches[0]) if kv_caches else 0
-        if start + T > self.config.block_size:
+        if start + T > min(self.config.block_size, self.wpe.weight.shape[0]):
             return super().forward(idx, targets, kv_caches)                # (its error)
         F._check_id_range("embedding", "ids", idx, table.shape[0])          # (the teaching path's error)
         x = table.data.take(idx.data, axis=0) + self.wpe.weight.data[start:start + T]   # (B, T, C)

@@ -440,7 +440,7 @@ class Tensor:
 
     def squeeze(self, dim=None):
         dims = range(self.ndim) if dim is None else [_ops.normalize_dim(d, self.ndim, "squeeze") for d in _shape_arg((dim,))]
-        drop = {d for d in dims if self.shape[d] == 1}
+        drop = {d for d in dims if d < self.ndim and self.shape[d] == 1}     # (a 0-d tensor takes dim 0 and -1)
         return self.reshape(tuple(n for i, n in enumerate(self.shape) if i not in drop))
 
     def unsqueeze(self, dim):

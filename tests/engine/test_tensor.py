@@ -424,3 +424,12 @@ def test_several_outputs_follow_retain_graph():
     np.testing.assert_allclose(a.grad.numpy(), [12.0])   # 2 * (2 + 2a)
     with pytest.raises(RuntimeError, match="second time"):
         (double + square).sum().backward()
+
+
+@pytest.mark.parametrize("dim", [0, -1, None])
+def test_squeeze_of_a_0d_tensor_returns_it_as_in_pytorch(dim):
+    t = ta.tensor(2.0)
+    out = t.squeeze() if dim is None else t.squeeze(dim)
+    assert out.shape == () and out.item() == 2.0
+    with pytest.raises(IndexError, match="out of range"):
+        t.squeeze(1)

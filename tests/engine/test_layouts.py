@@ -82,6 +82,7 @@ def test_the_choice_is_measured_once_per_power_of_two_of_rows(fresh_layouts):
     assert set(layouts._copy_is_faster) == {(8, 32, 48, view.dtype.str), (16, 32, 48, view.dtype.str)}
 
 
+@pytest.mark.skipif(not ta.is_fast(), reason="the fast layer is off: Linear runs its teaching formula")
 def test_a_linear_layer_gives_the_same_output_with_the_copy(copy_is_faster):
     ta.manual_seed(0)
     lin = ta.nn.Linear(64, 48)

@@ -30,10 +30,6 @@ class MLP(gpt.MLP):
 
 def _layer_norm(x, layer):
     """LayerNorm on an array by the kernel (None where it declines)."""
-    return _layer_norm_kernel(x, layer)
-
-
-def _layer_norm_kernel(x, layer):
     if type(layer) is not modules.LayerNorm or "forward" in layer.__dict__ or layer.bias is None or layer.weight.dtype != x.dtype:
         return None
     out = layer.weight.backend.run_kernel("layer_norm", x, layer.weight.data, layer.bias.data, layer.eps, False)
@@ -88,7 +84,7 @@ class GPT(gpt.GPT):
 def _logits(x, model):
     """The final layer norm and the head on an array x (B, T, C): (B, T, V), or None where the
     layer norm kernel declines."""
-    h = _layer_norm_kernel(x, model.ln_f)
+    h = _layer_norm(x, model.ln_f)
     if h is None:
         return None
     head = model.lm_head

@@ -190,14 +190,8 @@ class Function:
             if type(data) is tuple:
                 return _several_outputs(ctx, inputs, data)
             data = forward_result(ctx, data)
-        if _grad_mode.enabled:
-            for t in inputs:
-                if t.requires_grad:
-                    break
-            else:
-                return _Tensor._make(data, ctx.backend)           # no graph: forward may move ctx to another device
-        else:
-            return _Tensor._make(data, ctx.backend)
+        if not (_grad_mode.enabled and _any_requires_grad(inputs)):
+            return _Tensor._make(data, ctx.backend)               # no graph: forward may move ctx to another device
         out = _Tensor._make(data, ctx.backend, True)              # a graph: link the output to ctx, ctx to the inputs
         ctx.parents = inputs
         ctx.needs_input_grad = tuple(t.requires_grad for t in inputs)

@@ -280,10 +280,7 @@ def layer_norm(x, weight, bias, eps, keep=True):
     w = weight if weight.flags.c_contiguous else np.ascontiguousarray(weight)
     b = bias if bias.flags.c_contiguous else np.ascontiguousarray(bias)
     args = (x2, w, b, y, xhat, rstd, _scalar(dtype, eps))
-    if too_small(x2.size // _LIGHT):                                # (_in_parts, inlined: tiny rows come often)
-        _layer_norm_fwd(*args)
-    else:
-        _in_parts(_layer_norm_fwd, args, (0, 3, 4, 5), len(x2), work=x2.size // _LIGHT)
+    _in_parts(_layer_norm_fwd, args, (0, 3, 4, 5), len(x2), work=x2.size // _LIGHT)
     if not keep:
         return (y if x.ndim == 2 else y.reshape(x.shape)), None, None
     if x.ndim == 2:
@@ -445,10 +442,7 @@ def softmax(x):
         return None
     x2 = _rows(x)                                                   # (N, C)
     y = np.empty_like(x2)
-    if too_small(x2.size):                                          # (_in_parts, inlined: tiny rows come often)
-        _softmax_fwd(x2, y)
-    else:
-        _in_parts(_softmax_fwd, (x2, y), (0, 1), len(x2), work=x2.size)
+    _in_parts(_softmax_fwd, (x2, y), (0, 1), len(x2), work=x2.size)
     return y if x.ndim == 2 else y.reshape(x.shape)
 
 

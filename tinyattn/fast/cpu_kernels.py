@@ -33,8 +33,8 @@ Why not numpy's ``exp``: numba calls the C library's scalar ``exp`` once per
 element, several times slower than numpy's SIMD loop. ``_exp`` below is
 the classic Cephes float32 exp (a range reduction and a degree-6
 polynomial, within 1e-7 relative), written so that the compiler turns the
-loop into SIMD code: faster than numpy's own float32 exp on the CPUs measured
-(bench/BENCHMARKS.md). float64 keeps the exact ``np.exp``.
+loop into SIMD code, as fast as numpy's own float32 exp or faster on the CPUs
+measured (bench/BENCHMARKS.md). float64 keeps the exact ``np.exp``.
 """
 import math
 
@@ -76,7 +76,10 @@ def _exp(x):
     return np.exp(x)
 
 
-@overload(_exp, jit_options=dict(fastmath=False, error_model="numpy"))   # exact order, even inside a row_kernel
+# Its steps run in the order written, even inside a row_kernel (no "reassoc": the range reduction
+# needs it), but a multiply and an add may fuse into one FMA ("contract": one rounding fewer, and
+# the polynomial takes half the instructions, 1.6x faster on a Xeon with AVX-512).
+@overload(_exp, jit_options=dict(fastmath={"contract"}, error_model="numpy"))
 def _exp_by_type(x):
     if x != types.float32:
         return lambda x: np.exp(x)

@@ -16,6 +16,7 @@ does not take (a dtype other than float32 or float64, an empty array): the op
 then runs its own formula.
 
     gelu_tanh, gelu_tanh_backward          elementwise, one pass
+    erf                                    elementwise (the exact GELU's)
     layer_norm, layer_norm_backward        one row at a time
     softmax, masked_softmax                one row at a time (the row's max, exp, sum in the row)
     softmax_backward                       one row at a time
@@ -190,6 +191,25 @@ def gelu_tanh_backward(x, g):
     consts = real(-2 * _K0 * _K1), real(-2 * _K0), real(6 * _K0 * _K1), real(2 * _K0)
     _in_parts(_gelu_tanh_bwd, (x1, g1, dx, *consts), (0, 1, 2), x1.size, work=x1.size)
     return dx.reshape(x.shape)
+
+
+# --------------------------------------------------------------------------
+# erf, for the exact GELU: the C library's, one element at a time
+# --------------------------------------------------------------------------
+@kernel
+def _erf(x, y):                                    # x, y (n,)
+    for i in range(x.size):
+        y[i] = math.erf(x[i])
+
+
+def erf(x):
+    """erf of each element (numpy has none: the backend's formula takes about 250 array passes)."""
+    if not _all_float(x):
+        return None
+    x1 = np.ascontiguousarray(x).reshape(-1)
+    y = np.empty_like(x1)
+    _in_parts(_erf, (x1, y), (0, 1), x1.size, work=x1.size)
+    return y.reshape(x.shape)
 
 
 # --------------------------------------------------------------------------
@@ -748,6 +768,7 @@ def attention_tile_backward_(s, dp, lse, d, first):
 KERNELS = {
     "gelu_tanh": gelu_tanh,
     "gelu_tanh_backward": gelu_tanh_backward,
+    "erf": erf,
     "layer_norm": layer_norm,
     "layer_norm_backward": layer_norm_backward,
     "index_add_rows": index_add_rows,

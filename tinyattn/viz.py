@@ -16,6 +16,9 @@ is installed it draws them instead.
 
 Draw the graph before ``backward()``: backward frees the graph's saved inputs
 (unless ``retain_graph=True``), and a freed op is drawn without its inputs.
+
+In training, the fast layer runs each GPT block as one fused op; the drawing
+shows its ops all the same, computed again one by one from the block's inputs.
 """
 import os
 import shutil
@@ -74,6 +77,8 @@ class _Graph:
                 continue
             self.tensors[key] = t
             ctx = t.grad_fn
+            if ctx is not None and ctx.parents is not None and hasattr(ctx, "unfused"):
+                ctx = ctx.unfused().grad_fn        # a fused op (the fast layer's whole GPT block): drawn as its ops
             if ctx is None:
                 self.nodes[key] = _Node("leaf", [], t.requires_grad)
                 continue

@@ -568,3 +568,137 @@ def test_the_gpts_array_path_gives_the_teaching_paths_errors_for_ids_elsewhere_a
     with fast_layer_off(), ta.inference_mode(), pytest.raises(IndexError) as teaching:
         model(idx)
     assert str(fast.value) == str(teaching.value) and "[0, 4)" in str(fast.value)
+
+
+# ---------------------------------------------------------------- training: each block as one op
+def block_ops(loss):
+    """How many ops of the graph behind ``loss`` are whole blocks (fast BlockOp)."""
+    seen, stack, count = set(), [loss], 0
+    while stack:
+        t = stack.pop()
+        ctx = t.grad_fn
+        if ctx is None or id(ctx) in seen:
+            continue
+        seen.add(id(ctx))
+        count += type(ctx) is fast_models.BlockOp
+        stack.extend(ctx.parents)
+    return count
+
+
+def training_grads(model, idx, targets, **backward):
+    """The loss, the number of fused blocks behind it, and every parameter's gradient."""
+    model.zero_grad()
+    _, loss = model(idx, targets)
+    fused = block_ops(loss)
+    loss.backward(**backward)
+    return loss.item(), fused, {name: p.grad.numpy() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def teaching_grads(model, idx, targets):
+    with fast_layer_off():
+        loss, fused, grads = training_grads(model, idx, targets)
+    assert fused == 0
+    return loss, grads
+
+
+def assert_same_grads(got, want, dtype):
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], **TOL[dtype], err_msg=name)
+
+
+needs_block_kernel = pytest.mark.skipif(not get_backend("cpu").kernel("block"),
+                                        reason="no CPU kernels here (numba is not installed, or TINYATTN_CPU_KERNELS=0)")
+
+
+@needs_block_kernel
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("B", [1, 3])
+def test_training_runs_each_block_as_one_op_with_the_teaching_gradients(dtype, B):
+    model = gpt_model(dtype).train()
+    idx, targets = random_ids(B, 20), random_ids(B, 20, seed=2)
+    loss, fused, grads = training_grads(model, idx, targets)
+    assert fused == 2                                                   # both blocks
+    want_loss, want = teaching_grads(model, idx, targets)
+    np.testing.assert_allclose(loss, want_loss, **TOL[dtype])
+    assert_same_grads(grads, want, dtype)
+
+
+@needs_block_kernel
+def test_a_fused_block_passes_gradcheck():
+    ta.manual_seed(0)
+    block = gpt.Block(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=6, dropout=0.0))
+    params = list(block.parameters())
+    for p in params:
+        p.data = p.data.astype("float64") + 0.1
+    x = ta.randn(2, 6, 8, dtype="float64", requires_grad=True)
+    assert block_ops(block(x).sum()) == 1
+    assert ta.gradcheck(lambda x, *ps: block(x), [x] + params)
+
+
+def unusual_block(model, how, monkeypatch):
+    """Make the model's blocks something the fused op does not take (each runs op by op)."""
+    for block in model.h:
+        if how == "dropout":
+            block.mlp.dropout.p = 0.3
+        elif how == "keep_weights":
+            block.attn.keep_weights = True
+        elif how == "exact gelu":
+            block.mlp.gelu.approximate = "none"
+        elif how == "an adapter":
+            block.attn.c_proj = with_adapter(block.attn.c_proj, "LoRALinear")
+    if how == "long attention":
+        monkeypatch.setattr(attention, "TILED_MIN_SCORES", 1)           # every length is "long"
+
+
+@needs_block_kernel
+@pytest.mark.parametrize("how", ["dropout", "keep_weights", "exact gelu", "an adapter", "no biases",
+                                 "long attention", "no kernels", "a profiler"])
+def test_a_block_the_fused_op_does_not_take_trains_op_by_op(how, monkeypatch):
+    model = gpt_model("float64", bias=how != "no biases").train()
+    unusual_block(model, how, monkeypatch)
+    if how == "no kernels":
+        monkeypatch.setattr(get_backend("cpu"), "use_kernels", False)
+    idx, targets = random_ids(3, 20), random_ids(3, 20, seed=2)
+    ta.manual_seed(5)
+    with ta.profile() if how == "a profiler" else contextlib.nullcontext():
+        loss, fused, grads = training_grads(model, idx, targets)
+    assert fused == 0
+    ta.manual_seed(5)
+    want_loss, want = teaching_grads(model, idx, targets)
+    np.testing.assert_allclose(loss, want_loss, **TOL["float64"])
+    assert_same_grads(grads, want, "float64")
+
+
+@needs_block_kernel
+def test_a_fused_block_differentiates_twice_op_by_op():
+    """create_graph=True: the fused op's backward runs the layers op by op, whose backward is differentiable."""
+    model = gpt_model("float64", n_layer=1).train()
+    idx, targets = random_ids(2, 10), random_ids(2, 10, seed=2)
+
+    def grad_norm_grads():
+        model.zero_grad()
+        _, loss = model(idx, targets)
+        fused = block_ops(loss)
+        grads = ta.autograd.grad(loss, list(model.parameters()), create_graph=True)
+        sum((g * g).sum() for g in grads).backward()
+        return fused, {name: p.grad.numpy() for name, p in model.named_parameters()}
+    fused, got = grad_norm_grads()
+    assert fused == 1
+    with fast_layer_off():
+        _, want = grad_norm_grads()
+    assert_same_grads(got, want, "float64")
+
+
+@needs_block_kernel
+def test_the_graph_drawing_shows_a_fused_blocks_ops():
+    model = gpt_model(n_layer=1).train()
+    _, loss = model(random_ids(2, 10), random_ids(2, 10, seed=2))
+    assert block_ops(loss) == 1
+    fused = ta.viz.graph(loss)
+    with fast_layer_off():
+        _, teaching_loss = model(random_ids(2, 10), random_ids(2, 10, seed=2))
+        teaching = ta.viz.graph(teaching_loss)
+    assert "BlockOp" not in fused and "Attention" in fused and "GeluTanh" in fused
+    labels = lambda dot: sorted(line.split('label="')[1].split("\\n")[0] for line in dot.splitlines() if 'label="' in line)   # noqa: E731
+    assert labels(fused) == labels(teaching)

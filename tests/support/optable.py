@@ -296,6 +296,34 @@ def adamw_steps(arrays, device, dtype):
     return [p.numpy() for p in params] + [np.asarray(s[k]) for s in state.values() for k in ("exp_avg", "exp_avg_sq")]
 
 
+def gpt_block_steps(n_head):
+    """A case runner for the whole-block kernels: a GPT Block with the given weights, its output
+    and the gradients of its input and of every parameter, for a fixed random cotangent."""
+    def run(arrays, device, dtype):
+        import tinyattn as ta
+        from tinyattn.models import GPTConfig, gpt
+        x = ta.tensor(arrays[0], dtype=dtype, device=device, requires_grad=True)
+        B, T, C = x.shape
+        block = gpt.Block(GPTConfig(n_layer=1, n_head=n_head, n_embd=C, block_size=T, dropout=0.0))
+        params = list(block.parameters())          # ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj: weight, bias
+        for p, a in zip(params, arrays[1:], strict=True):
+            p.set_(ta.tensor(a, dtype=dtype, device=device))
+        out = block(x)
+        out.backward(ta.tensor(np.random.default_rng(5).standard_normal(out.shape), dtype=dtype, device=device))
+        return [out.numpy(), x.grad.numpy()] + [p.grad.numpy() for p in params]
+    return run
+
+
+def gpt_block_inputs(B, T, C):
+    """x (B, T, C), then a GPT block's parameters in its order, at the scales of a trained one."""
+    def inputs(rng):
+        ln = lambda: [1 + 0.1 * normal(rng, C), 0.1 * normal(rng, C)]           # noqa: E731
+        linear = lambda n_out, n_in: [normal(rng, n_out, n_in) / math.sqrt(n_in), 0.1 * normal(rng, n_out)]   # noqa: E731
+        return ([normal(rng, B, T, C)] + ln() + linear(3 * C, C) + linear(C, C) + ln() + linear(4 * C, C)
+                + linear(C, 4 * C))
+    return inputs
+
+
 def _targets(rng, n, classes):
     t = rng.integers(0, classes, n)
     t[::5] = -1                                                   # some ignored rows
@@ -393,6 +421,10 @@ KERNEL_CASES = [
                lambda r: [normal(r, 1, 1, 33, 8), normal(r, 1, 1, 33, 8), normal(r, 1, 1, 33, 8)],
                fn=lambda q, k, v: F.flash_attention(q, k, v, is_causal=True, block_size=8,
                                                     attn_mask=k.detach()[0, 0, :, :1].mT * 2.0)),   # (1, Tk): a bias per key
+    KernelCase("a GPT block, B3 T10 C16 H4", {"block", "block_backward"}, gpt_block_inputs(3, 10, 16),
+               run=gpt_block_steps(4)),
+    KernelCase("a GPT block of one sequence, T7 C12 H3", {"block", "block_backward"}, gpt_block_inputs(1, 7, 12),
+               run=gpt_block_steps(3)),
     KernelCase("adamw_", {"adamw_"},
                lambda r: [normal(r, 33, 17), normal(r, 17)] + [normal(r, *s) for _ in range(3) for s in ((33, 17), (17,))],
                run=adamw_steps),

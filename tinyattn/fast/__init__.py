@@ -5,10 +5,12 @@ the arithmetic that defines it. This package holds what makes them fast:
 
     ops.py           fast versions of ops, each a subclass of the teaching op
     modules.py       fast versions of layers: a forward on arrays where no graph is recorded
+    models.py        the same for the GPT's layers; in training, a whole block as one op
     layouts.py       weights laid out for their products, inside ta.inference_mode
     optim.py         AdamW on flat buffers (the same arithmetic, fewer passes)
     threads.py       tinyattn's own CPU threads, and BLAS held at one thread beside them
     cpu_kernels.py   fused CPU kernels, compiled with numba (the ``fast`` extra)
+    cpu_block.py     the GPT's block as one CPU kernel, each thread on its share of the batch
     cuda_kernels.py  fused CuPy kernels, for the GPU
     allocator.py     glibc's malloc thresholds, for steady step times (the training program's)
 
@@ -59,14 +61,15 @@ def is_fast():
 
 
 def _cpu_kernels():
-    """backend/cpu_kernels.KERNELS, or {} without numba or with TINYATTN_CPU_KERNELS=0."""
+    """The kernels of cpu_kernels.py and cpu_block.py, or {} without numba or with TINYATTN_CPU_KERNELS=0."""
     if os.environ.get(CPU_KERNELS_ENV, "1").strip().lower() in _OFF:
         return {}
     try:
         from .cpu_kernels import KERNELS
+        from .cpu_block import KERNELS as BLOCK_KERNELS
     except ImportError:                          # no numba: the fast ops run without kernels
         return {}
-    return KERNELS
+    return {**KERNELS, **BLOCK_KERNELS}
 
 
 def _cuda_kernels():

@@ -153,6 +153,7 @@ def _in_parts(kernel, args, sliced, n, work):
 # GELU, tanh approximation: 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)), u = k0 (x + k1 x^3)
 # --------------------------------------------------------------------------
 _K0, _K1 = math.sqrt(2.0 / math.pi), 0.044715
+GELU_CONSTANTS = (-2 * _K0 * _K1, -2 * _K0, 6 * _K0 * _K1, 2 * _K0)    # a, b, c, d of the two kernels below
 
 
 @kernel
@@ -178,7 +179,8 @@ def gelu_tanh(x):
     real = x.dtype.type
     x1 = np.ascontiguousarray(x).reshape(-1)
     y = np.empty_like(x1)
-    _in_parts(_gelu_tanh_fwd, (x1, y, real(-2 * _K0 * _K1), real(-2 * _K0)), (0, 1), x1.size, work=x1.size)
+    a, b = (real(c) for c in GELU_CONSTANTS[:2])
+    _in_parts(_gelu_tanh_fwd, (x1, y, a, b), (0, 1), x1.size, work=x1.size)
     return y.reshape(x.shape)
 
 
@@ -188,7 +190,7 @@ def gelu_tanh_backward(x, g):
     real = x.dtype.type
     x1, g1 = (np.ascontiguousarray(a).reshape(-1) for a in (x, g))
     dx = np.empty_like(x1)
-    consts = real(-2 * _K0 * _K1), real(-2 * _K0), real(6 * _K0 * _K1), real(2 * _K0)
+    consts = [real(c) for c in GELU_CONSTANTS]
     _in_parts(_gelu_tanh_bwd, (x1, g1, dx, *consts), (0, 1, 2), x1.size, work=x1.size)
     return dx.reshape(x.shape)
 

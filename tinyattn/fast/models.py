@@ -2,11 +2,19 @@
 
 They sit above the models, as the models sit above nn; tinyattn's __init__ imports this
 module last, which adds them to FAST_MODULES.
+
+In training on the CPU, a Block records one op, BlockOp, whose forward and backward are
+one kernel each (cpu_block.py): a quarter less time a step for the small GPTs than op by
+op (bench/BENCHMARKS.md). Wherever it could differ from the layers op by op (a profiler
+or anomaly detection, dropout at work, a layer of the learner's own, the tiled attention,
+a backward differentiated again), the block runs op by op.
 """
+import numpy as np
+
 from .. import autograd
-from ..autograd import constant
+from ..autograd import Function, constant, is_grad_enabled
 from ..models import gpt
-from ..nn import functional as F, modules
+from ..nn import attention, functional as F, modules
 from .modules import FAST_MODULES, idle, is_linear, linear_on_arrays, no_graph
 from .ops import linear_rows
 
@@ -36,11 +44,43 @@ def _layer_norm(x, layer):
     return None if out is None else out[0]
 
 
+class BlockOp(Function):
+    """A whole block, y = x2 + mlp(ln_2(x2)), x2 = x + attn(ln_1(x)) with causal attention, as
+    one op: forward and backward are one kernel each (cpu_block.py), each thread running the
+    block on its share of the batch. Inputs: x (B, T, C) and the block's parameters
+    (Block.fused_parameters)."""
+
+    def forward(self, x, *params, n_head, eps_1, eps_2, module):
+        y, *saved = self.backend.run_kernel("block", x, params, n_head, eps_1, eps_2)
+        self.save(*saved)
+        self.n_head, self.module = n_head, module
+        return y
+
+    def backward(self, g):
+        create_graph = is_grad_enabled()
+        grads = None if create_graph else self.backend.run_kernel(
+            "block_backward", g.data, self.saved, [p.data for p in self.parents[1:]], self.n_head)
+        if grads is None:        # a backward to differentiate again (or no kernel now): the layers op by op,
+            with autograd.enable_grad():           # on the same parameters (the module's are the parents)
+                y = gpt.Block.forward(self.module, self.parents[0])
+            return autograd.grad(y, self.parents, g, create_graph=create_graph, allow_unused=True)
+        return tuple(self.constant(d) for d in grads)                      # dx, then each parameter's
+
+    def unfused(self):
+        """The block's output computed again op by op from the same inputs, with its graph (what
+        ta.viz.graph draws for this op)."""
+        with autograd.enable_grad():
+            return gpt.Block.forward(self.module, self.parents[0])
+
+
 class Block(gpt.Block):
-    """Without a graph: both layer norms by the kernel and both residual adds on arrays, around
-    the fast attention and MLP."""
+    """In training, the whole block as one op (BlockOp). Without a graph: both layer norms by
+    the kernel and both residual adds on arrays, around the fast attention and MLP."""
 
     def forward(self, x, kv_cache=None):
+        if kv_cache is None and self._as_one_op(x):
+            return BlockOp.apply(x, *self.fused_parameters(), n_head=self.attn.n_head, eps_1=self.ln_1.eps,
+                                 eps_2=self.ln_2.eps, module=self)
         if not (isinstance(x, autograd._Tensor) and x.ndim == 3 and no_graph(x, self)
                 and x.shape[-1] == self.ln_1.weight.shape[0]):
             return super().forward(x, kv_cache)
@@ -53,6 +93,51 @@ class Block(gpt.Block):
             return constant(x, x1) + self.mlp(self.ln_2(constant(x, x1)))
         x1 += self.mlp(constant(x, h)).data                              # (x1 is ours: a new array)
         return constant(x, x1)
+
+    def fused_parameters(self):
+        """The parameters BlockOp takes, in its order."""
+        attn, mlp = self.attn, self.mlp
+        return (self.ln_1.weight, self.ln_1.bias, attn.c_attn.weight, attn.c_attn.bias, attn.c_proj.weight,
+                attn.c_proj.bias, self.ln_2.weight, self.ln_2.bias, mlp.c_fc.weight, mlp.c_fc.bias,
+                mlp.c_proj.weight, mlp.c_proj.bias)
+
+    def _as_one_op(self, x):
+        """True where a graph is recorded on the CPU with the block kernel loaded, nothing watches
+        the ops, and the block is the library's own: its layers and their forwards, biases, the
+        GELU's tanh form, no dropout at work, the naive (not tiled) attention."""
+        if not (isinstance(x, autograd._Tensor) and autograd.hooks is None and is_grad_enabled()
+                and x.backend.fast_ops and x.xp is np and x.ndim == 3 and x.dtype in _FLOATS
+                and x.backend.kernel("block") is not None):
+            return False
+        attn, mlp, C = self.attn, self.mlp, x.shape[-1]
+        if not (all(_is_layer_norm(ln, C) for ln in (self.ln_1, self.ln_2))
+                and type(attn) in (attention.MultiHeadAttention, FAST_MODULES[attention.MultiHeadAttention])
+                and "forward" not in attn.__dict__ and attn.n_embd == C and not attn.keep_weights
+                and (not attn.training or attn.dropout == attn.head_dropout == 0.0) and idle(attn.resid_dropout)
+                and type(mlp) in (gpt.MLP, MLP) and "forward" not in mlp.__dict__ and idle(mlp.dropout)
+                and type(mlp.gelu) is modules.GELU and mlp.gelu.approximate == "tanh"
+                and all(is_linear(layer, x) and layer.bias is not None
+                        for layer in (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj))):
+            return False
+        params = self.fused_parameters()
+        if (not (x.requires_grad or any(p.requires_grad for p in params)) or any(p.dtype != x.dtype for p in params)
+                or [p.shape for p in params] != block_shapes(C)):
+            return False
+        B, T, _ = x.shape
+        return not attention.is_long(T, T, B * attn.n_head, x.dtype.itemsize, True)
+
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def block_shapes(C):
+    """The shapes of Block.fused_parameters() in a block of width C (an MLP 4 C wide)."""
+    return [(C,), (C,), (3 * C, C), (3 * C,), (C, C), (C,), (C,), (C,), (4 * C, C), (4 * C,), (C, 4 * C), (C,)]
+
+
+def _is_layer_norm(layer, C):
+    return (type(layer) is modules.LayerNorm and "forward" not in layer.__dict__ and layer.bias is not None
+            and layer.weight.shape == (C,))
 
 
 class GPT(gpt.GPT):

@@ -613,12 +613,14 @@ needs_block_kernel = pytest.mark.skipif(not get_backend("cpu").kernel("block"),
 
 @needs_block_kernel
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("B", [1, 3])
-def test_training_runs_each_block_as_one_op_with_the_teaching_gradients(dtype, B):
-    model = gpt_model(dtype).train()
+@pytest.mark.parametrize("B, head_dropout", [(1, 0.0), (3, 0.0), (6, 0.5)])
+def test_training_runs_each_block_as_one_op_with_the_teaching_gradients(dtype, B, head_dropout):
+    model = gpt_model(dtype, head_dropout=head_dropout).train()
     idx, targets = random_ids(B, 20), random_ids(B, 20, seed=2)
+    ta.manual_seed(5)
     loss, fused, grads = training_grads(model, idx, targets)
     assert fused == 2                                                   # both blocks
+    ta.manual_seed(5)                                                   # DropHead: the same heads dropped
     want_loss, want = teaching_grads(model, idx, targets)
     np.testing.assert_allclose(loss, want_loss, **TOL[dtype])
     assert_same_grads(grads, want, dtype)
@@ -671,13 +673,16 @@ def test_a_block_the_fused_op_does_not_take_trains_op_by_op(how, monkeypatch):
 
 
 @needs_block_kernel
-def test_a_fused_block_differentiates_twice_op_by_op():
-    """create_graph=True: the fused op's backward runs the layers op by op, whose backward is differentiable."""
-    model = gpt_model("float64", n_layer=1).train()
-    idx, targets = random_ids(2, 10), random_ids(2, 10, seed=2)
+@pytest.mark.parametrize("head_dropout", [0.0, 0.5])
+def test_a_fused_block_differentiates_twice_op_by_op(head_dropout):
+    """create_graph=True: the fused op's backward runs the layers op by op, whose backward is
+    differentiable (with DropHead, on the heads that the fused forward dropped)."""
+    model = gpt_model("float64", n_layer=1, head_dropout=head_dropout).train()
+    idx, targets = random_ids(6, 10), random_ids(6, 10, seed=2)
 
     def grad_norm_grads():
         model.zero_grad()
+        ta.manual_seed(5)
         _, loss = model(idx, targets)
         fused = block_ops(loss)
         grads = ta.autograd.grad(loss, list(model.parameters()), create_graph=True)

@@ -296,18 +296,20 @@ def adamw_steps(arrays, device, dtype):
     return [p.numpy() for p in params] + [np.asarray(s[k]) for s in state.values() for k in ("exp_avg", "exp_avg_sq")]
 
 
-def gpt_block_steps(n_head):
-    """A case runner for the whole-block kernels: a GPT Block with the given weights, its output
-    and the gradients of its input and of every parameter, for a fixed random cotangent."""
+def gpt_block_steps(n_head, head_dropout=0.0):
+    """A case runner for the whole-block kernels: a GPT Block (training) with the given weights, its
+    output and the gradients of its input and of every parameter, for a fixed random cotangent."""
     def run(arrays, device, dtype):
         import tinyattn as ta
         from tinyattn.models import GPTConfig, gpt
         x = ta.tensor(arrays[0], dtype=dtype, device=device, requires_grad=True)
         B, T, C = x.shape
-        block = gpt.Block(GPTConfig(n_layer=1, n_head=n_head, n_embd=C, block_size=T, dropout=0.0))
+        block = gpt.Block(GPTConfig(n_layer=1, n_head=n_head, n_embd=C, block_size=T, dropout=0.0,
+                                    head_dropout=head_dropout))
         params = list(block.parameters())          # ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj: weight, bias
         for p, a in zip(params, arrays[1:], strict=True):
             p.set_(ta.tensor(a, dtype=dtype, device=device))
+        ta.manual_seed(7)                          # the same heads dropped both ways
         out = block(x)
         out.backward(ta.tensor(np.random.default_rng(5).standard_normal(out.shape), dtype=dtype, device=device))
         return [out.numpy(), x.grad.numpy()] + [p.grad.numpy() for p in params]
@@ -425,6 +427,8 @@ KERNEL_CASES = [
                run=gpt_block_steps(4)),
     KernelCase("a GPT block of one sequence, T7 C12 H3", {"block", "block_backward"}, gpt_block_inputs(1, 7, 12),
                run=gpt_block_steps(3)),
+    KernelCase("a GPT block with DropHead, B6 T5 C16 H4", {"block", "block_backward"}, gpt_block_inputs(6, 5, 16),
+               run=gpt_block_steps(4, head_dropout=0.5)),
     KernelCase("adamw_", {"adamw_"},
                lambda r: [normal(r, 33, 17), normal(r, 17)] + [normal(r, *s) for _ in range(3) for s in ((33, 17), (17,))],
                run=adamw_steps),

@@ -15,8 +15,8 @@ The arithmetic is that of the ops, with their kernels (cpu_kernels.py): the
 outputs are the same numbers, and the gradients the same up to the order of the
 sums over rows. The op-table tests check both against the layers op by op.
 
-    block(x, params, n_head, eps_1, eps_2)    -> (y, *saved)
-    block_backward(g, saved, params, n_head)  -> (dx, *dparams)
+    block(x, params, n_head, eps_1, eps_2, head_keep)     -> (y, *saved)
+    block_backward(g, saved, params, n_head, head_keep)   -> (dx, *dparams)
 
 params: (ln_1 weight, ln_1 bias, c_attn weight, c_attn bias, attn.c_proj weight, attn.c_proj bias,
          ln_2 weight, ln_2 bias, c_fc weight, c_fc bias, mlp.c_proj weight, mlp.c_proj bias),
@@ -27,7 +27,6 @@ import math
 import numpy as np
 
 from . import cpu_kernels as K
-from .models import block_shapes
 from .threads import split
 
 
@@ -35,7 +34,9 @@ def _fits(x, params):
     """True for x (B, T, C) and the block's parameters, all float32 or all float64, of the GPT's shapes."""
     if x.ndim != 3 or x.dtype.char not in "fd" or x.size == 0 or any(p.dtype != x.dtype for p in params):
         return False
-    return [p.shape for p in params] == block_shapes(x.shape[2])
+    C = x.shape[2]
+    return [p.shape for p in params] == [(C,), (C,), (3 * C, C), (3 * C,), (C, C), (C,),
+                                         (C,), (C,), (4 * C, C), (4 * C,), (C, 4 * C), (C,)]
 
 
 def _work(x):
@@ -50,9 +51,10 @@ def _heads(a, n_head):
     return heads[:, :n_head], heads[:, n_head:2 * n_head], heads[:, 2 * n_head:]
 
 
-def block(x, params, n_head, eps_1, eps_2):
-    """(y, *saved): the block's output (B, T, C), then what its backward reads. None for inputs it does not take."""
-    if not _fits(x, params):
+def block(x, params, n_head, eps_1, eps_2, head_keep=None):
+    """(y, *saved): the block's output (B, T, C), then what its backward reads. None for inputs it does not take.
+    head_keep: DropHead's draw (B, H), each head's output is scaled by (0 or 1/(1-p)); None: no DropHead."""
+    if not _fits(x, params) or not (head_keep is None or head_keep.shape == (x.shape[0], n_head)):
         return None
     ln1_w, ln1_b, w_qkv, b_qkv, w_o, b_o, ln2_w, ln2_b, w_fc, b_fc, w_proj, b_proj = params
     x = np.ascontiguousarray(x)
@@ -79,7 +81,10 @@ def block(x, params, n_head, eps_1, eps_2):
         np.matmul(q, np.matrix_transpose(k), out=w)                           # scores (n, H, T, T)
         w3 = w.reshape(-1, T, T)
         K._masked_softmax_fwd(w3, allowed, first, stop, dense, scale, w3)     # weights, in place
-        np.matmul(w, v, out=att[i:j].reshape(j - i, T, n_head, -1).transpose(0, 2, 1, 3))   # heads merged
+        heads = att[i:j].reshape(j - i, T, n_head, -1)                        # (n, T, H, D): heads merged
+        np.matmul(w, v, out=heads.transpose(0, 2, 1, 3))
+        if head_keep is not None:
+            heads *= head_keep[i:j, None, :, None]                            # DropHead
         np.matmul(flat(att), w_o.T, out=flat(x2))                            # x2 = x + att W_o^T + b_o
         flat(x2)[...] += b_o
         flat(x2)[...] += flat(x)
@@ -95,7 +100,7 @@ def block(x, params, n_head, eps_1, eps_2):
     return y, h1, xhat1, rstd1, qkv, weights, att, h2, xhat2, rstd2, f, gelu
 
 
-def block_backward(g, saved, params, n_head):
+def block_backward(g, saved, params, n_head, head_keep=None):
     """(dx, *dparams) for the output gradient g (B, T, C); dparams in the order of params."""
     ln1_w, ln1_b, w_qkv, b_qkv, w_o, b_o, ln2_w, ln2_b, w_fc, b_fc, w_proj, b_proj = params
     h1, xhat1, rstd1, qkv, weights, att, h2, xhat2, rstd2, f, gelu = saved
@@ -125,7 +130,10 @@ def block_backward(g, saved, params, n_head):
         dx2 += dy                                                             # the residual
         # attention: x2 = x + att W_o^T + b_o
         mine[4], mine[5] = dx2.T @ flat(att), dx2.sum(axis=0)                 # dW_o (C, C), db_o
-        d_att = (dx2 @ w_o).reshape(j - i, T, n_head, -1).transpose(0, 2, 1, 3)   # dO (n, H, T, D)
+        d_att = (dx2 @ w_o).reshape(j - i, T, n_head, -1)                    # (n, T, H, D)
+        if head_keep is not None:
+            d_att *= head_keep[i:j, None, :, None]                            # DropHead
+        d_att = d_att.transpose(0, 2, 1, 3)                                   # dO (n, H, T, D)
         q, k, v = _heads(qkv[i:j], n_head)
         dq, dk, dv = _heads(dqkv[i:j], n_head)                                # views of dqkv
         w = weights[i:j]

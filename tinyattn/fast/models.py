@@ -6,8 +6,8 @@ module last, which adds them to FAST_MODULES.
 In training on the CPU, a Block records one op, BlockOp, whose forward and backward are
 one kernel each (cpu_block.py): a quarter less time a step for the small GPTs than op by
 op (bench/BENCHMARKS.md). Wherever it could differ from the layers op by op (a profiler
-or anomaly detection, dropout at work, a layer of the learner's own, the tiled attention,
-a backward differentiated again), the block runs op by op.
+or anomaly detection, dropout at work other than DropHead's, a layer of the learner's own,
+the tiled attention, a backward differentiated again), the block runs op by op.
 """
 import numpy as np
 
@@ -50,27 +50,34 @@ class BlockOp(Function):
     block on its share of the batch. Inputs: x (B, T, C) and the block's parameters
     (Block.fused_parameters)."""
 
-    def forward(self, x, *params, n_head, eps_1, eps_2, module):
-        y, *saved = self.backend.run_kernel("block", x, params, n_head, eps_1, eps_2)
+    def forward(self, x, *params, n_head, eps_1, eps_2, module, head_keep=None, rng_state=None):
+        y, *saved = self.backend.run_kernel("block", x, params, n_head, eps_1, eps_2, head_keep)
         self.save(*saved)
-        self.n_head, self.module = n_head, module
+        self.n_head, self.module, self.head_keep, self.rng_state = n_head, module, head_keep, rng_state
         return y
 
     def backward(self, g):
         create_graph = is_grad_enabled()
         grads = None if create_graph else self.backend.run_kernel(
-            "block_backward", g.data, self.saved, [p.data for p in self.parents[1:]], self.n_head)
-        if grads is None:        # a backward to differentiate again (or no kernel now): the layers op by op,
-            with autograd.enable_grad():           # on the same parameters (the module's are the parents)
-                y = gpt.Block.forward(self.module, self.parents[0])
-            return autograd.grad(y, self.parents, g, create_graph=create_graph, allow_unused=True)
+            "block_backward", g.data, self.saved, [p.data for p in self.parents[1:]], self.n_head, self.head_keep)
+        if grads is None:        # a backward to differentiate again (or no kernel now): the layers op by op
+            return autograd.grad(self.unfused(), self.parents, g, create_graph=create_graph, allow_unused=True)
         return tuple(self.constant(d) for d in grads)                      # dx, then each parameter's
 
     def unfused(self):
-        """The block's output computed again op by op from the same inputs, with its graph (what
-        ta.viz.graph draws for this op)."""
-        with autograd.enable_grad():
-            return gpt.Block.forward(self.module, self.parents[0])
+        """The block's output computed again op by op from the same inputs (the module's parameters
+        are this op's), with its graph: what ta.viz.graph draws for this op. DropHead draws the
+        same heads again: the device's generator is set back to where it stood for this op."""
+        backend = self.backend
+        now = backend.get_rng_state() if self.rng_state is not None else None
+        try:
+            if now is not None:
+                backend.set_rng_state(self.rng_state)
+            with autograd.enable_grad():
+                return gpt.Block.forward(self.module, self.parents[0])
+        finally:
+            if now is not None:
+                backend.set_rng_state(now)
 
 
 class Block(gpt.Block):
@@ -79,8 +86,12 @@ class Block(gpt.Block):
 
     def forward(self, x, kv_cache=None):
         if kv_cache is None and self._as_one_op(x):
-            return BlockOp.apply(x, *self.fused_parameters(), n_head=self.attn.n_head, eps_1=self.ln_1.eps,
-                                 eps_2=self.ln_2.eps, module=self)
+            attn, keep, state = self.attn, None, None
+            if attn.head_dropout > 0.0 and attn.training:               # DropHead's draw, as attn would make it
+                state = x.backend.get_rng_state()
+                keep = attn.head_keep(x.shape[0], x.dtype, x.device).data.reshape(x.shape[0], attn.n_head)
+            return BlockOp.apply(x, *self.fused_parameters(), n_head=attn.n_head, eps_1=self.ln_1.eps,
+                                 eps_2=self.ln_2.eps, module=self, head_keep=keep, rng_state=state)
         if not (isinstance(x, autograd._Tensor) and x.ndim == 3 and no_graph(x, self)
                 and x.shape[-1] == self.ln_1.weight.shape[0]):
             return super().forward(x, kv_cache)
@@ -104,7 +115,7 @@ class Block(gpt.Block):
     def _as_one_op(self, x):
         """True where a graph is recorded on the CPU with the block kernel loaded, nothing watches
         the ops, and the block is the library's own: its layers and their forwards, biases, the
-        GELU's tanh form, no dropout at work, the naive (not tiled) attention."""
+        GELU's tanh form, no dropout at work but DropHead's, the naive (not tiled) attention."""
         if not (isinstance(x, autograd._Tensor) and autograd.hooks is None and is_grad_enabled()
                 and x.backend.fast_ops and x.xp is np and x.ndim == 3 and x.dtype in _FLOATS
                 and x.backend.kernel("block") is not None):
@@ -113,7 +124,7 @@ class Block(gpt.Block):
         if not (all(_is_layer_norm(ln, C) for ln in (self.ln_1, self.ln_2))
                 and type(attn) in (attention.MultiHeadAttention, FAST_MODULES[attention.MultiHeadAttention])
                 and "forward" not in attn.__dict__ and attn.n_embd == C and not attn.keep_weights
-                and (not attn.training or attn.dropout == attn.head_dropout == 0.0) and idle(attn.resid_dropout)
+                and (not attn.training or attn.dropout == 0.0) and idle(attn.resid_dropout)
                 and type(mlp) in (gpt.MLP, MLP) and "forward" not in mlp.__dict__ and idle(mlp.dropout)
                 and type(mlp.gelu) is modules.GELU and mlp.gelu.approximate == "tanh"
                 and all(is_linear(layer, x) and layer.bias is not None

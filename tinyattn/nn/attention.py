@@ -183,10 +183,14 @@ class MultiHeadAttention(Module):
             y, weights = y
             self.last_weights = weights.detach()
         if self.head_dropout > 0.0 and self.training:                # whole heads, per sequence
-            keep = dropout(ones(B, H, 1, 1, dtype=y.dtype, device=y.device), self.head_dropout)   # 0 or 1/(1-p)
-            y = y * keep                                             # (B, H, T, D)
+            y = y * self.head_keep(B, y.dtype, y.device)             # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, C)                      # merge heads: (B, T, C)
         return self.resid_dropout(self.c_proj(y))
+
+
+    def head_keep(self, B, dtype, device):
+        """DropHead's draw: (B, H, 1, 1), each head of each sequence 0 or 1/(1-p)."""
+        return dropout(ones(B, self.n_head, 1, 1, dtype=dtype, device=device), self.head_dropout)
 
 
 class KVCache:

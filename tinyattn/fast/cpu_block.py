@@ -39,6 +39,14 @@ def _fits(x, params):
                                          (C,), (C,), (4 * C, C), (4 * C,), (C, 4 * C), (C,)]
 
 
+@K.kernel
+def _add_bias(out, b, residual):                   # out (n, m) = out + b (m,) on each row, + residual (n, m) if any
+    n, m = out.shape                               # (in the order of the layers: the bias, then the residual add)
+    for i in range(n):
+        for j in range(m):
+            out[i, j] = out[i, j] + b[j] if residual is None else (out[i, j] + b[j]) + residual[i, j]
+
+
 def _work(x):
     """The block's products, in threads' units of work (n * k * m / 32): 24 C^2 per row."""
     return x.shape[0] * x.shape[1] * 24 * x.shape[2] ** 2 // 32
@@ -75,7 +83,7 @@ def block(x, params, n_head, eps_1, eps_2, head_keep=None):
             return t[i:j].reshape(-1, t.shape[-1])                            # (n, ...) rows of these sequences
         K._layer_norm_fwd(flat(x), ln1_w, ln1_b, flat(h1), flat(xhat1), flat(rstd1), eps_1)
         np.matmul(flat(h1), w_qkv.T, out=flat(qkv))                           # qkv = ln_1(x) W^T + b
-        flat(qkv)[...] += b_qkv
+        _add_bias(flat(qkv), b_qkv, None)
         q, k, v = _heads(qkv[i:j], n_head)                                    # (n, H, T, D) each
         w = weights[i:j]
         np.matmul(q, np.matrix_transpose(k), out=w)                           # scores (n, H, T, T)
@@ -86,15 +94,13 @@ def block(x, params, n_head, eps_1, eps_2, head_keep=None):
         if head_keep is not None:
             heads *= head_keep[i:j, None, :, None]                            # DropHead
         np.matmul(flat(att), w_o.T, out=flat(x2))                            # x2 = x + att W_o^T + b_o
-        flat(x2)[...] += b_o
-        flat(x2)[...] += flat(x)
+        _add_bias(flat(x2), b_o, flat(x))
         K._layer_norm_fwd(flat(x2), ln2_w, ln2_b, flat(h2), flat(xhat2), flat(rstd2), eps_2)
         np.matmul(flat(h2), w_fc.T, out=flat(f))                             # f = ln_2(x2) W_fc^T + b_fc
-        flat(f)[...] += b_fc
+        _add_bias(flat(f), b_fc, None)
         K._gelu_tanh_fwd(f[i:j].reshape(-1), gelu[i:j].reshape(-1), gelu_a, gelu_b)
         np.matmul(flat(gelu), w_proj.T, out=flat(y))                         # y = x2 + gelu(f) W_proj^T + b_proj
-        flat(y)[...] += b_proj
-        flat(y)[...] += flat(x2)
+        _add_bias(flat(y), b_proj, flat(x2))
 
     split(rows, B, work=_work(x))
     return y, h1, xhat1, rstd1, qkv, weights, att, h2, xhat2, rstd2, f, gelu

@@ -707,3 +707,116 @@ def test_the_graph_drawing_shows_a_fused_blocks_ops():
     assert "BlockOp" not in fused and "Attention" in fused and "GeluTanh" in fused
     labels = lambda dot: sorted(line.split('label="')[1].split("\\n")[0] for line in dot.splitlines() if 'label="' in line)   # noqa: E731
     assert labels(fused) == labels(teaching)
+
+
+def a_block(dtype="float64", C=8, H=2, **kw):
+    """A lone GPT block (training mode) with weights moved off their initial values."""
+    ta.manual_seed(0)
+    block = gpt.Block(GPTConfig(n_layer=1, n_head=H, n_embd=C, block_size=16, **kw))
+    rng = np.random.default_rng(3)
+    for p in block.parameters():
+        p.data = (p.data + 0.1 * rng.standard_normal(p.shape)).astype(dtype)
+    return block
+
+
+@needs_block_kernel
+def test_a_fused_blocks_second_backward_differentiates_the_block_as_it_ran():
+    """The modes switched between forward and backward: the backward still differentiates the forward
+    that ran (DropHead on), as op by op."""
+    block = a_block(head_dropout=0.5)
+    x = ta.randn(2, 5, 8, dtype="float64", requires_grad=True)
+
+    def second(fast):
+        with contextlib.nullcontext() if fast else fast_layer_off():
+            block.train()
+            ta.manual_seed(1)
+            y = block(x)
+            fused = block_ops(y.sum())
+            block.eval()
+            (gx,) = ta.autograd.grad((y * y).sum(), [x], create_graph=True)
+            (ggx,) = ta.autograd.grad((gx * gx).sum(), [x])
+            return fused, gx.numpy(), ggx.numpy()
+    fused, gx, ggx = second(True)
+    assert fused == 1
+    _, want_gx, want_ggx = second(False)
+    np.testing.assert_allclose(gx, want_gx, **TOL["float64"])
+    np.testing.assert_allclose(ggx, want_ggx, **TOL["float64"])
+
+
+@needs_block_kernel
+def test_drawing_a_fused_block_leaves_the_generator_and_draws_what_ran():
+    block = a_block(head_dropout=0.5)
+    x = ta.randn(2, 5, 8, dtype="float64", requires_grad=True)
+    block.eval()                                                        # no DropHead in this forward
+    y = block(x)
+    assert block_ops(y.sum()) == 1
+    block.train()
+    backend = get_backend("cpu")
+    before = backend.get_rng_state()
+    dot = ta.viz.graph(y.sum())
+    assert str(backend.get_rng_state()) == str(before)
+    assert "Attention" in dot and "Mul" not in dot                      # (DropHead would be a Mul)
+    assert block.training                                               # the modes are put back
+
+
+@needs_block_kernel
+def test_a_fused_block_split_over_three_threads_gives_the_same_gradients_every_time(monkeypatch):
+    from tinyattn.fast import threads
+    monkeypatch.setattr(threads, "MIN_WORK", 0)
+    monkeypatch.setattr(threads, "_num_threads", 3)
+    block = a_block("float32", C=16, H=4)
+    x = ta.randn(6, 6, 16, requires_grad=True)
+    g = ta.tensor(np.random.default_rng(0).standard_normal((6, 6, 16)).astype(np.float32))
+    runs = []
+    for _ in range(8):
+        block.zero_grad()
+        y = block(x)
+        assert block_ops(y.sum()) == 1
+        y.backward(g)
+        runs.append(b"".join(p.grad.numpy().tobytes() for p in block.parameters()))
+    assert len(set(runs)) == 1                                          # the parts' sums added in one order
+
+
+@needs_block_kernel
+@pytest.mark.parametrize("watch", ["profile", "detect_anomaly"])
+def test_a_tool_watching_only_the_backward_sees_the_blocks_ops(watch):
+    model = gpt_model("float64", n_layer=1).train()
+    idx, targets = random_ids(2, 10), random_ids(2, 10, seed=2)
+    _, loss = model(idx, targets)
+    assert block_ops(loss) == 1
+    with ta.profile() if watch == "profile" else ta.detect_anomaly() as watching:
+        loss.backward()
+    grads = {name: p.grad.numpy() for name, p in model.named_parameters()}
+    if watch == "profile":
+        backward_ops = {name for name, row in watching.key_averages().items() if row["backward_s"] > 0}
+        assert {"Linear", "LayerNorm", "Attention", "GeluTanh"} <= backward_ops, backward_ops
+    _, want = teaching_grads(model, idx, targets)
+    assert_same_grads(grads, want, "float64")
+
+
+@needs_block_kernel
+@pytest.mark.parametrize("B", [0, 3])
+def test_an_empty_batch_or_one_that_does_not_share_evenly_runs_op_by_op(B, monkeypatch):
+    from tinyattn.fast import threads
+    monkeypatch.setattr(threads, "MIN_WORK", 0)                         # (3 sequences would split)
+    monkeypatch.setattr(threads, "_num_threads", 2)
+    block = a_block()
+    x = ta.randn(B, 5, 8, dtype="float64", requires_grad=True)
+    y = block(x)
+    assert y.shape == (B, 5, 8) and block_ops(y.sum()) == 0
+
+
+def test_the_fast_layer_off_runs_erfs_formula(monkeypatch):
+    cpu = get_backend("cpu")
+    calls = collections.Counter()
+    if cpu.kernel("erf") is not None:
+        erf = cpu.kernels["erf"]
+        monkeypatch.setitem(cpu.kernels, "erf", lambda a: calls.update(["erf"]) or erf(a))
+    x = ta.randn(4, 6, dtype="float64")
+    with fast_layer_off():
+        teaching = (x.erf().numpy(), nn.functional.gelu(x).numpy())
+    assert calls["erf"] == 0
+    fast = (x.erf().numpy(), nn.functional.gelu(x).numpy())
+    assert calls["erf"] == (2 if cpu.kernel("erf") is not None else 0)
+    for a, b in zip(fast, teaching):
+        np.testing.assert_allclose(a, b, **TOL["float64"])

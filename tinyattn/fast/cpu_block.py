@@ -31,7 +31,8 @@ from .threads import split
 
 
 def _fits(x, params):
-    """True for x (B, T, C) and the block's parameters, all float32 or all float64, of the GPT's shapes."""
+    """True for x (B, T, C) and the block's parameters, all float32 or all float64, of the GPT's shapes
+    (those that fast/models.py's block_shapes gives)."""
     if x.ndim != 3 or x.dtype.char not in "fd" or x.size == 0 or any(p.dtype != x.dtype for p in params):
         return False
     C = x.shape[2]
@@ -48,8 +49,8 @@ def _add_bias(out, b, residual):                   # out (n, m) = out + b (m,) o
 
 
 def _work(x):
-    """The block's products, in threads' units of work (n * k * m / 32): 24 C^2 per row."""
-    return x.shape[0] * x.shape[1] * 24 * x.shape[2] ** 2 // 32
+    """The block's four products, in threads' units of work (n * k * m / 32): 12 C^2 per row."""
+    return x.shape[0] * x.shape[1] * 12 * x.shape[2] ** 2 // 32
 
 
 def _heads(a, n_head):
@@ -116,7 +117,7 @@ def block_backward(g, saved, params, n_head, head_keep=None):
     scale = real(1.0 / math.sqrt(C // n_head))
     consts = [real(c) for c in K.GELU_CONSTANTS]
     dx, dqkv = np.empty_like(g), np.empty_like(qkv)
-    sums = []                                                                # [dparams] of each thread
+    sums = {}                                                                # first row -> its part's dparams
 
     def rows(i, j):
         def flat(t):
@@ -154,11 +155,12 @@ def block_backward(g, saved, params, n_head, head_keep=None):
         mine[0], mine[1] = np.zeros_like(ln1_w), np.zeros_like(ln1_b)
         K._layer_norm_bwd(dh1, flat(xhat1), ln1_w, flat(rstd1).reshape(-1), flat(dx), mine[0], mine[1])
         flat(dx)[...] += dx2                                                  # the residual
-        sums.append(mine)
+        sums[i] = mine
 
     split(rows, B, work=2 * _work(g))
-    dparams = sums[0]
-    for more in sums[1:]:
+    first, *others = [sums[i] for i in sorted(sums)]                         # (in order: the same sums every run)
+    dparams = first
+    for more in others:
         for total, part in zip(dparams, more):
             total += part
     return (dx, *dparams)

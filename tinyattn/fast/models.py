@@ -6,8 +6,10 @@ module last, which adds them to FAST_MODULES.
 In training on the CPU, a Block records one op, BlockOp, whose forward and backward are
 one kernel each (cpu_block.py): a quarter less time a step for the small GPTs than op by
 op (bench/BENCHMARKS.md). Wherever it could differ from the layers op by op (a profiler
-or anomaly detection, dropout at work other than DropHead's, a layer of the learner's own,
-the tiled attention, a backward differentiated again), the block runs op by op.
+or anomaly detection watching, dropout at work other than DropHead's, a layer of the
+learner's own, the tiled attention, a batch that does not share evenly over the threads),
+the block runs op by op; so does its backward under a profiler or anomaly detection, or
+when it is to be differentiated again (block_op_by_op).
 """
 import numpy as np
 
@@ -15,6 +17,7 @@ from .. import autograd
 from ..autograd import Function, constant, is_grad_enabled
 from ..models import gpt
 from ..nn import attention, functional as F, modules
+from . import threads
 from .modules import FAST_MODULES, idle, is_linear, linear_on_arrays, no_graph
 from .ops import linear_rows
 
@@ -48,36 +51,64 @@ class BlockOp(Function):
     """A whole block, y = x2 + mlp(ln_2(x2)), x2 = x + attn(ln_1(x)) with causal attention, as
     one op: forward and backward are one kernel each (cpu_block.py), each thread running the
     block on its share of the batch. Inputs: x (B, T, C) and the block's parameters
-    (Block.fused_parameters)."""
+    (Block.fused_parameters); head_keep: DropHead's draw (B, H), or None."""
 
-    def forward(self, x, *params, n_head, eps_1, eps_2, module, head_keep=None, rng_state=None):
+    def forward(self, x, *params, n_head, eps_1, eps_2, module, head_keep=None):   # x (B, T, C) -> (B, T, C)
         y, *saved = self.backend.run_kernel("block", x, params, n_head, eps_1, eps_2, head_keep)
         self.save(*saved)
-        self.n_head, self.module, self.head_keep, self.rng_state = n_head, module, head_keep, rng_state
+        self.n_head, self.eps, self.head_keep = n_head, (eps_1, eps_2), head_keep
+        self.module, self.modes = module, [m.training for m in module.modules()]
         return y
 
-    def backward(self, g):
-        create_graph = is_grad_enabled()
-        grads = None if create_graph else self.backend.run_kernel(
+    def backward(self, g):                                                  # g (B, T, C)
+        """The kernel; op by op where that backward is to be differentiated again (create_graph),
+        or a profiler or anomaly detection is watching the ops, or there is no kernel now."""
+        op_by_op = is_grad_enabled() or autograd.hooks is not None
+        grads = None if op_by_op else self.backend.run_kernel(
             "block_backward", g.data, self.saved, [p.data for p in self.parents[1:]], self.n_head, self.head_keep)
-        if grads is None:        # a backward to differentiate again (or no kernel now): the layers op by op
-            return autograd.grad(self.unfused(), self.parents, g, create_graph=create_graph, allow_unused=True)
-        return tuple(self.constant(d) for d in grads)                      # dx, then each parameter's
+        if grads is not None:
+            return tuple(self.constant(d) for d in grads)                  # dx, then each parameter's
+        create_graph = is_grad_enabled()
+        inputs = self.parents                      # (to differentiate again: the graph must reach them)
+        if not create_graph:                       # else the block's own graph, so that backward stops at it
+            inputs = [p.detach().requires_grad_(p.requires_grad) for p in inputs]
+        with autograd.enable_grad():
+            y = block_op_by_op(*inputs, n_head=self.n_head, eps=self.eps, head_keep=self.head_keep)
+        return autograd.grad(y, inputs, g, create_graph=create_graph, allow_unused=True)
 
     def unfused(self):
-        """The block's output computed again op by op from the same inputs (the module's parameters
-        are this op's), with its graph: what ta.viz.graph draws for this op. DropHead draws the
-        same heads again: the device's generator is set back to where it stood for this op."""
-        backend = self.backend
-        now = backend.get_rng_state() if self.rng_state is not None else None
+        """The block's output computed again by the module's layers, in the modes they had, from
+        the same input, with its graph: what ta.viz.graph draws for this op. (DropHead draws the
+        same heads: the device's generator is set back to where it stood for this op.)"""
+        backend, modules_now = self.backend, list(self.module.modules())
+        modes_now, state_now = [m.training for m in modules_now], backend.get_rng_state()
         try:
-            if now is not None:
+            for m, mode in zip(modules_now, self.modes):
+                object.__setattr__(m, "training", mode)
+            if self.head_keep is not None:
                 backend.set_rng_state(self.rng_state)
             with autograd.enable_grad():
                 return gpt.Block.forward(self.module, self.parents[0])
         finally:
-            if now is not None:
-                backend.set_rng_state(now)
+            for m, mode in zip(modules_now, modes_now):
+                object.__setattr__(m, "training", mode)
+            backend.set_rng_state(state_now)
+
+
+def block_op_by_op(x, ln1_w, ln1_b, w_qkv, b_qkv, w_o, b_o, ln2_w, ln2_b, w_fc, b_fc, w_proj, b_proj, *,
+                   n_head, eps, head_keep=None):
+    """What BlockOp computes, with the functional ops one by one, from its inputs alone (x (B, T, C)
+    -> (B, T, C)): as gpt.Block, MultiHeadAttention and MLP compute it, without their modules."""
+    B, T, C = x.shape
+    H = n_head
+    qkv = F.linear(F.layer_norm(x, (C,), ln1_w, ln1_b, eps[0]), w_qkv, b_qkv).view(B, T, 3 * H, C // H)
+    q, k, v = qkv.transpose(1, 2).split(H, dim=1)                           # 3 x (B, H, T, D)
+    y = attention.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if head_keep is not None:
+        y = y * constant(x, head_keep.reshape(B, H, 1, 1))                  # DropHead's draw
+    x2 = x + F.linear(y.transpose(1, 2).reshape(B, T, C), w_o, b_o)
+    h = F.gelu(F.linear(F.layer_norm(x2, (C,), ln2_w, ln2_b, eps[1]), w_fc, b_fc), approximate="tanh")
+    return x2 + F.linear(h, w_proj, b_proj)
 
 
 class Block(gpt.Block):
@@ -90,8 +121,11 @@ class Block(gpt.Block):
             if attn.head_dropout > 0.0 and attn.training:               # DropHead's draw, as attn would make it
                 state = x.backend.get_rng_state()
                 keep = attn.head_keep(x.shape[0], x.dtype, x.device).data.reshape(x.shape[0], attn.n_head)
-            return BlockOp.apply(x, *self.fused_parameters(), n_head=attn.n_head, eps_1=self.ln_1.eps,
-                                 eps_2=self.ln_2.eps, module=self, head_keep=keep, rng_state=state)
+            y = BlockOp.apply(x, *self.fused_parameters(), n_head=attn.n_head, eps_1=self.ln_1.eps,
+                              eps_2=self.ln_2.eps, module=self, head_keep=keep)
+            if y.grad_fn is not None:
+                y.grad_fn.rng_state = state                              # (for unfused)
+            return y
         if not (isinstance(x, autograd._Tensor) and x.ndim == 3 and no_graph(x, self)
                 and x.shape[-1] == self.ln_1.weight.shape[0]):
             return super().forward(x, kv_cache)
@@ -117,7 +151,7 @@ class Block(gpt.Block):
         the ops, and the block is the library's own: its layers and their forwards, biases, the
         GELU's tanh form, no dropout at work but DropHead's, the naive (not tiled) attention."""
         if not (isinstance(x, autograd._Tensor) and autograd.hooks is None and is_grad_enabled()
-                and x.backend.fast_ops and x.xp is np and x.ndim == 3 and x.dtype in _FLOATS
+                and x.backend.fast_ops and x.xp is np and x.ndim == 3 and 0 not in x.shape and x.dtype in _FLOATS
                 and x.backend.kernel("block") is not None):
             return False
         attn, mlp, C = self.attn, self.mlp, x.shape[-1]
@@ -135,7 +169,9 @@ class Block(gpt.Block):
                 or [p.shape for p in params] != block_shapes(C)):
             return False
         B, T, _ = x.shape
-        return not attention.is_long(T, T, B * attn.n_head, x.dtype.itemsize, True)
+        n = threads.get_num_threads()                                   # the threads take whole sequences:
+        even = B % n == 0 or B >= 4 * n or threads.too_small(B * T * 12 * C * C // 32)   # each about as many
+        return even and not attention.is_long(T, T, B * attn.n_head, x.dtype.itemsize, True)
 
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))

@@ -110,6 +110,22 @@ def gelu_tanh_slope_from_denominator(x, d):
     return slope
 
 
+class Erf(ops.Erf):
+    """The kernel (the C library's erf), else the backend's formula (numpy has no erf)."""
+
+    def forward(self, a):
+        out = self.backend.run_kernel("erf", a)
+        return out if out is not None else super().forward(a)
+
+
+class Gelu(ops.Gelu):
+    """x Phi(x) = x (1 + erf(x / sqrt 2)) / 2, with erf by the kernel where there is one."""
+
+    def forward(self, a):
+        erf = self.backend.run_kernel("erf", a * (1.0 / math.sqrt(2.0)))
+        return super().forward(a) if erf is None else 0.5 * a * (1.0 + erf)
+
+
 class GeluTanh(ops.GeluTanh):
     """The kernel, else x sigmoid(2u) = x / (1 + exp(-2u)): the same function with one exp,
     keeping d = 1 + exp(-2u) for backward."""
@@ -407,5 +423,5 @@ class FlashAttention(flash.FlashAttention):
         return done if done is not None else super()._softmax_grad_tile(s, dp, lse, d, first)
 
 
-FAST_OPS = {cls.__mro__[1]: cls for cls in (MatMul, GeluTanh, Sum, Split, Softmax, MaskedSoftmax, CrossEntropy,
+FAST_OPS = {cls.__mro__[1]: cls for cls in (MatMul, Erf, Gelu, GeluTanh, Sum, Split, Softmax, MaskedSoftmax, CrossEntropy,
                                              EmbeddingGrad, LayerNorm, Linear, Attention, FlashAttention)}

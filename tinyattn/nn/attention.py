@@ -187,7 +187,6 @@ class MultiHeadAttention(Module):
         y = y.transpose(1, 2).reshape(B, T, C)                      # merge heads: (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
-
     def head_keep(self, B, dtype, device):
         """DropHead's draw: (B, H, 1, 1), each head of each sequence 0 or 1/(1-p)."""
         return dropout(ones(B, self.n_head, 1, 1, dtype=dtype, device=device), self.head_dropout)

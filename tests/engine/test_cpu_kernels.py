@@ -65,6 +65,20 @@ def test_float32_exp_is_within_a_float32_rounding():
 
 
 @needs_kernels
+def test_float32_erf_is_within_a_few_float32_roundings():
+    import math
+    from tinyattn.fast.cpu_kernels import erf
+    x = np.concatenate([np.linspace(-6, 6, 120001), np.geomspace(1e-30, 1, 2001), -np.geomspace(1e-30, 1, 2001),
+                        np.random.default_rng(0).standard_normal(10000)]).astype(np.float32)
+    out = erf(x)
+    exact = np.array([math.erf(v) for v in x.astype(np.float64)])
+    assert out.dtype == np.float32
+    assert np.max(np.abs(out - exact) / np.maximum(np.abs(exact), 1e-38)) < 3e-7   # relative, down to 1e-30
+    special = erf(np.array([np.nan, np.inf, -np.inf, 0.0, 30.0, -30.0], np.float32))
+    assert np.isnan(special[0]) and list(special[1:]) == [1.0, -1.0, 0.0, 1.0, -1.0]
+
+
+@needs_kernels
 @pytest.mark.parametrize("op", ["gelu", "softmax", "attention", "layer_norm", "cross_entropy", "flash_attention"])
 def test_nan_in_nan_out(op, monkeypatch):
     """A NaN input must not be swallowed (detect_anomaly and the training loop look for it)."""

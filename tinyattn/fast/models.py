@@ -53,22 +53,21 @@ class BlockOp(Function):
     block on its share of the batch. Inputs: x (B, T, C) and the block's parameters
     (Block.fused_parameters); head_keep: DropHead's draw (B, H), or None."""
 
-    def forward(self, x, *params, n_head, eps_1, eps_2, module, head_keep=None):   # x (B, T, C) -> (B, T, C)
+    def forward(self, x, *params, n_head, eps_1, eps_2, module, head_keep=None, rng_state=None):   # (B, T, C)
         y, *saved = self.backend.run_kernel("block", x, params, n_head, eps_1, eps_2, head_keep)
         self.save(*saved)
-        self.n_head, self.eps, self.head_keep = n_head, (eps_1, eps_2), head_keep
+        self.n_head, self.eps, self.head_keep, self.rng_state = n_head, (eps_1, eps_2), head_keep, rng_state
         self.module, self.modes = module, [m.training for m in module.modules()]
-        return y
+        return y                                                            # (B, T, C)
 
     def backward(self, g):                                                  # g (B, T, C)
         """The kernel; op by op where that backward is to be differentiated again (create_graph),
         or a profiler or anomaly detection is watching the ops, or there is no kernel now."""
-        op_by_op = is_grad_enabled() or autograd.hooks is not None
-        grads = None if op_by_op else self.backend.run_kernel(
+        create_graph = is_grad_enabled()
+        grads = None if create_graph or autograd.hooks is not None else self.backend.run_kernel(
             "block_backward", g.data, self.saved, [p.data for p in self.parents[1:]], self.n_head, self.head_keep)
         if grads is not None:
             return tuple(self.constant(d) for d in grads)                  # dx, then each parameter's
-        create_graph = is_grad_enabled()
         inputs = self.parents                      # (to differentiate again: the graph must reach them)
         if not create_graph:                       # else the block's own graph, so that backward stops at it
             inputs = [p.detach().requires_grad_(p.requires_grad) for p in inputs]
@@ -121,11 +120,8 @@ class Block(gpt.Block):
             if attn.head_dropout > 0.0 and attn.training:               # DropHead's draw, as attn would make it
                 state = x.backend.get_rng_state()
                 keep = attn.head_keep(x.shape[0], x.dtype, x.device).data.reshape(x.shape[0], attn.n_head)
-            y = BlockOp.apply(x, *self.fused_parameters(), n_head=attn.n_head, eps_1=self.ln_1.eps,
-                              eps_2=self.ln_2.eps, module=self, head_keep=keep)
-            if y.grad_fn is not None:
-                y.grad_fn.rng_state = state                              # (for unfused)
-            return y
+            return BlockOp.apply(x, *self.fused_parameters(), n_head=attn.n_head, eps_1=self.ln_1.eps,
+                                 eps_2=self.ln_2.eps, module=self, head_keep=keep, rng_state=state)
         if not (isinstance(x, autograd._Tensor) and x.ndim == 3 and no_graph(x, self)
                 and x.shape[-1] == self.ln_1.weight.shape[0]):
             return super().forward(x, kv_cache)

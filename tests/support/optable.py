@@ -363,8 +363,8 @@ def _flash_mask(rng, t_q, t_k):
 KERNEL_CASES = [
     KernelCase("gelu_tanh", {"gelu_tanh", "gelu_tanh_backward"}, lambda r: [3 * normal(r, 64, 100)],
                fn=lambda a: F.gelu(a, approximate="tanh")),
-    KernelCase("the exact gelu (erf), both erf branches", {"erf"}, lambda r: [2 * normal(r, 64, 100)],
-               fn=lambda a: F.gelu(a)),
+    KernelCase("the exact gelu, both erf branches", {"gelu_erf", "gelu_erf_backward"},
+               lambda r: [2 * normal(r, 64, 100)], fn=lambda a: F.gelu(a)),
     KernelCase("erf, far into both tails", {"erf"}, lambda r: [np.linspace(-7.0, 7.0, 301)], fn=lambda a: a.erf()),
     KernelCase("layer_norm C=384", {"layer_norm", "layer_norm_backward"},
                lambda r: [2 * normal(r, 4, 7, 384) + 0.5, normal(r, 384), normal(r, 384)],

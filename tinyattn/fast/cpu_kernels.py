@@ -16,7 +16,7 @@ does not take (a dtype other than float32 or float64, an empty array): the op
 then runs its own formula.
 
     gelu_tanh, gelu_tanh_backward          elementwise, one pass
-    erf                                    elementwise (the exact GELU's; float32 by polynomials)
+    erf, gelu_erf, gelu_erf_backward       elementwise, one pass (the exact GELU; float32 erf by polynomials)
     layer_norm, layer_norm_backward        one row at a time
     softmax, masked_softmax                one row at a time (the row's max, exp, sum in the row)
     softmax_backward                       one row at a time
@@ -208,38 +208,82 @@ _ERFC_POLY = tuple(np.float32(c) for c in (-1.26551223, 1.00002368, 0.37409196, 
                                            0.27886807, -1.13520398, 1.48851587, -0.82215223, 0.17087277))
 
 
-@njit(cache=True, error_model="numpy", nogil=True, fastmath={"contract"})    # (a kernel whose FMAs may fuse)
-def _erf32(x, y):                                  # x, y (n,) float32
-    c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10 = _ERF_TAYLOR
-    p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = _ERFC_POLY
-    one = np.float32(1.0)
-    for i in range(x.size):
-        v = x[i]
-        s = v * v
-        small = v * (c0 + s * (c1 + s * (c2 + s * (c3 + s * (c4 + s * (c5 + s * (c6 + s * (c7 + s * (c8 + s * (
+def _erf_scalar(x):
+    """erf(x) for a float32 or float64 scalar inside a kernel."""
+    return math.erf(x)
+
+
+@overload(_erf_scalar, inline="always")            # (inlined where it is called, so that the loop vectorises)
+def _erf_scalar_by_type(x):
+    if x != types.float32:
+        return lambda x: math.erf(x)
+
+    def erf32(x):
+        c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10 = _ERF_TAYLOR
+        p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = _ERFC_POLY
+        one = np.float32(1.0)
+        s = x * x
+        small = x * (c0 + s * (c1 + s * (c2 + s * (c3 + s * (c4 + s * (c5 + s * (c6 + s * (c7 + s * (c8 + s * (
             c9 + s * c10))))))))))
-        z = abs(v)
+        z = abs(x)
         t = one / (one + np.float32(0.5) * z)
         p = p0 + t * (p1 + t * (p2 + t * (p3 + t * (p4 + t * (p5 + t * (p6 + t * (p7 + t * (p8 + t * p9))))))))
         big = one - t * _exp(p - s)                                 # (a NaN comes out of both as NaN)
-        big = big if v >= 0 else -big
-        y[i] = small if z < one else big
+        big = big if x >= 0 else -big
+        return small if z < one else big
+    return erf32
 
 
-@kernel
-def _erf(x, y):                                    # x, y (n,) float64: the C library's erf
+# Kernels whose multiplies and adds may fuse into FMAs (the polynomials above: one rounding fewer).
+fma_kernel = njit(cache=True, error_model="numpy", nogil=True, fastmath={"contract"})
+
+
+@fma_kernel
+def _erf(x, y):                                    # x, y (n,)
     for i in range(x.size):
-        y[i] = math.erf(x[i])
+        y[i] = _erf_scalar(x[i])
+
+
+@fma_kernel
+def _gelu_erf_fwd(x, y):                           # y = x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2
+    half, one, r = _real(0.5, x), _real(1, x), _real(1 / math.sqrt(2), x)
+    for i in range(x.size):
+        v = x[i]
+        y[i] = half * v * (one + _erf_scalar(v * r))
+
+
+@fma_kernel
+def _gelu_erf_bwd(x, g, dx):                       # dx = g (Phi(x) + x phi(x)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+    half, one, r = _real(0.5, x), _real(1, x), _real(1 / math.sqrt(2), x)
+    c = _real(1 / math.sqrt(2 * math.pi), x)
+    for i in range(x.size):
+        v = x[i]
+        dx[i] = g[i] * (half * (one + _erf_scalar(v * r)) + v * (_exp(-half * v * v) * c))
+
+
+def _elementwise(kernel, *arrays):
+    """kernel(*flat arrays, out) on same-shaped float arrays, split over the threads: the output array, or None."""
+    if not _all_float(*arrays) or any(a.shape != arrays[0].shape for a in arrays):
+        return None
+    flat = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
+    out = np.empty_like(flat[0])
+    _in_parts(kernel, (*flat, out), tuple(range(len(flat) + 1)), out.size, work=out.size)
+    return out.reshape(arrays[0].shape)
 
 
 def erf(x):
     """erf of each element (numpy has none: the backend's formula takes about 250 array passes)."""
-    if not _all_float(x):
-        return None
-    x1 = np.ascontiguousarray(x).reshape(-1)
-    y = np.empty_like(x1)
-    _in_parts(_erf32 if x1.dtype == np.float32 else _erf, (x1, y), (0, 1), x1.size, work=x1.size)
-    return y.reshape(x.shape)
+    return _elementwise(_erf, x)
+
+
+def gelu_erf(x):
+    """The exact GELU, x Phi(x), in one pass."""
+    return _elementwise(_gelu_erf_fwd, x)
+
+
+def gelu_erf_backward(x, g):
+    """Its gradient for the output gradient g, in one pass."""
+    return _elementwise(_gelu_erf_bwd, x, g)
 
 
 # --------------------------------------------------------------------------
@@ -799,6 +843,8 @@ KERNELS = {
     "gelu_tanh": gelu_tanh,
     "gelu_tanh_backward": gelu_tanh_backward,
     "erf": erf,
+    "gelu_erf": gelu_erf,
+    "gelu_erf_backward": gelu_erf_backward,
     "layer_norm": layer_norm,
     "layer_norm_backward": layer_norm_backward,
     "index_add_rows": index_add_rows,

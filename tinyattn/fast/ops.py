@@ -119,11 +119,15 @@ class Erf(ops.Erf):
 
 
 class Gelu(ops.Gelu):
-    """x Phi(x) = x (1 + erf(x / sqrt 2)) / 2, with erf by the kernel where there is one."""
+    """x Phi(x), forward and backward each one kernel (numpy has no erf), else the formula."""
 
     def forward(self, a):
-        erf = self.backend.run_kernel("erf", a * (1.0 / math.sqrt(2.0)))
-        return super().forward(a) if erf is None else 0.5 * a * (1.0 + erf)
+        out = self.backend.run_kernel("gelu_erf", a)
+        return out if out is not None else super().forward(a)
+
+    def backward(self, g):
+        dx = None if is_grad_enabled() else self.backend.run_kernel("gelu_erf_backward", self.parents[0].data, g.data)
+        return super().backward(g) if dx is None else self.constant(dx)
 
 
 class GeluTanh(ops.GeluTanh):

@@ -174,25 +174,23 @@ def _gelu_tanh_bwd(x, g, dx, a, b, c, d):          # dx = g (s + x u'' s (1 - s)
 
 
 def gelu_tanh(x):
-    if not _all_float(x):
-        return None
-    real = x.dtype.type
-    x1 = np.ascontiguousarray(x).reshape(-1)
-    y = np.empty_like(x1)
-    a, b = (real(c) for c in GELU_CONSTANTS[:2])
-    _in_parts(_gelu_tanh_fwd, (x1, y, a, b), (0, 1), x1.size, work=x1.size)
-    return y.reshape(x.shape)
+    return _elementwise(_gelu_tanh_fwd, x, consts=GELU_CONSTANTS[:2])
 
 
 def gelu_tanh_backward(x, g):
-    if not _all_float(x, g) or x.shape != g.shape:
+    return _elementwise(_gelu_tanh_bwd, x, g, consts=GELU_CONSTANTS)
+
+
+def _elementwise(kernel, *arrays, consts=()):
+    """kernel(*arrays flat, out, *consts) on same-shaped float arrays, split over the threads: the
+    output array (the arrays' shape), or None. consts: numbers, passed in the arrays' dtype."""
+    if not _all_float(*arrays) or any(a.shape != arrays[0].shape for a in arrays):
         return None
-    real = x.dtype.type
-    x1, g1 = (np.ascontiguousarray(a).reshape(-1) for a in (x, g))
-    dx = np.empty_like(x1)
-    consts = [real(c) for c in GELU_CONSTANTS]
-    _in_parts(_gelu_tanh_bwd, (x1, g1, dx, *consts), (0, 1, 2), x1.size, work=x1.size)
-    return dx.reshape(x.shape)
+    flat = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
+    out = np.empty_like(flat[0])
+    real = out.dtype.type
+    _in_parts(kernel, (*flat, out, *[real(c) for c in consts]), tuple(range(len(flat) + 1)), out.size, work=out.size)
+    return out.reshape(arrays[0].shape)
 
 
 # --------------------------------------------------------------------------
@@ -259,16 +257,6 @@ def _gelu_erf_bwd(x, g, dx):                       # dx = g (Phi(x) + x phi(x)),
     for i in range(x.size):
         v = x[i]
         dx[i] = g[i] * (half * (one + _erf_scalar(v * r)) + v * (_exp(-half * v * v) * c))
-
-
-def _elementwise(kernel, *arrays):
-    """kernel(*flat arrays, out) on same-shaped float arrays, split over the threads: the output array, or None."""
-    if not _all_float(*arrays) or any(a.shape != arrays[0].shape for a in arrays):
-        return None
-    flat = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
-    out = np.empty_like(flat[0])
-    _in_parts(kernel, (*flat, out), tuple(range(len(flat) + 1)), out.size, work=out.size)
-    return out.reshape(arrays[0].shape)
 
 
 def erf(x):

@@ -39,9 +39,15 @@ class MLP(gpt.MLP):
         return constant(x, linear_on_arrays(h, self.c_proj).reshape(x.shape[:-1] + (self.c_proj.out_features,)))
 
 
+def _is_layer_norm(layer, x):
+    """An nn.LayerNorm itself (no forward of its own set on it), with a bias, of x's dtype."""
+    return (type(layer) is modules.LayerNorm and "forward" not in layer.__dict__ and layer.bias is not None
+            and layer.weight.dtype == x.dtype)
+
+
 def _layer_norm(x, layer):
     """LayerNorm on an array by the kernel (None where it declines)."""
-    if type(layer) is not modules.LayerNorm or "forward" in layer.__dict__ or layer.bias is None or layer.weight.dtype != x.dtype:
+    if not _is_layer_norm(layer, x):
         return None
     out = layer.weight.backend.run_kernel("layer_norm", x, layer.weight.data, layer.bias.data, layer.eps, False)
     return None if out is None else out[0]
@@ -151,7 +157,7 @@ class Block(gpt.Block):
                 and x.backend.kernel("block") is not None):
             return False
         attn, mlp, C = self.attn, self.mlp, x.shape[-1]
-        if not (all(_is_layer_norm(ln, C) for ln in (self.ln_1, self.ln_2))
+        if not (_is_layer_norm(self.ln_1, x) and _is_layer_norm(self.ln_2, x)
                 and type(attn) in (attention.MultiHeadAttention, FAST_MODULES[attention.MultiHeadAttention])
                 and "forward" not in attn.__dict__ and attn.n_embd == C and not attn.keep_weights
                 and (not attn.training or attn.dropout == 0.0) and idle(attn.resid_dropout)
@@ -176,11 +182,6 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 def block_shapes(C):
     """The shapes of Block.fused_parameters() in a block of width C (an MLP 4 C wide)."""
     return [(C,), (C,), (3 * C, C), (3 * C,), (C, C), (C,), (C,), (C,), (4 * C, C), (4 * C,), (C, 4 * C), (C,)]
-
-
-def _is_layer_norm(layer, C):
-    return (type(layer) is modules.LayerNorm and "forward" not in layer.__dict__ and layer.bias is not None
-            and layer.weight.shape == (C,))
 
 
 class GPT(gpt.GPT):

@@ -111,7 +111,7 @@ def gelu_tanh_slope_from_denominator(x, d):
 
 
 class Erf(ops.Erf):
-    """The kernel (the C library's erf), else the backend's formula (numpy has no erf)."""
+    """The kernel, else the backend's formula (numpy has no erf)."""
 
     def forward(self, a):
         out = self.backend.run_kernel("erf", a)

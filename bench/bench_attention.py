@@ -2,6 +2,7 @@
 
     python bench/bench_attention.py --sizes 1024 4096 16384 --plot attention_cost.png
     python bench/bench_attention.py --torch_python PATH/TO/venv/bin/python ...   # PyTorch from another venv
+    python bench/bench_attention.py --sizes 4096 --impls tiled torch --side_by_side  # time ratio, one process
 
 Causal forward + backward on (B, H, T, D) inputs (default B=1, H=8, D=64,
 float32). Each implementation at each T runs in its own fresh process, so
@@ -31,6 +32,14 @@ about 100 MiB; PyTorch's own first-call work) is not counted as growth with N;
 that call's growth is reported as first_call_growth_mib. returned_mib: what
 any implementation must hand back, the output and the three gradients (a floor
 for peak_growth_mib).
+
+--side_by_side times instead, for each N, each tinyattn implementation against
+PyTorch in one process, a run of one then a run of the other, --repeats
+times, so that a machine whose speed drifts moves both alike (no memory
+measure there). One line per implementation and N:
+    {"kind": "side_by_side", "impl": "tiled", "n": 4096, "ms_median": ..., "torch_ms_median": ...,
+     "time_over_torch": ..., "ms_runs": [...], "torch_ms_runs": [...]}
+time_over_torch is tinyattn's median time over PyTorch's (1.0: as fast; 1.25: a quarter longer).
 """
 import argparse
 import json
@@ -147,6 +156,30 @@ def worker(args):
     print(json.dumps(record), flush=True)
 
 
+def side_by_side(args):
+    """Time each tinyattn implementation against PyTorch at one size, alternating, in this process."""
+    n, impls = args.n, [i for i in args.impls if i != "torch"]
+    arrays = inputs(args, n)
+    sides = {impl: tinyattn_step(args, impl) for impl in impls}
+    sides["torch"] = torch_step(args)
+    tensors = {impl: make(arrays) for impl, (make, _) in sides.items()}
+    wall = {impl: [] for impl in sides}
+    for round_ in range(args.warmup + args.repeats):
+        for impl, (_, step) in sides.items():
+            time.sleep(args.settle)                           # the other side's idle threads stop spinning
+            start = time.perf_counter()
+            step(*tensors[impl])
+            if round_ >= args.warmup:
+                wall[impl].append((time.perf_counter() - start) * 1e3)
+    theirs = statistics.median(wall["torch"])
+    for impl in impls:
+        mine = statistics.median(wall[impl])
+        print(json.dumps({"kind": "side_by_side", "impl": impl, "n": n, "ms_median": round(mine, 2),
+                          "torch_ms_median": round(theirs, 2), "time_over_torch": round(mine / theirs, 3),
+                          "ms_runs": [round(t, 2) for t in wall[impl]],
+                          "torch_ms_runs": [round(t, 2) for t in wall["torch"]]}), flush=True)
+
+
 def rel_err(a, b):
     """max |a - b| / max |b|."""
     import numpy as np
@@ -158,18 +191,18 @@ def has_torch(python):
     return subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0
 
 
-def run_point(args, python, impl, n):
-    """One worker process: its JSON record, or a skip record saying why it gave none."""
-    cmd = this_script(python) + ["--worker", impl, "--n", str(n)] + shared_flags(args)
+def run_point(args, python, impl, n, extra=()):
+    """One worker process: its JSON records (one per line), or [a skip record saying why it gave none]."""
+    cmd = this_script(python) + ["--worker", impl, "--n", str(n)] + shared_flags(args) + list(extra)
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
-        return {"kind": "skip", "impl": impl, "n": n, "reason": f"over {args.timeout} s"}
+        return [{"kind": "skip", "impl": impl, "n": n, "reason": f"over {args.timeout} s"}]
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"kind": "skip", "impl": impl, "n": n, "reason": f"exit {done.returncode}: {last}"}
-    return json.loads(lines[-1])
+        return [{"kind": "skip", "impl": impl, "n": n, "reason": f"exit {done.returncode}: {last}"}]
+    return [json.loads(line) for line in lines]
 
 
 def this_script(python):
@@ -253,11 +286,13 @@ def main(argv=None):
                    help="only draw --plot from the JSON lines of an earlier run")
     p.add_argument("--no_threadpoolctl", action="store_true",
                    help="run tinyattn as if threadpoolctl were not installed (heads in order, BLAS untouched)")
-    p.add_argument("--worker", choices=IMPLS, help=argparse.SUPPRESS)
+    p.add_argument("--side_by_side", action="store_true",
+                   help="time each tinyattn implementation against PyTorch in one process, alternating runs")
+    p.add_argument("--worker", choices=IMPLS + ("side_by_side",), help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        return worker(args)
+        return side_by_side(args) if args.worker == "side_by_side" else worker(args)
     if args.replot:
         if not args.plot:
             p.error("--replot needs --plot PATH")
@@ -271,13 +306,21 @@ def main(argv=None):
     impls = [i for i in args.impls if i != "torch" or has_torch(torch_python)]
     emit({"kind": "config", **{k: v for k, v in vars(args).items() if k not in ("worker", "n")},
           "impls": impls, "python": sys.version.split()[0], "cpus": os.cpu_count()})
+    if args.side_by_side:
+        if "torch" not in impls or len(impls) < 2:
+            p.error("--side_by_side needs PyTorch and at least one tinyattn implementation in --impls")
+        for n in args.sizes:
+            mine = [i for i in impls if i != "naive" or n <= args.naive_max_n]
+            for record in run_point(args, torch_python, "side_by_side", n, ["--impls"] + mine):
+                emit(record)
+        return
     points = []
     for n in args.sizes:
         for impl in impls:
             if impl == "naive" and n > args.naive_max_n:
                 emit({"kind": "skip", "impl": impl, "n": n, "reason": f"N > --naive_max_n {args.naive_max_n}"})
                 continue
-            record = run_point(args, torch_python if impl == "torch" else sys.executable, impl, n)
+            record, = run_point(args, torch_python if impl == "torch" else sys.executable, impl, n)
             emit(record)
             if record["kind"] == "point":
                 points.append(record)

@@ -71,18 +71,19 @@ def test_float32_close_to_float64(rng, cpu_kernels):
 
 def test_causal_skips_tiles_above_the_diagonal(monkeypatch, rng):
     """T=256 in blocks of 64 is 4 x 4 tiles: causal computes only the 10 on or below the diagonal."""
-    calls = []
-    original = FlashAttention._tile
+    calls = []                                                    # (i1, j0): the queries up to i1 meet keys from j0
+    original = FlashAttention._key_blocks                         # (the fast layer's loops use it too)
 
-    def counting(self, kx_j, qx_i, i0, j0, mask, item):
-        calls.append((i0, j0))
-        return original(self, kx_j, qx_i, i0, j0, mask, item)
+    def counting(self, i1, t_k):
+        blocks = original(self, i1, t_k)
+        calls.extend((i1, j0) for j0, _ in blocks)
+        return blocks
 
-    monkeypatch.setattr(FlashAttention, "_tile", counting)
+    monkeypatch.setattr(FlashAttention, "_key_blocks", counting)
     q, k, v, u = _qkvu(rng, 1, 1, 256, 256, 8, 8)
     F.flash_attention(q, k, v, is_causal=True, block_size=64).backward(u)
     assert len(calls) == 2 * 10                                   # forward and backward
-    assert all(j0 <= i0 for i0, j0 in calls)
+    assert all(j0 < i1 for i1, j0 in calls)
     calls.clear()
     F.flash_attention(q, k, v, block_size=64)
     assert len(calls) == 16

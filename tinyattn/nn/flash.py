@@ -106,10 +106,15 @@ class FlashAttention(Function):
                 if keep is not None:
                     p *= keep
                 acc = alpha[..., None] * acc + matrix_transpose(xp, p) @ v[..., j0:j1, :]
-            seen = l > 0                                           # False only for a fully masked row
-            l = xp.where(seen, l, 1.0)
-            out[..., i0:i1, :] = acc / l[..., None]                # a fully masked row stays 0
-            lse[..., i0:i1] = xp.where(seen, m + xp.log(l), math.inf)   # +inf: P = 0 in backward
+            self._finish_rows(out[..., i0:i1, :], lse[..., i0:i1], acc, m, l)
+
+    def _finish_rows(self, out, lse, acc, m, l):
+        """A block of query rows is done: out = acc / l and lse = m + log(l) (.., bq), written in place."""
+        xp = self.xp
+        seen = l > 0                                               # False only for a fully masked row
+        l = xp.where(seen, l, 1.0)
+        out[...] = acc / l[..., None]                              # a fully masked row stays 0
+        lse[...] = xp.where(seen, m + xp.log(l), math.inf)        # +inf: P = 0 in backward
 
     def backward(self, g):
         q, k, v, out, lse, mask = self.saved

@@ -316,6 +316,25 @@ def gpt_block_steps(n_head, head_dropout=0.0):
     return run
 
 
+def decode_steps(n_head, prompt):
+    """A case runner for decoding: a MultiHeadAttention with a KV cache reads the first ``prompt``
+    tokens of x (B, T, C) at once, then the others one at a time, without a graph; its outputs,
+    every token's, as one (B, T, C) array."""
+    def run(arrays, device, dtype):
+        import tinyattn as ta
+        x = ta.tensor(arrays[0], dtype=dtype, device=device)
+        attn = ta.nn.MultiHeadAttention(x.shape[-1], n_head)
+        for p, a in zip(attn.parameters(), arrays[1:], strict=True):   # c_attn, c_proj: weight, bias
+            p.set_(ta.tensor(a, dtype=dtype, device=device))
+        cache, outs = ta.nn.KVCache(), []
+        with ta.no_grad():
+            outs.append(attn(x[:, :prompt], kv_cache=cache))
+            for t in range(prompt, x.shape[1]):
+                outs.append(attn(x[:, t:t + 1], kv_cache=cache))
+        return [np.concatenate([o.numpy() for o in outs], axis=1)]
+    return run
+
+
 def gpt_block_inputs(B, T, C):
     """x (B, T, C), then a GPT block's parameters in its order, at the scales of a trained one."""
     def inputs(rng):
@@ -429,6 +448,11 @@ KERNEL_CASES = [
                run=gpt_block_steps(3)),
     KernelCase("a GPT block with DropHead, B6 T5 C16 H4", {"block", "block_backward"}, gpt_block_inputs(6, 5, 16),
                run=gpt_block_steps(4, head_dropout=0.5)),
+    KernelCase("decoding with a KV cache: a prompt, then one token at a time, B2 T9 C12 H3",
+               {"attention_one_query", "attention"},
+               lambda r: [normal(r, 2, 9, 12), normal(r, 36, 12) / 3, 0.1 * normal(r, 36), normal(r, 12, 12) / 3,
+                          0.1 * normal(r, 12)],
+               run=decode_steps(3, prompt=3)),
     KernelCase("adamw_", {"adamw_"},
                lambda r: [normal(r, 33, 17), normal(r, 17)] + [normal(r, *s) for _ in range(3) for s in ((33, 17), (17,))],
                run=adamw_steps),

@@ -24,6 +24,7 @@ then runs its own formula.
     cross_entropy, cross_entropy_backward  one row at a time
     adamw_                                 elementwise: p, m, v updated in place
     attention, attention_backward          softmax(q k^T scale, masked) v: products and softmax per part
+    attention_one_query                    decoding's step: one query per head that sees every key
     attention_tile_softmax_                one tile of flash attention's online softmax, in place
     attention_tile_backward_               one tile of its backward: P and dS, in place
 
@@ -626,6 +627,23 @@ def attention_backward(g, q, k, v, weights, scale):
     return dq, dk, dv
 
 
+def attention_one_query(q, k, v, scale):
+    """softmax(q k^T scale) v for one query per head that may see every key (decoding's new token):
+    q (B, H, D), k (B, H, Tk, D), v (B, H, Tk, Dv) -> (B, H, Dv). None for other shapes (or Tk = 0).
+
+    What ``attention`` does with an all-True mask, without building or reading one: the two
+    products as stacked BLAS calls, and the plain softmax kernel on the (B * H, Tk) scores."""
+    if not (_all_float(q, k, v) and q.ndim == 3 and k.ndim == v.ndim == 4 and k.shape[:2] == v.shape[:2] == q.shape[:2]
+            and k.shape[2] == v.shape[2] and k.shape[3] == q.shape[2]):
+        return None
+    B, H, Tk, _ = k.shape
+    scores = np.matmul(q[:, :, None, :], np.matrix_transpose(k))         # (B, H, 1, Tk)
+    weights = scores.reshape(B * H, Tk)
+    weights *= q.dtype.type(scale)
+    _softmax_fwd(weights, weights)                                        # in place
+    return np.matmul(scores, v).reshape(B, H, v.shape[-1])
+
+
 # --------------------------------------------------------------------------
 # embedding backward: rows scattered and added into a table
 # --------------------------------------------------------------------------
@@ -844,6 +862,7 @@ KERNELS = {
     "adamw_": adamw_,
     "attention": attention,
     "attention_backward": attention_backward,
+    "attention_one_query": attention_one_query,
     "attention_tile_softmax_": attention_tile_softmax_,
     "attention_tile_backward_": attention_tile_backward_,
 }

@@ -66,9 +66,14 @@ class MultiHeadAttention(attention.MultiHeadAttention):
         if kv_cache is not None:
             k_t, v_t = kv_cache.append(constant(x, k), constant(x, v))   # (B, H, T_past + T, D)
             k, v, t_k = k_t.data, v_t.data, k_t.shape[2]
-        allowed = causal_mask(T, t_k, x.backend, offset=t_k - T)
-        out, _ = attention_arrays(x.backend, q, k, v, allowed, 1.0 / math.sqrt(D))
-        y = out.transpose(0, 2, 1, 3).reshape(B * T, C)                  # merge heads: (B*T, C)
+        out = None
+        if T == 1:                                                       # decoding: the new token sees every key
+            out = x.backend.run_kernel("attention_one_query", q[:, :, 0], k, v, 1.0 / math.sqrt(D))   # (B, H, D)
+        if out is None:
+            allowed = causal_mask(T, t_k, x.backend, offset=t_k - T)
+            out, _ = attention_arrays(x.backend, q, k, v, allowed, 1.0 / math.sqrt(D))
+            out = out.transpose(0, 2, 1, 3)                              # (B, T, H, D)
+        y = out.reshape(B * T, C)                                        # merge heads: (B*T, C)
         return constant(x, linear_on_arrays(y, self.c_proj).reshape(B, T, C))
 
     def _on_arrays(self, x, attn_mask, is_causal, kv_cache):

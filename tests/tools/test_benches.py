@@ -1,6 +1,6 @@
-"""bench/bench_ops.py and bench/bench_decode.py run (no timing is checked: speed is measured in
-benchmarks, never in tests). Without PyTorch they say so in one line; with it, a tiny run prints
-its JSON lines."""
+"""bench/bench_ops.py, bench/bench_decode.py and bench/bench_attention.py --side_by_side run (no
+timing is checked: speed is measured in benchmarks, never in tests). Without PyTorch they say so
+in one line; with it, a tiny run prints its JSON lines."""
 import importlib.util
 import json
 import subprocess
@@ -40,3 +40,26 @@ def test_a_tiny_benchmark_run_prints_the_cpu_then_one_line_per_case(script):
         assert len(lines) == 2 and lines[1]["tokens_agree"] == 1.0 and lines[1]["speed_vs_torch"] > 0
     else:
         assert [r["op"] for r in lines[1:]] == ["add", "softmax"]
+
+
+SIDE_BY_SIDE = ["--side_by_side", "--sizes", "64", "--impls", "tiled", "torch", "--heads", "2", "--head_dim", "8",
+                "--repeats", "1", "--settle", "0"]
+
+
+@pytest.mark.skipif(HAS_TORCH, reason="PyTorch is installed here")
+def test_side_by_side_attention_without_pytorch_is_one_error():
+    done = run("bench_attention.py", *SIDE_BY_SIDE)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        "error: --side_by_side needs PyTorch and at least one tinyattn implementation in --impls")
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="needs PyTorch")
+def test_side_by_side_attention_prints_a_ratio_per_implementation():
+    done = run("bench_attention.py", *SIDE_BY_SIDE)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert lines[0]["kind"] == "config"
+    (record,) = lines[1:]
+    assert record["kind"] == "side_by_side" and record["impl"] == "tiled" and record["n"] == 64
+    assert len(record["ms_runs"]) == len(record["torch_ms_runs"]) == 1 and record["time_over_torch"] > 0

@@ -34,12 +34,16 @@ any implementation must hand back, the output and the three gradients (a floor
 for peak_growth_mib).
 
 --side_by_side times instead, for each N, each tinyattn implementation against
-PyTorch in one process, a run of one then a run of the other, --repeats
-times, so that a machine whose speed drifts moves both alike (no memory
-measure there). One line per implementation and N:
+PyTorch in one process (PyTorch's Python, which then needs tinyattn's own
+packages too: numba and threadpoolctl), a run of each side in turn, --repeats
+times, the side that goes first alternating, so that a machine whose speed
+drifts moves both alike (no memory measure there). One line per implementation and N:
     {"kind": "side_by_side", "impl": "tiled", "n": 4096, "ms_median": ..., "torch_ms_median": ...,
-     "time_over_torch": ..., "ms_runs": [...], "torch_ms_runs": [...]}
-time_over_torch is tinyattn's median time over PyTorch's (1.0: as fast; 1.25: a quarter longer).
+     "time_over_torch": ..., "ms_runs": [...], "torch_ms_runs": [...], "cpu_kernels": true, ...,
+     "rel_err_vs_torch": {"out": ..., "dq": ..., "dk": ..., "dv": ...}}
+time_over_torch is tinyattn's median time over PyTorch's (1.0: as fast; 1.25: a quarter longer);
+cpu_kernels and threadpoolctl say whether tinyattn ran with its compiled kernels and with BLAS
+held at one thread (without either it is slower).
 """
 import argparse
 import json
@@ -111,12 +115,26 @@ def torch_step(args):
     return make, step
 
 
+def without_threadpoolctl():
+    """Run tinyattn as if threadpoolctl were not installed (--no_threadpoolctl)."""
+    from tinyattn.fast import threads
+    threads._blas = ()                                        # no BLAS controllers: nothing held, heads in order
+
+
+def how_tinyattn_ran():
+    """What decides tinyattn's speed here: its compiled kernels (numba), threadpoolctl, its threads."""
+    import tinyattn as ta
+    from tinyattn.backend import get_backend
+    from tinyattn.fast import threads
+    return {"cpu_kernels": bool(get_backend("cpu").kernels), "threadpoolctl": bool(threads.blas_controllers()),
+            "tinyattn_threads": ta.get_num_threads()}
+
+
 def worker(args):
     """Measure one implementation at one size, in this process; print one JSON line."""
     impl, n = args.worker, args.n
     if args.no_threadpoolctl and impl != "torch":
-        from tinyattn.nn import flash
-        flash._blas = False                                   # as if threadpoolctl were not installed
+        without_threadpoolctl()
     make, step = torch_step(args) if impl == "torch" else tinyattn_step(args, impl)
     warm_n = min(n, args.warm_n)                              # a first, small call: the library's one-time cost
     before = rss_mib()
@@ -151,33 +169,43 @@ def worker(args):
             record["rel_err_vs_tinyattn"] = {name: rel_err(a, b) for name, a, b
                                              in zip(("out", "dq", "dk", "dv"), mine, theirs)}
     else:
-        from tinyattn.fast import threads
-        record["threadpoolctl"] = bool(threads.blas_controllers())
+        record.update(how_tinyattn_ran())
     print(json.dumps(record), flush=True)
 
 
 def side_by_side(args):
-    """Time each tinyattn implementation against PyTorch at one size, alternating, in this process."""
+    """Time each tinyattn implementation against PyTorch at one size in this process, a run of
+    each side in turn (who goes first alternates); print one JSON line per implementation."""
+    import torch
     n, impls = args.n, [i for i in args.impls if i != "torch"]
+    if args.no_threadpoolctl:
+        without_threadpoolctl()
     arrays = inputs(args, n)
     sides = {impl: tinyattn_step(args, impl) for impl in impls}
     sides["torch"] = torch_step(args)
     tensors = {impl: make(arrays) for impl, (make, _) in sides.items()}
+    outputs = {impl: step(*tensors[impl]) for impl, (_, step) in sides.items()}   # (also a first, untimed run)
     wall = {impl: [] for impl in sides}
-    for round_ in range(args.warmup + args.repeats):
-        for impl, (_, step) in sides.items():
+    order = list(sides)
+    untimed = max(args.warmup, 1) - 1                         # (the run above was the first)
+    for round_ in range(untimed + args.repeats):
+        for impl in order if round_ % 2 == 0 else order[::-1]:
             time.sleep(args.settle)                           # the other side's idle threads stop spinning
             start = time.perf_counter()
-            step(*tensors[impl])
-            if round_ >= args.warmup:
+            sides[impl][1](*tensors[impl])
+            if round_ >= untimed:
                 wall[impl].append((time.perf_counter() - start) * 1e3)
     theirs = statistics.median(wall["torch"])
     for impl in impls:
         mine = statistics.median(wall[impl])
-        print(json.dumps({"kind": "side_by_side", "impl": impl, "n": n, "ms_median": round(mine, 2),
-                          "torch_ms_median": round(theirs, 2), "time_over_torch": round(mine / theirs, 3),
-                          "ms_runs": [round(t, 2) for t in wall[impl]],
-                          "torch_ms_runs": [round(t, 2) for t in wall["torch"]]}), flush=True)
+        record = {"kind": "side_by_side", "impl": impl, "n": n, "ms_median": round(mine, 2),
+                  "torch_ms_median": round(theirs, 2), "time_over_torch": round(mine / theirs, 3),
+                  "ms_runs": [round(t, 2) for t in wall[impl]], "torch_ms_runs": [round(t, 2) for t in wall["torch"]],
+                  "torch": torch.__version__, "torch_threads": torch.get_num_threads(), **how_tinyattn_ran()}
+        if n <= args.check_max_n:
+            record["rel_err_vs_torch"] = {name: rel_err(a, b) for name, a, b
+                                          in zip(("out", "dq", "dk", "dv"), outputs[impl], outputs["torch"])}
+        print(json.dumps(record), flush=True)
 
 
 def rel_err(a, b):
@@ -270,7 +298,8 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=1, help="untimed runs first (the first one measures memory)")
     p.add_argument("--warm_n", type=int, default=256,
                    help="size of the one small call made before measuring memory (see peak_growth_mib)")
-    p.add_argument("--settle", type=float, default=0.2, help="seconds of rest before the timed runs")
+    p.add_argument("--settle", type=float, default=0.2,
+                   help="seconds of rest before the timed runs (with --side_by_side: before each run)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--torch_python", default=None,
                    help="a Python that has torch (default: this one, if it has torch)")
@@ -304,15 +333,25 @@ def main(argv=None):
     if args.torch_python and not shutil.which(args.torch_python) and not os.path.exists(args.torch_python):
         p.error(f"--torch_python {args.torch_python}: no such program")
     impls = [i for i in args.impls if i != "torch" or has_torch(torch_python)]
+    if args.side_by_side:
+        if "torch" not in args.impls or len(set(args.impls)) < 2:
+            print("bench_attention: --side_by_side needs torch and at least one tinyattn implementation in "
+                  "--impls", file=sys.stderr)
+            return 2
+        if "torch" not in impls:
+            print(f"bench_attention: --side_by_side needs PyTorch in {torch_python} (pip install torch==2.13.0 "
+                  "--index-url https://download.pytorch.org/whl/cpu)", file=sys.stderr)
+            return 1
     emit({"kind": "config", **{k: v for k, v in vars(args).items() if k not in ("worker", "n")},
           "impls": impls, "python": sys.version.split()[0], "cpus": os.cpu_count()})
-    if args.side_by_side:
-        if "torch" not in impls or len(impls) < 2:
-            p.error("--side_by_side needs PyTorch and at least one tinyattn implementation in --impls")
+    if args.side_by_side:                                      # (tinyattn runs in torch's Python too)
         for n in args.sizes:
             mine = [i for i in impls if i != "naive" or n <= args.naive_max_n]
-            for record in run_point(args, torch_python, "side_by_side", n, ["--impls"] + mine):
-                emit(record)
+            for impl in set(impls) - set(mine):
+                emit({"kind": "skip", "impl": impl, "n": n, "reason": f"N > --naive_max_n {args.naive_max_n}"})
+            if len(mine) > 1:
+                for record in run_point(args, torch_python, "side_by_side", n, ["--impls"] + mine):
+                    emit(record)
         return
     points = []
     for n in args.sizes:
@@ -320,7 +359,7 @@ def main(argv=None):
             if impl == "naive" and n > args.naive_max_n:
                 emit({"kind": "skip", "impl": impl, "n": n, "reason": f"N > --naive_max_n {args.naive_max_n}"})
                 continue
-            record, = run_point(args, torch_python if impl == "torch" else sys.executable, impl, n)
+            record = run_point(args, torch_python if impl == "torch" else sys.executable, impl, n)[-1]
             emit(record)
             if record["kind"] == "point":
                 points.append(record)
@@ -341,4 +380,4 @@ def emit(record):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

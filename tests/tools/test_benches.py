@@ -47,11 +47,19 @@ SIDE_BY_SIDE = ["--side_by_side", "--sizes", "64", "--impls", "tiled", "torch", 
 
 
 @pytest.mark.skipif(HAS_TORCH, reason="PyTorch is installed here")
-def test_side_by_side_attention_without_pytorch_is_one_error():
+def test_side_by_side_attention_without_pytorch_says_so_in_one_line():
     done = run("bench_attention.py", *SIDE_BY_SIDE)
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1].endswith(
-        "error: --side_by_side needs PyTorch and at least one tinyattn implementation in --impls")
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [f"bench_attention: --side_by_side needs PyTorch in {sys.executable} "
+                                                "(pip install torch==2.13.0 --index-url "
+                                                "https://download.pytorch.org/whl/cpu)"]
+
+
+def test_side_by_side_attention_needs_a_tinyattn_side():
+    done = run("bench_attention.py", "--side_by_side", "--impls", "torch")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == ["bench_attention: --side_by_side needs torch and at least one "
+                                                "tinyattn implementation in --impls"]
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="needs PyTorch")
@@ -63,3 +71,4 @@ def test_side_by_side_attention_prints_a_ratio_per_implementation():
     (record,) = lines[1:]
     assert record["kind"] == "side_by_side" and record["impl"] == "tiled" and record["n"] == 64
     assert len(record["ms_runs"]) == len(record["torch_ms_runs"]) == 1 and record["time_over_torch"] > 0
+    assert max(record["rel_err_vs_torch"].values()) < 1e-5                # both sides computed the same

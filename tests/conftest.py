@@ -46,6 +46,7 @@ def kernel_and_formula(case, device, dtype, monkeypatch, seed=11):
     """A KernelCase run with the device's kernels on, then off: (fused, formula) host arrays.
 
     Fails unless every kernel that the case names really ran."""
+    ta.set_fast(True)                               # (the kernels are the fast layer's; conftest puts it back)
     backend = get_backend(device)
     calls = count_kernel_calls(backend, monkeypatch)
     arrays = case.inputs(np.random.default_rng(seed))
@@ -66,14 +67,29 @@ def cpu_kernels(request, monkeypatch):
         pytest.skip("no CPU kernels here (numba is not installed, or TINYATTN_CPU_KERNELS=0)")
     monkeypatch.setattr(cpu, "use_kernels", request.param == "cpu-kernels")
     if request.param == "formulas":
-        ta.set_fast(False)
-        request.addfinalizer(lambda: ta.set_fast(True))
+        ta.set_fast(False)                          # (fast_switch_as_it_was puts it back after the test)
     return request.param
 
 
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+@pytest.fixture
+def fast_layer_on():
+    """For a test of the fast layer itself: on for the test, in a TINYATTN_FAST=0 run too."""
+    ta.set_fast(True)
+
+
+@pytest.fixture(autouse=True)
+def fast_switch_as_it_was():
+    """A test that turns the fast layer on or off gets it put back as the run began (off for the whole
+    run under TINYATTN_FAST=0; a test's own ``set_fast(True)`` must not turn it on for the tests after)."""
+    was = ta.is_fast()
+    yield
+    if ta.is_fast() != was:
+        ta.set_fast(was)
 
 
 def pytest_collection_modifyitems(config, items):

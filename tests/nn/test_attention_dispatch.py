@@ -241,6 +241,7 @@ def test_threads_and_no_threadpoolctl_give_the_same_numbers(rng, monkeypatch):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.usefixtures("fast_layer_on")
 def test_without_threadpoolctl_a_warning_says_so_once(rng, monkeypatch):
     """The heads then run one after another: slower, so say it (once per process), and how to fix it."""
     q, k, v, u = _tensors(rng, 1, 3, 20, 20)

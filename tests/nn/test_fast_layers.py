@@ -22,6 +22,7 @@ from tinyattn.fast import modules as fast_modules
 from tinyattn.models import GPT, GPTConfig, gpt
 from tinyattn.nn import attention
 
+pytestmark = pytest.mark.usefixtures("fast_layer_on")           # (in a TINYATTN_FAST=0 run too)
 TOL = {"float32": dict(rtol=1e-5, atol=1e-5), "float64": dict(rtol=1e-12, atol=1e-12)}
 PATHS = ("attention", "mlp", "block", "gpt")
 

@@ -231,6 +231,7 @@ class LoopAdamW(AdamW):
         return False
 
 
+@pytest.mark.usefixtures("fast_layer_on")
 def test_fused_adamw_is_the_loop_bit_for_bit():
     """The flat-buffer step (two groups, decay and none) against the per-parameter loop,
     over steps where the parameters are also replaced from outside (load_state_dict)."""

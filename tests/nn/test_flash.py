@@ -69,24 +69,48 @@ def test_float32_close_to_float64(rng, cpu_kernels):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_causal_skips_tiles_above_the_diagonal(monkeypatch, rng):
+def _count_tiles(monkeypatch):
+    """[first, ...]: one entry per tile whose softmax runs (first = j0 - i0, key block start minus
+    query block start), forward and backward, in the teaching loops and in the fast layer's."""
+    from tinyattn.fast.ops import FlashAttention as Fast
+    calls = []
+    for cls in (FlashAttention, Fast):
+        for name in ("_softmax_tile", "_softmax_grad_tile"):
+            def counting(self, *args, _cls=cls, _original=cls.__dict__[name]):
+                if type(self) is _cls:                            # (not again when the fast op calls super())
+                    calls.append(args[-1])
+                return _original(self, *args)
+            monkeypatch.setattr(cls, name, counting)
+    return calls
+
+
+def test_causal_skips_tiles_above_the_diagonal(monkeypatch, rng, cpu_kernels):
     """T=256 in blocks of 64 is 4 x 4 tiles: causal computes only the 10 on or below the diagonal."""
-    calls = []                                                    # (i1, j0): the queries up to i1 meet keys from j0
-    original = FlashAttention._key_blocks                         # (the fast layer's loops use it too)
-
-    def counting(self, i1, t_k):
-        blocks = original(self, i1, t_k)
-        calls.extend((i1, j0) for j0, _ in blocks)
-        return blocks
-
-    monkeypatch.setattr(FlashAttention, "_key_blocks", counting)
+    calls = _count_tiles(monkeypatch)
     q, k, v, u = _qkvu(rng, 1, 1, 256, 256, 8, 8)
     F.flash_attention(q, k, v, is_causal=True, block_size=64).backward(u)
     assert len(calls) == 2 * 10                                   # forward and backward
-    assert all(j0 < i1 for i1, j0 in calls)
+    assert all(first <= 0 for first in calls)                     # no key block starts after its query block
     calls.clear()
     F.flash_attention(q, k, v, block_size=64)
     assert len(calls) == 16
+
+
+def test_the_fast_layer_runs_its_own_loops_for_a_head_without_a_mask(monkeypatch, rng):
+    """Its loops do not call the teaching op's _tile; a mask, or the fast layer off, runs the teaching loops."""
+    calls = []
+    original = FlashAttention._tile
+    monkeypatch.setattr(FlashAttention, "_tile", lambda self, *args: calls.append(1) or original(self, *args))
+    q, k, v, u = _qkvu(rng, 1, 2, 20, 20, 4, 4)
+    ta.set_fast(True)                             # (conftest puts the switch back as it was)
+    F.flash_attention(q, k, v, is_causal=True, block_size=8).backward(u)
+    assert calls == []
+    F.flash_attention(q, k, v, is_causal=True, block_size=8, attn_mask=ta.tensor(np.tril(np.ones((20, 20), bool))))
+    assert calls
+    calls.clear()
+    ta.set_fast(False)
+    F.flash_attention(q, k, v, is_causal=True, block_size=8)
+    assert calls
 
 
 def test_no_keys_gives_zeros_not_nan(rng):

@@ -636,12 +636,18 @@ def attention_one_query(q, k, v, scale):
     if not (_all_float(q, k, v) and q.ndim == 3 and k.ndim == v.ndim == 4 and k.shape[:2] == v.shape[:2] == q.shape[:2]
             and k.shape[2] == v.shape[2] and k.shape[3] == q.shape[2]):
         return None
-    B, H, Tk, _ = k.shape
-    scores = np.matmul(q[:, :, None, :], np.matrix_transpose(k))         # (B, H, 1, Tk)
-    weights = scores.reshape(B * H, Tk)
-    weights *= q.dtype.type(scale)
-    _softmax_fwd(weights, weights)                                        # in place
-    return np.matmul(scores, v).reshape(B, H, v.shape[-1])
+    out = np.empty(q.shape[:2] + v.shape[3:], q.dtype)                   # (B, H, Dv)
+    scale = q.dtype.type(scale)
+
+    def rows(i, j):                                                       # sequences i..j
+        scores = np.matmul(q[i:j, :, None, :], np.matrix_transpose(k[i:j]))   # (n, H, 1, Tk)
+        weights = scores.reshape(-1, scores.shape[-1])
+        weights *= scale
+        _softmax_fwd(weights, weights)                                    # in place
+        np.matmul(scores, v[i:j], out=out[i:j, :, None, :])
+
+    split(rows, len(q), work=(k.size + v.size) // 32)
+    return out
 
 
 # --------------------------------------------------------------------------

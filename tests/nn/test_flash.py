@@ -146,6 +146,12 @@ def test_shape_errors_name_the_shapes():
         F.flash_attention(q, q, q, block_size=0)
 
 
+def test_mixed_dtypes_are_an_error_as_in_scaled_dot_product_attention():
+    q, k = ta.randn(1, 2, 5, 4), ta.randn(1, 2, 5, 4)
+    with pytest.raises(TypeError, match="flash_attention: got float32 and float64 tensors"):
+        F.flash_attention(q, k.double(), k.double())
+
+
 def test_backward_cannot_be_differentiated_again(rng):
     q, k, v, _ = _qkvu(rng, 1, 1, 4, 4, 4, 4)
     with pytest.raises(RuntimeError, match="FlashAttention"):

@@ -32,7 +32,7 @@ import math
 
 from ..autograd import Function
 from ..backend import host_rng
-from ..ops import causal_mask, matrix_transpose
+from ..ops import causal_mask, check_same_dtype, matrix_transpose
 
 BLOCK_SIZE = 256                     # tile side: (256, 256) float32 scores are 256 KiB, in L2
 
@@ -237,6 +237,7 @@ def flash_attention(q, k, v, is_causal=False, scale=None, block_size=None, attn_
             or k.shape[:2] != v.shape[:2] or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]):
         raise ValueError(f"flash_attention: expected q (B, H, Tq, D), k (B, H, Tk, D) and v (B, H, Tk, Dv), "
                          f"got q {q.shape}, k {k.shape} and v {v.shape}")
+    check_same_dtype("flash_attention", q, k, v)
     block_size = BLOCK_SIZE if block_size is None else block_size
     if int(block_size) < 1:
         raise ValueError(f"flash_attention: block_size must be at least 1, got {block_size}")

@@ -121,12 +121,13 @@ class Block(gpt.Block):
     the kernel and both residual adds on arrays, around the fast attention and MLP."""
 
     def forward(self, x, kv_cache=None):
-        if kv_cache is None and self._as_one_op(x):
+        params = self._one_op_parameters(x) if kv_cache is None else None
+        if params is not None:
             attn, keep, state = self.attn, None, None
             if attn.head_dropout > 0.0 and attn.training:               # DropHead's draw, as attn would make it
                 state = x.backend.get_rng_state()
                 keep = attn.head_keep(x.shape[0], x.dtype, x.device).data.reshape(x.shape[0], attn.n_head)
-            return BlockOp.apply(x, *self.fused_parameters(), n_head=attn.n_head, eps_1=self.ln_1.eps,
+            return BlockOp.apply(x, *params, n_head=attn.n_head, eps_1=self.ln_1.eps,
                                  eps_2=self.ln_2.eps, module=self, head_keep=keep, rng_state=state)
         if not (isinstance(x, autograd._Tensor) and x.ndim == 3 and no_graph(x, self)
                 and x.shape[-1] == self.ln_1.weight.shape[0]):
@@ -148,14 +149,15 @@ class Block(gpt.Block):
                 attn.c_proj.bias, self.ln_2.weight, self.ln_2.bias, mlp.c_fc.weight, mlp.c_fc.bias,
                 mlp.c_proj.weight, mlp.c_proj.bias)
 
-    def _as_one_op(self, x):
-        """True where a graph is recorded on the CPU with the block kernel loaded, nothing watches
-        the ops, and the block is the library's own: its layers and their forwards, biases, the
-        GELU's tanh form, no dropout at work but DropHead's, the naive (not tiled) attention."""
+    def _one_op_parameters(self, x):
+        """The block's fused_parameters() where it runs as one op, else None. It does where a graph
+        is recorded on the CPU with the block kernel loaded, nothing watches the ops, and the block
+        is the library's own: its layers and their forwards, biases, the GELU's tanh form, no
+        dropout at work but DropHead's, the naive (not tiled) attention."""
         if not (isinstance(x, autograd._Tensor) and autograd.hooks is None and is_grad_enabled()
                 and x.backend.fast_ops and x.xp is np and x.ndim == 3 and 0 not in x.shape and x.dtype in _FLOATS
                 and x.backend.kernel("block") is not None):
-            return False
+            return None
         attn, mlp, C = self.attn, self.mlp, x.shape[-1]
         if not (_is_layer_norm(self.ln_1, x) and _is_layer_norm(self.ln_2, x)
                 and type(attn) in (attention.MultiHeadAttention, FAST_MODULES[attention.MultiHeadAttention])
@@ -165,15 +167,15 @@ class Block(gpt.Block):
                 and type(mlp.gelu) is modules.GELU and mlp.gelu.approximate == "tanh"
                 and all(is_linear(layer, x) and layer.bias is not None
                         for layer in (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj))):
-            return False
+            return None
         params = self.fused_parameters()
         if (not (x.requires_grad or any(p.requires_grad for p in params)) or any(p.dtype != x.dtype for p in params)
                 or [p.shape for p in params] != block_shapes(C)):
-            return False
+            return None
         B, T, _ = x.shape
         n = threads.get_num_threads()                                   # the threads take whole sequences:
         even = B % n == 0 or B >= 4 * n or threads.too_small(B * T * 12 * C * C // 32)   # each about as many
-        return even and not attention.is_long(T, T, B * attn.n_head, x.dtype.itemsize, True)
+        return params if even and not attention.is_long(T, T, B * attn.n_head, x.dtype.itemsize, True) else None
 
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))

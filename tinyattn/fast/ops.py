@@ -437,7 +437,7 @@ class FlashAttention(flash.FlashAttention):
                 s = np.matmul(k[j0:j1], q_i.T, out=tiles.scores(j1 - j0, i1 - i0))   # (bk, bq) keys x queries
                 p, alpha, m, l = self._softmax_tile(s, m, l, j0 - i0)
                 acc *= alpha[:, None]
-                acc += np.matmul(p.T, v[j0:j1], out=tiles.rows(i1 - i0))            # (bq, Dv)
+                acc += np.matmul(p.T, v[j0:j1], out=tiles.rows(i1 - i0, v.shape[-1]))   # (bq, Dv)
             self._finish_rows(out[i0:i1], lse[i0:i1], acc, m, l)
 
     def _backward_heads(self, q, k, v, out, lse, do, dq, dk, dv, mask, item):
@@ -478,13 +478,11 @@ class _TileBuffers:
         bq, bk = min(block_size, q.shape[0]), min(block_size, k.shape[0])
         self.tiles = [np.empty(bk * bq, q.dtype) for _ in range(2)]   # the scores; backward's dP too
         self.products = np.empty(max(bk, bq) * d, q.dtype)
-        self.d = d
 
     def scores(self, bk, bq, which=0):
         return self.tiles[which][:bk * bq].reshape(bk, bq)
 
-    def rows(self, n, d=None):
-        d = self.d if d is None else d
+    def rows(self, n, d):
         return self.products[:n * d].reshape(n, d)
 
 

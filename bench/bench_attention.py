@@ -166,8 +166,7 @@ def worker(args):
         if n <= args.check_max_n:                               # tinyattn's default call on the same inputs
             theirs = step(*tensors)
             mine = tinyattn_step(args, "auto")[1](*tinyattn_step(args, "auto")[0](arrays))
-            record["rel_err_vs_tinyattn"] = {name: rel_err(a, b) for name, a, b
-                                             in zip(("out", "dq", "dk", "dv"), mine, theirs)}
+            record["rel_err_vs_tinyattn"] = rel_errs(mine, theirs)
     else:
         record.update(how_tinyattn_ran())
     print(json.dumps(record), flush=True)
@@ -203,9 +202,13 @@ def side_by_side(args):
                   "ms_runs": [round(t, 2) for t in wall[impl]], "torch_ms_runs": [round(t, 2) for t in wall["torch"]],
                   "torch": torch.__version__, "torch_threads": torch.get_num_threads(), **how_tinyattn_ran()}
         if n <= args.check_max_n:
-            record["rel_err_vs_torch"] = {name: rel_err(a, b) for name, a, b
-                                          in zip(("out", "dq", "dk", "dv"), outputs[impl], outputs["torch"])}
+            record["rel_err_vs_torch"] = rel_errs(outputs[impl], outputs["torch"])
         print(json.dumps(record), flush=True)
+
+
+def rel_errs(mine, theirs):
+    """{"out": ..., "dq": ..., "dk": ..., "dv": ...}: rel_err of each of a step's four results."""
+    return {name: rel_err(a, b) for name, a, b in zip(("out", "dq", "dk", "dv"), mine, theirs)}
 
 
 def rel_err(a, b):

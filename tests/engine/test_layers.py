@@ -207,16 +207,12 @@ def test_the_switch_runs_the_teaching_formulas_and_back():
     import tinyattn as ta
     import tinyattn.nn.functional as F
     x = ta.randn(3, 8, requires_grad=True)
-    was_fast = ta.is_fast()                      # (off for the whole run under TINYATTN_FAST=0)
-    ta.set_fast(True)
-    try:
-        assert ta.is_fast() and type(F.gelu(x, "tanh").grad_fn).__module__ == "tinyattn.fast.ops"
-        assert type(ta.optim.AdamW([x])).__module__ == "tinyattn.fast.optim"
-        ta.set_fast(False)
-        assert type(F.gelu(x, "tanh").grad_fn).__module__ == "tinyattn.ops"
-        assert type(ta.optim.AdamW([x])) is ta.optim.AdamW
-    finally:
-        ta.set_fast(was_fast)
+    ta.set_fast(True)                            # (conftest puts the switch back as the run began)
+    assert ta.is_fast() and type(F.gelu(x, "tanh").grad_fn).__module__ == "tinyattn.fast.ops"
+    assert type(ta.optim.AdamW([x])).__module__ == "tinyattn.fast.optim"
+    ta.set_fast(False)
+    assert type(F.gelu(x, "tanh").grad_fn).__module__ == "tinyattn.ops"
+    assert type(ta.optim.AdamW([x])) is ta.optim.AdamW
     code = "import tinyattn as ta; print(ta.is_fast())"
     import os
     import subprocess

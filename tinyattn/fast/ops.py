@@ -56,11 +56,12 @@ class MatMul(ops.MatMul):
     split over the threads; stacked products (attention's) split their stack."""
 
     def forward(self, a, b):
-        if b.ndim == 2 and a.ndim > 2:
-            flat = threads.matmul(self.xp, self.xp.reshape(a, (-1, a.shape[-1])), b)     # (B*T, m)
-            return self.xp.reshape(flat, a.shape[:-1] + b.shape[-1:])
-        if self.xp is np and a.ndim == b.ndim == 2 and threads.too_small(a.size * b.shape[1] // 32):
-            return a.dot(b)                                      # (what threads.matmul does, without its call)
+        if b.ndim == 2:
+            if a.ndim == 2 and self.xp is np and threads.too_small(a.size * b.shape[1] // 32):
+                return a.dot(b)                                  # (what threads.matmul does, without its call)
+            if a.ndim > 2:
+                flat = threads.matmul(self.xp, self.xp.reshape(a, (-1, a.shape[-1])), b)     # (B*T, m)
+                return self.xp.reshape(flat, a.shape[:-1] + b.shape[-1:])
         return threads.matmul(self.xp, a, b)
 
     def backward(self, g):

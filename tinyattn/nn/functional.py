@@ -143,15 +143,15 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, fused=True
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if len(shape) != 1 or x.shape[-1:] != shape:
         raise ValueError(f"layer_norm: normalized_shape {shape} does not match input shape {x.shape}")
-    if weight is not None and bias is not None:
-        check_same_dtype("layer_norm", x, weight, bias)
-    else:
-        check_same_dtype("layer_norm", x, *[t for t in (weight, bias) if t is not None])
-    check_float("layer_norm", x)
+    dtype = x.dtype
+    if dtype.kind != "f":
+        check_float("layer_norm", x)
     if weight is None:
-        weight = constant(x, x.backend.full(shape, 1, x.dtype))
+        weight = constant(x, x.backend.full(shape, 1, dtype))
     if bias is None:
-        bias = constant(x, x.backend.zeros(shape, x.dtype))
+        bias = constant(x, x.backend.zeros(shape, dtype))
+    if weight.dtype != dtype or bias.dtype != dtype:          # (one dtype, the usual case: checked at once)
+        check_same_dtype("layer_norm", x, weight, bias)
     if fused:
         return LayerNorm.apply(x, weight, bias, eps=eps)
     mu = x.mean(-1, keepdim=True)
@@ -201,10 +201,9 @@ class Linear(Function):
 
 def linear(x, weight, bias=None):
     """x @ weight.T + bias, with weight (out, in) as in PyTorch."""
-    if bias is None:
-        check_same_dtype("linear", x, weight)
-    else:
-        check_same_dtype("linear", x, weight, bias)
+    dtype = x.dtype
+    if weight.dtype != dtype or (bias is not None and bias.dtype != dtype):   # (one dtype: checked at once)
+        check_same_dtype("linear", *((x, weight) if bias is None else (x, weight, bias)))
     x_shape, w_shape = x.shape, weight.shape
     if not x_shape or len(w_shape) != 2 or x_shape[-1] != w_shape[1]:
         raise ValueError(f"linear: input {x_shape} and weight {w_shape} do not fit "

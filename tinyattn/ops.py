@@ -215,8 +215,12 @@ def check_same_dtype(op, *tensors):
 def matmul(a, b):
     """numpy's matmul rules: a 1-d operand gains a dim of 1, which is dropped after."""
     a_shape, b_shape = a.shape, b.shape
-    if len(a_shape) >= 2 and len(b_shape) >= 2 and a_shape[-1] == b_shape[-2] and a.dtype == b.dtype:
-        return MatMul.apply(a, b)                # (the usual case, checked at once: matrices that fit)
+    if len(a_shape) >= 2 and len(b_shape) >= 2 and a_shape[-1] == b_shape[-2]:
+        try:                                     # (the usual case, checked at once: matrices that fit,
+            if a.data.dtype == b.data.dtype:     # their arrays of one dtype)
+                return MatMul.apply(a, b)
+        except AttributeError:                   # (not Tensors: apply names the fault, after the checks below)
+            pass
     if not a_shape or not b_shape:
         raise ValueError(f"matmul needs at least 1-d operands, got shapes {a_shape} and {b_shape}")
     if a.dtype != b.dtype:

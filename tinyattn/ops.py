@@ -217,10 +217,11 @@ def matmul(a, b):
     a_shape, b_shape = a.shape, b.shape
     if len(a_shape) >= 2 and len(b_shape) >= 2 and a_shape[-1] == b_shape[-2]:
         try:                                     # (the usual case, checked at once: matrices that fit,
-            if a.data.dtype == b.data.dtype:     # their arrays of one dtype)
-                return MatMul.apply(a, b)
+            usual = a.data.dtype == b.data.dtype  # their arrays of one dtype)
         except AttributeError:                   # (not Tensors: apply names the fault, after the checks below)
-            pass
+            usual = False
+        if usual:
+            return MatMul.apply(a, b)
     if not a_shape or not b_shape:
         raise ValueError(f"matmul needs at least 1-d operands, got shapes {a_shape} and {b_shape}")
     if a.dtype != b.dtype:

@@ -217,7 +217,7 @@ def matmul(a, b):
     a_shape, b_shape = a.shape, b.shape
     if len(a_shape) >= 2 and len(b_shape) >= 2 and a_shape[-1] == b_shape[-2]:
         try:                                     # (the usual case, checked at once: matrices that fit,
-            usual = a.data.dtype == b.data.dtype  # their arrays of one dtype)
+            usual = a._backend is b._backend and a.data.dtype == b.data.dtype   # one device, one dtype)
         except AttributeError:                   # (not Tensors: apply names the fault, after the checks below)
             usual = False
         if usual:

@@ -236,6 +236,13 @@ def run_point(args, python, impl, n, extra=()):
     return [json.loads(line) for line in lines]
 
 
+def naive_skip(args, impl, n):
+    """The skip record of the naive path above --naive_max_n (its (N, N) scores), else None."""
+    if impl == "naive" and n > args.naive_max_n:
+        return {"kind": "skip", "impl": impl, "n": n, "reason": f"N > --naive_max_n {args.naive_max_n}"}
+    return None
+
+
 def this_script(python):
     """The command that runs this file again: as a module (python -m ...) or as a script."""
     if __spec__ is not None and __spec__.name:
@@ -349,9 +356,13 @@ def main(argv=None):
           "impls": impls, "python": sys.version.split()[0], "cpus": os.cpu_count()})
     if args.side_by_side:                                      # (tinyattn runs in torch's Python too)
         for n in args.sizes:
-            mine = [i for i in impls if i != "naive" or n <= args.naive_max_n]
-            for impl in set(impls) - set(mine):
-                emit({"kind": "skip", "impl": impl, "n": n, "reason": f"N > --naive_max_n {args.naive_max_n}"})
+            mine = []
+            for impl in impls:
+                skip = naive_skip(args, impl, n)
+                if skip:
+                    emit(skip)
+                else:
+                    mine.append(impl)
             if len(mine) > 1:
                 for record in run_point(args, torch_python, "side_by_side", n, ["--impls"] + mine):
                     emit(record)
@@ -359,8 +370,9 @@ def main(argv=None):
     points = []
     for n in args.sizes:
         for impl in impls:
-            if impl == "naive" and n > args.naive_max_n:
-                emit({"kind": "skip", "impl": impl, "n": n, "reason": f"N > --naive_max_n {args.naive_max_n}"})
+            skip = naive_skip(args, impl, n)
+            if skip:
+                emit(skip)
                 continue
             record = run_point(args, torch_python if impl == "torch" else sys.executable, impl, n)[-1]
             emit(record)

@@ -30,9 +30,9 @@ from . import cpu_kernels as K
 from .threads import split
 
 
-def _fits(x, params):
-    """True for x (B, T, C) and the block's parameters, all float32 or all float64, of the GPT's shapes
-    (those that fast/models.py's block_shapes gives)."""
+def block_fits(x, params):
+    """True for x (B, T, C) and the block's parameters (Block.fused_parameters() in fast/models.py),
+    all float32 or all float64, of the GPT's shapes (an MLP 4 C wide)."""
     if x.ndim != 3 or x.dtype.char not in "fd" or x.size == 0 or any(p.dtype != x.dtype for p in params):
         return False
     C = x.shape[2]
@@ -48,9 +48,11 @@ def _add_bias(out, b, residual):                   # out (n, m) = out + b (m,) o
             out[i, j] = out[i, j] + b[j] if residual is None else (out[i, j] + b[j]) + residual[i, j]
 
 
-def _work(x):
-    """The block's four products, in threads' units of work (n * k * m / 32): 12 C^2 per row."""
-    return x.shape[0] * x.shape[1] * 12 * x.shape[2] ** 2 // 32
+def block_work(shape):
+    """The block's four products on an input of ``shape`` (B, T, C), in threads' units of work
+    (n * k * m / 32): 12 C^2 per row."""
+    B, T, C = shape
+    return B * T * 12 * C * C // 32
 
 
 def _heads(a, n_head):
@@ -63,7 +65,7 @@ def _heads(a, n_head):
 def block(x, params, n_head, eps_1, eps_2, head_keep=None):
     """(y, *saved): the block's output (B, T, C), then what its backward reads. None for inputs it does not take.
     head_keep: DropHead's draw (B, H), each head's output is scaled by (0 or 1/(1-p)); None: no DropHead."""
-    if not _fits(x, params) or not (head_keep is None or head_keep.shape == (x.shape[0], n_head)):
+    if not block_fits(x, params) or not (head_keep is None or head_keep.shape == (x.shape[0], n_head)):
         return None
     ln1_w, ln1_b, w_qkv, b_qkv, w_o, b_o, ln2_w, ln2_b, w_fc, b_fc, w_proj, b_proj = params
     x = np.ascontiguousarray(x)
@@ -103,7 +105,7 @@ def block(x, params, n_head, eps_1, eps_2, head_keep=None):
         np.matmul(flat(gelu), w_proj.T, out=flat(y))                         # y = x2 + gelu(f) W_proj^T + b_proj
         _add_bias(flat(y), b_proj, flat(x2))
 
-    split(rows, B, work=_work(x))
+    split(rows, B, work=block_work(x.shape))
     return y, h1, xhat1, rstd1, qkv, weights, att, h2, xhat2, rstd2, f, gelu
 
 
@@ -157,7 +159,7 @@ def block_backward(g, saved, params, n_head, head_keep=None):
         flat(dx)[...] += dx2                                                  # the residual
         sums[i] = mine
 
-    split(rows, B, work=2 * _work(g))
+    split(rows, B, work=2 * block_work(g.shape))
     first, *others = [sums[i] for i in sorted(sums)]                         # (in order: the same sums every run)
     dparams = first
     for more in others:

@@ -168,22 +168,18 @@ class Block(gpt.Block):
                 and all(is_linear(layer, x) and layer.bias is not None
                         for layer in (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj))):
             return None
+        from .cpu_block import block_fits, block_work   # (importable here: the block kernel is loaded, numba too)
         params = self.fused_parameters()
-        if (not (x.requires_grad or any(p.requires_grad for p in params)) or any(p.dtype != x.dtype for p in params)
-                or [p.shape for p in params] != block_shapes(C)):
+        if (not (x.requires_grad or any(p.requires_grad for p in params))
+                or not block_fits(x.data, [p.data for p in params])):
             return None
         B, T, _ = x.shape
         n = threads.get_num_threads()                                   # the threads take whole sequences:
-        even = B % n == 0 or B >= 4 * n or threads.too_small(B * T * 12 * C * C // 32)   # each about as many
+        even = B % n == 0 or B >= 4 * n or threads.too_small(block_work(x.shape))   # each about as many
         return params if even and not attention.is_long(T, T, B * attn.n_head, x.dtype.itemsize, True) else None
 
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def block_shapes(C):
-    """The shapes of Block.fused_parameters() in a block of width C (an MLP 4 C wide)."""
-    return [(C,), (C,), (3 * C, C), (3 * C,), (C, C), (C,), (C,), (C,), (4 * C, C), (4 * C,), (C, 4 * C), (C,)]
 
 
 class GPT(gpt.GPT):

@@ -128,10 +128,10 @@ class TinyattnSide:
         self.backend = get_backend(device)
         self.fused = fused
         self.threads = ta.get_num_threads() if threads is None else threads
-        ta.set_fast(fused)                              # the optimizer is made fast or not, too
+        ta.set_fast(fused)
         ta.manual_seed(0)
         config = GPTConfig(**{k: cfg[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout")})
-        self.model = GPT(config).to(device)
+        self.model = ta.nn.fuse(GPT(config).to(device), fused)   # with ta.set_fast(fused): op by op when False
         self.optimizer = self.model.configure_optimizer(WEIGHT_DECAY, LR, BETAS)
         self.batches = [(ta.tensor(xb, device=device), ta.tensor(yb, device=device)) for xb, yb in zip(x, y)]
         self.batch, self.i = self.batches[:1], 0

@@ -49,7 +49,7 @@ def setup(args):
         trained = lora.adapt(model, lora.lora_linear(), args.lora_rank, args.lora_alpha)
         args._notes = [*getattr(args, "_notes", ()), f"--lora_rank {args.lora_rank}: {trained:,} adapter "
                        f"parameters train, the model's {model.num_parameters() - trained:,} are frozen"]
-    model = model.to(args.device)
+    model = ta.nn.fuse(model.to(args.device))  # each block one op in training, where the fast layer can
     optimizer = model.configure_optimizer(args.weight_decay, args.learning_rate, (args.beta1, args.beta2))
     if args.resume:
         model.load_state_dict(model_state)

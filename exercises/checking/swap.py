@@ -57,6 +57,14 @@ def _split_piece_by_piece(module):
     return split
 
 
+def _taking_fused(adamw):
+    """Your AdamW, taking the library's ``fused=`` (GPT.configure_optimizer passes it) and leaving it aside."""
+    class AdamW(adamw):
+        def __init__(self, params, *args, fused=False, **kwargs):
+            super().__init__(params, *args, **kwargs)
+    return AdamW
+
+
 def _yours(name):
     return lambda module: getattr(module, name)
 
@@ -75,7 +83,7 @@ SWAPS = {
                ("tinyattn.ops", "split", _split_piece_by_piece)],
     "attention": [("tinyattn.nn.attention", "scaled_dot_product_attention", _attention),
                   ("tinyattn.nn.functional", "scaled_dot_product_attention", _attention)],
-    "adamw": [("tinyattn.optim", "AdamW", _yours("AdamW"))],
+    "adamw": [("tinyattn.optim", "AdamW", lambda module: _taking_fused(module.AdamW))],
     "kv_cache": [("tinyattn.nn", "KVCache", _yours("KVCache"))],
 }
 NOT_SWAPPED = {"online_softmax": "the GPT's training does not run tiled attention"}

@@ -1,9 +1,10 @@
-"""The fast layers (tinyattn/fast/modules.py and fast/models.py): a GPT's attention, MLP and
-block as a few array calls where no graph is recorded, the teaching forward everywhere else.
+"""The fast layers (tinyattn/fast/modules.py and fast/models.py), which nn.fuse sets on a model: a
+GPT's attention, MLP and block as a few array calls where no graph is recorded, each block as one op
+in training, the teaching forward everywhere else.
 
-Each test compares the array path with the teaching path of the same model (``ta.set_fast(False)``:
-the fast subclasses then see no fast ops and call ``super().forward``), and counts with spies which
-path ran, so that no comparison is the teaching path against itself.
+Each test compares the fast path with the teaching path of the same model (``ta.set_fast(False)``:
+the runners then see no fast ops and call the layer's forward), and counts with spies which path
+ran, so that no comparison is the teaching path against itself.
 """
 import collections
 import contextlib
@@ -34,7 +35,7 @@ def gpt_model(dtype="float32", **kw):
     ta.manual_seed(0)
     cfg = dict(block_size=64, vocab_size=13, n_layer=2, n_head=2, n_embd=16, init="default")
     cfg.update(kw)
-    model = GPT(GPTConfig(**cfg)).eval()
+    model = nn.fuse(GPT(GPTConfig(**cfg))).eval()
     rng = np.random.default_rng(2)
     for name, p in model.named_parameters():
         if ".ln_" in name or name.startswith("ln_"):
@@ -117,27 +118,43 @@ def decode(model, idx, ends, cache=nn.KVCache):
 PROMPT_THEN_TOKENS = [10, 13] + list(range(14, 41))   # a prompt, a chunk of 3, then one at a time past 16 and 32
 
 
-# ---------------------------------------------------------------- which classes are made
-def test_a_gpt_made_with_the_fast_layer_on_has_the_fast_layers():
-    block = gpt_model().h[0]
-    assert type(block) is fast_models.Block and isinstance(block, gpt.Block)
-    assert type(block.mlp) is fast_models.MLP and isinstance(block.mlp, gpt.MLP)
-    assert type(block.attn) is fast_modules.MultiHeadAttention and isinstance(block.attn, attention.MultiHeadAttention)
-    assert type(block.ln_1) is nn.LayerNorm and type(block.attn.c_attn) is nn.Linear   # (no fast versions)
-    assert type(nn.MultiHeadAttention(8, 2)) is fast_modules.MultiHeadAttention
+# ---------------------------------------------------------------- what nn.fuse sets, and says
+def test_fuse_keeps_every_class_and_gives_the_librarys_layers_a_runner():
     model = gpt_model()
-    assert type(model) is fast_models.GPT and isinstance(model, gpt.GPT) and isinstance(model, GPT)
+    block = model.h[0]
+    assert type(model) is gpt.GPT and type(block) is gpt.Block and type(block.mlp) is gpt.MLP
+    assert type(block.attn) is attention.MultiHeadAttention
+    assert {type(m.__dict__["_fused"]) for m in (model, block, block.mlp, block.attn)} == {
+        fast_models.GPT, fast_models.Block, fast_models.MLP, fast_modules.MultiHeadAttention}
+    assert "_fused" not in block.ln_1.__dict__ and "_fused" not in block.attn.c_attn.__dict__
+    nn.fuse(model, on=False)
+    assert not [m for m in model.modules() if "_fused" in m.__dict__]
+    assert "_fused" not in GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=4, vocab_size=5)).__dict__
 
 
-def test_a_gpt_made_with_the_fast_layer_off_has_the_teaching_layers():
-    with fast_layer_off():
-        block = gpt_model().h[0]
-        mha = nn.MultiHeadAttention(8, 2)
-    assert type(block) is gpt.Block and type(block.mlp) is gpt.MLP
-    with fast_layer_off():
-        assert type(gpt_model()) is gpt.GPT
-    assert type(block.attn) is attention.MultiHeadAttention and type(mha) is attention.MultiHeadAttention
-    assert type(gpt_model().h[0]) is fast_models.Block                 # and back on
+def test_print_model_says_which_blocks_run_fused_and_why_not():
+    model = gpt_model(n_layer=3)
+    model.h[1].ln_2 = RMSNorm(16)
+    model.h[2].mlp.gelu = nn.GELU("none")
+    text = repr(model)
+    blocks = [line for line in text.splitlines() if line.strip().startswith("(") and "Block(" in line]
+    assert len(blocks) == 3, text
+    one_op = "one op in training" if get_backend("cpu").kernel("block") else "no block kernel here"
+    assert one_op in blocks[0] and "off" not in blocks[0].replace("no block kernel", ""), blocks[0]
+    assert "fused: off, ln_2 is RMSNorm, not the library's LayerNorm" in blocks[1], blocks[1]
+    assert "one op in training: off, its activation is not the library's GELU(approximate='tanh')" in blocks[2]
+    assert repr(nn.LayerNorm(4)) == "LayerNorm((4,), eps=1e-05)"                # (layers without a runner)
+
+
+class RMSNorm(nn.Module):
+    """A norm of the learner's own (exercise 1)."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.weight = nn.Parameter(ta.ones(n))
+
+    def forward(self, x):
+        return x * ((x * x).mean(-1, keepdim=True) + 1e-5) ** -0.5 * self.weight
 
 
 # ---------------------------------------------------------------- the same numbers both ways
@@ -252,7 +269,7 @@ def test_training_runs_the_teaching_forward_and_gives_the_teaching_gradients(arr
 def test_an_input_that_requires_grad_runs_the_teaching_forward(array_paths):
     """Frozen parameters, but the input wants a gradient (as for a saliency map)."""
     ta.manual_seed(0)
-    mha = nn.MultiHeadAttention(16, 2).eval()
+    mha = nn.fuse(nn.MultiHeadAttention(16, 2)).eval()
     for p in mha.parameters():
         p.requires_grad = False
     x = ta.randn(2, 5, 16, requires_grad=True)
@@ -280,7 +297,7 @@ def test_under_a_profiler_or_anomaly_detection_every_op_is_recorded(watch, array
 
 def test_keep_weights_runs_the_teaching_forward_and_keeps_them(array_paths):
     ta.manual_seed(0)
-    mha = nn.MultiHeadAttention(16, 2).eval()
+    mha = nn.fuse(nn.MultiHeadAttention(16, 2)).eval()
     x = ta.randn(3, 7, 16)
     with ta.no_grad():
         fast = mha(x, is_causal=True).numpy()
@@ -299,7 +316,7 @@ def test_keep_weights_runs_the_teaching_forward_and_keeps_them(array_paths):
 @pytest.mark.parametrize("mask", ["none", "not causal", "boolean", "additive"])
 def test_attention_that_is_not_just_causal_runs_the_teaching_forward(mask, array_paths):
     ta.manual_seed(0)
-    mha = nn.MultiHeadAttention(16, 2).eval()
+    mha = nn.fuse(nn.MultiHeadAttention(16, 2)).eval()
     x = ta.randn(3, 7, 16)
     rng = np.random.default_rng(4)
     allowed = rng.random((7, 7)) < 0.6
@@ -630,7 +647,7 @@ def test_training_runs_each_block_as_one_op_with_the_teaching_gradients(dtype, B
 @needs_block_kernel
 def test_a_fused_block_passes_gradcheck():
     ta.manual_seed(0)
-    block = gpt.Block(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=6, dropout=0.0))
+    block = nn.fuse(gpt.Block(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=6, dropout=0.0)))
     params = list(block.parameters())
     for p in params:
         p.data = p.data.astype("float64") + 0.1
@@ -713,7 +730,7 @@ def test_the_graph_drawing_shows_a_fused_blocks_ops():
 def a_block(dtype="float64", C=8, H=2, **kw):
     """A lone GPT block (training mode) with weights moved off their initial values."""
     ta.manual_seed(0)
-    block = gpt.Block(GPTConfig(n_layer=1, n_head=H, n_embd=C, block_size=16, **kw))
+    block = nn.fuse(gpt.Block(GPTConfig(n_layer=1, n_head=H, n_embd=C, block_size=16, **kw)))
     rng = np.random.default_rng(3)
     for p in block.parameters():
         p.data = (p.data + 0.1 * rng.standard_normal(p.shape)).astype(dtype)

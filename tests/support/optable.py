@@ -287,7 +287,7 @@ def adamw_steps(arrays, device, dtype):
     start, grads = arrays[:2], [arrays[2:4], arrays[4:6], arrays[6:8]]
     params = [ta.tensor(a, dtype=dtype, device=device, requires_grad=True) for a in start]
     opt = ta.optim.AdamW([{"params": params[:1], "weight_decay": 0.1},
-                          {"params": params[1:], "weight_decay": 0.0}], lr=1e-2, betas=(0.9, 0.99))
+                          {"params": params[1:], "weight_decay": 0.0}], lr=1e-2, betas=(0.9, 0.99), fused=True)
     for step_grads in grads:
         for p, g in zip(params, step_grads):
             p.grad = ta.tensor(g, dtype=dtype, device=device)
@@ -304,8 +304,8 @@ def gpt_block_steps(n_head, head_dropout=0.0):
         from tinyattn.models import GPTConfig, gpt
         x = ta.tensor(arrays[0], dtype=dtype, device=device, requires_grad=True)
         B, T, C = x.shape
-        block = gpt.Block(GPTConfig(n_layer=1, n_head=n_head, n_embd=C, block_size=T, dropout=0.0,
-                                    head_dropout=head_dropout))
+        block = ta.nn.fuse(gpt.Block(GPTConfig(n_layer=1, n_head=n_head, n_embd=C, block_size=T, dropout=0.0,
+                                               head_dropout=head_dropout)))
         params = list(block.parameters())          # ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj: weight, bias
         for p, a in zip(params, arrays[1:], strict=True):
             p.set_(ta.tensor(a, dtype=dtype, device=device))
@@ -323,7 +323,7 @@ def decode_steps(n_head, prompt):
     def run(arrays, device, dtype):
         import tinyattn as ta
         x = ta.tensor(arrays[0], dtype=dtype, device=device)
-        attn = ta.nn.MultiHeadAttention(x.shape[-1], n_head)
+        attn = ta.nn.fuse(ta.nn.MultiHeadAttention(x.shape[-1], n_head))
         for p, a in zip(attn.parameters(), arrays[1:], strict=True):   # c_attn, c_proj: weight, bias
             p.set_(ta.tensor(a, dtype=dtype, device=device))
         cache, outs = ta.nn.KVCache(), []

@@ -136,8 +136,9 @@ INTERRUPTS = [
     ("eval", 3, "raise"),
 ]
 def running_adamw():
-    """The AdamW class the training program makes now: the fast layer's while it is on."""
-    return ta.optim.Optimizer.fast_variants.get(ta.optim.AdamW, ta.optim.AdamW)
+    """The AdamW class the training program makes (its step runs the fast layer's flat step, where
+    AdamW.step is the library's: patched here, the loop runs, which gives the same bits)."""
+    return ta.optim.AdamW
 
 
 TARGETS = {"forward": (GPT, "forward"), "backward": (ta.Tensor, "backward"), "optimizer": (running_adamw, "step"),
@@ -207,6 +208,7 @@ def test_an_update_cut_in_two_is_never_saved(text_file, tmp_path, capsys, monkey
             raise KeyboardInterrupt
         return real(self)
     monkeypatch.setattr(running_adamw(), "step", patched)
+    capsys.readouterr()                                       # (the fast layer's note: AdamW.step is not the library's)
     assert main_caught(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 130
     assert one_error_line(capsys) == ("python -m train: interrupted inside the optimizer's update (the weights are "
                                       f"half updated): not saved; {out / 'ckpt.npz'} keeps step 5")

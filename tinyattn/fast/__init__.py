@@ -4,10 +4,11 @@ The teaching files (autograd.py, ops.py, nn/, optim/) hold one formula per op,
 the arithmetic that defines it. This package holds what makes them fast:
 
     ops.py           fast versions of ops, each a subclass of the teaching op
-    modules.py       fast versions of layers: a forward on arrays where no graph is recorded
+    modules.py       layers run fast (nn.fuse): a forward on arrays where no graph is recorded
     models.py        the same for the GPT's layers; in training, a whole block as one op
+    optim.py         AdamW's step on flat buffers (AdamW(..., fused=True))
+    checked.py       what each of these stands in for, and whether it is still the library's code
     layouts.py       weights laid out for their products, inside ta.inference_mode
-    optim.py         AdamW on flat buffers (the same arithmetic, fewer passes)
     threads.py       tinyattn's own CPU threads, and BLAS held at one thread beside them
     cpu_kernels.py   fused CPU kernels, compiled with numba (the ``fast`` extra)
     cpu_block.py     the GPT's block as one CPU kernel, each thread on its share of the batch
@@ -15,10 +16,14 @@ the arithmetic that defines it. This package holds what makes them fast:
     allocator.py     glibc's malloc thresholds, for steady step times (the training program's)
 
 While the layer is on, each backend's ``fast_ops`` table maps a teaching op
-to its fast subclass, and ``Function.apply`` runs that instead; ``AdamW(...)``
-makes the fast AdamW. A fast op calls the teaching op's ``super()`` whenever
-a graph of its backward is recorded, and falls back to the formula whenever
-its kernel declines, so the numbers agree either way (to float32 rounding).
+to its fast subclass, and ``Function.apply`` runs that instead. A fast op calls
+the teaching op's ``super()`` whenever a graph of its backward is recorded, and
+falls back to the formula whenever its kernel declines, so the numbers agree
+either way (to float32 rounding). Layers run fast only in a model given to
+``nn.fuse`` (the training program and ``GPT.generate`` do), and AdamW's flat step
+only for ``AdamW(..., fused=True)``. Every one of them runs only while the code
+it stands in for is the library's own (checked.py): edit a formula, or replace a
+forward at run time, and yours runs.
 
     ta.set_fast(False)        # every op runs its teaching formula, for this process
     TINYATTN_FAST=0 python -m train ...      # the same, from the environment
@@ -26,14 +31,12 @@ its kernel declines, so the numbers agree either way (to float32 rounding).
 """
 import os
 
-from ..optim import AdamW as TeachingAdamW, Optimizer
+from ..optim import AdamW
 from ..backend import CupyBackend, NumpyBackend, made_backends, on_every_backend
-from . import threads
+from . import checked, threads
 from .allocator import tune_host_allocator  # noqa: F401
 from .ops import FAST_OPS
-from .modules import FAST_MODULES
-from ..nn.modules import Module
-from .optim import AdamW as FastAdamW
+from .optim import fused_step
 from .threads import get_num_threads, set_num_threads  # noqa: F401
 
 FAST_ENV = "TINYATTN_FAST"
@@ -46,13 +49,14 @@ def set_fast(on=True):
     """Turn the fast layer on or off for this process (off: every op runs its teaching formula)."""
     global _on
     _on = bool(on)
-    Optimizer.fast_variants = {TeachingAdamW: FastAdamW} if _on else {}
-    Module.fast_variants = FAST_MODULES if _on else {}          # (layers made before keep their class: they
-                                                                # check backend.fast_ops, which goes empty)
-    for backend in made_backends():
-        _install(backend)
+    _install_everywhere()           # (fused layers and AdamW's flat step check backend.fast_ops, which goes empty)
     if not _on:
         threads.release_blas()
+
+
+def _install_everywhere():
+    for backend in made_backends():
+        _install(backend)
 
 
 def is_fast():
@@ -78,14 +82,15 @@ def _cuda_kernels():
 
 
 def _install(backend):
-    """Give a backend the fast ops (while the layer is on) and its kernels (loaded on first use)."""
-    backend.fast_ops = FAST_OPS if _on else {}
+    """Give a backend the fast ops (while the layer is on, each while the code it stands in for is
+    the library's) and its kernels (loaded on first use)."""
+    backend.fast_ops = {teaching: fast for teaching, fast in FAST_OPS.items() if checked.runs(fast.__name__)} if _on else {}
     if isinstance(backend, NumpyBackend):
         backend.load_kernels = _cpu_kernels
     elif isinstance(backend, CupyBackend):
         backend.load_kernels = _cuda_kernels
 
 
-Optimizer.fast_variants = {TeachingAdamW: FastAdamW} if _on else {}
-Module.fast_variants = FAST_MODULES if _on else {}
+AdamW.fused_step = fused_step
+checked.on_change.append(_install_everywhere)
 on_every_backend(_install)

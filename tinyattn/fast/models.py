@@ -1,7 +1,7 @@
-"""Fast versions of the GPT's own layers (tinyattn/models/gpt.py): see modules.py.
+"""The GPT's own layers run fast (tinyattn/models/gpt.py): the runners nn.fuse sets on them.
 
 They sit above the models, as the models sit above nn; tinyattn's __init__ imports this
-module last, which adds them to FAST_MODULES.
+module last, which adds them to nn.fuse.
 
 In training on the CPU, a Block records one op, BlockOp, whose forward and backward are
 one kernel each (cpu_block.py): a quarter less time a step for the small GPTs than op by
@@ -9,7 +9,9 @@ op (bench/BENCHMARKS.md). Wherever it could differ from the layers op by op (a p
 or anomaly detection watching, dropout at work other than DropHead's, a layer of the
 learner's own, the tiled attention, a batch that does not share evenly over the threads),
 the block runs op by op; so does its backward under a profiler or anomaly detection, or
-when it is to be differentiated again (block_op_by_op).
+when it is to be differentiated again (block_op_by_op). Without a graph (decoding), the
+GPT, its blocks and their MLPs run as a few array calls each, as MultiHeadAttention does
+in modules.py.
 """
 import numpy as np
 
@@ -17,37 +19,48 @@ from .. import autograd
 from ..autograd import Function, constant, is_grad_enabled
 from ..models import gpt
 from ..nn import attention, functional as F, modules
-from . import threads
-from .modules import FAST_MODULES, idle, is_linear, linear_on_arrays, no_graph
+from . import checked, threads
+from .modules import RUNNERS, Runner, attention_refuses, first, idle, linear_on_arrays, no_graph, not_library
 from .ops import linear_rows
 
 
-class MLP(gpt.MLP):
+def _mlp_refuses(mlp):
+    if type(mlp.gelu) is not modules.GELU or mlp.gelu.approximate != "tanh":
+        return "its activation is not the library's GELU(approximate='tanh')"
+    return first(not_library(mlp.c_fc, "c_fc", modules.Linear), not_library(mlp.c_proj, "c_proj", modules.Linear),
+                 not_library(mlp.gelu, "gelu", modules.GELU), not_library(mlp.dropout, "dropout", modules.Dropout))
+
+
+class MLP(Runner):
     """Without a graph: c_fc, the GELU kernel and c_proj on arrays."""
 
-    def forward(self, x):
-        if not (isinstance(x, autograd._Tensor) and x.ndim >= 1 and is_linear(self.c_fc, x)
-                and is_linear(self.c_proj, x) and type(self.gelu) is modules.GELU
-                and self.gelu.approximate == "tanh" and x.shape[-1] == self.c_fc.in_features
-                and idle(self.dropout) and no_graph(x, self)
-                and x.backend.kernel("gelu_tanh") is not None):
-            return super().forward(x)
-        h = linear_on_arrays(x.data.reshape(-1, x.shape[-1]), self.c_fc)         # (N, 4C)
+    teaching = gpt.MLP
+    path = "MLP"
+
+    def refuses(self, mlp):
+        return _mlp_refuses(mlp)
+
+    def run(self, mlp, x):
+        if not (isinstance(x, autograd._Tensor) and x.ndim >= 1 and x.shape[-1] == mlp.c_fc.in_features
+                and mlp.c_fc.weight.dtype == mlp.c_proj.weight.dtype == x.dtype and idle(mlp.dropout)
+                and no_graph(x, mlp) and x.backend.kernel("gelu_tanh") is not None):
+            return None
+        h = linear_on_arrays(x.data.reshape(-1, x.shape[-1]), mlp.c_fc)         # (N, 4C)
         h = x.backend.run_kernel("gelu_tanh", h)
-        if h is None:                                                    # (a dtype the kernel declines)
-            return super().forward(x)
-        return constant(x, linear_on_arrays(h, self.c_proj).reshape(x.shape[:-1] + (self.c_proj.out_features,)))
+        if h is None:                                                    # (no kernel, or a dtype it declines)
+            return None
+        return constant(x, linear_on_arrays(h, mlp.c_proj).reshape(x.shape[:-1] + (mlp.c_proj.out_features,)))
 
 
-def _is_layer_norm(layer, x):
-    """An nn.LayerNorm itself (no forward of its own set on it), with a bias, of x's dtype."""
-    return (type(layer) is modules.LayerNorm and "forward" not in layer.__dict__ and layer.bias is not None
-            and layer.weight.dtype == x.dtype)
+def _layer_norm_refuses(layer, name):
+    if not_library(layer, name, modules.LayerNorm) is not None:
+        return not_library(layer, name, modules.LayerNorm)
+    return f"{name} has no bias" if layer.bias is None else None
 
 
 def _layer_norm(x, layer):
-    """LayerNorm on an array by the kernel (None where it declines)."""
-    if not _is_layer_norm(layer, x):
+    """LayerNorm on an array by the kernel (None where it declines, or for another dtype)."""
+    if layer.weight.dtype != x.dtype:
         return None
     out = layer.weight.backend.run_kernel("layer_norm", x, layer.weight.data, layer.bias.data, layer.eps, False)
     return None if out is None else out[0]
@@ -116,60 +129,84 @@ def block_op_by_op(x, ln1_w, ln1_b, w_qkv, b_qkv, w_o, b_o, ln2_w, ln2_b, w_fc, 
     return x2 + F.linear(h, w_proj, b_proj)
 
 
-class Block(gpt.Block):
+class Block(Runner):
     """In training, the whole block as one op (BlockOp). Without a graph: both layer norms by
     the kernel and both residual adds on arrays, around the fast attention and MLP."""
 
-    def forward(self, x, kv_cache=None):
-        params = self._one_op_parameters(x) if kv_cache is None else None
-        if params is not None:
-            attn, keep, state = self.attn, None, None
+    teaching = gpt.Block
+    path = "Block"
+
+    def check(self, block):
+        """Why the block cannot run on arrays (its layer norms), or None; and, kept in ``one_op``, why
+        it cannot run as one op in training (any of its parts), or None."""
+        why = super().check(block)
+        self.one_op = why or self._whole_block_refuses(block)
+        return why
+
+    @staticmethod
+    def _whole_block_refuses(block):
+        why = first(not_library(block.attn, "attn", attention.MultiHeadAttention),
+                    not_library(block.mlp, "mlp", gpt.MLP))
+        why = why or first(attention_refuses(block.attn), _mlp_refuses(block.mlp))
+        if why is None and any(layer.bias is None for layer in (block.attn.c_attn, block.attn.c_proj,
+                                                                block.mlp.c_fc, block.mlp.c_proj)):
+            why = "a Linear has no bias"
+        return why
+
+    def refuses(self, block):
+        return first(_layer_norm_refuses(block.ln_1, "ln_1"), _layer_norm_refuses(block.ln_2, "ln_2"))
+
+    def describe(self, block):
+        text = super().describe(block)
+        if text.startswith("fused: off"):
+            return text
+        if not checked.runs("fused block"):
+            return f"{text}; one op in training: off, {checked._where(checked.status()['fused block'][0])} " \
+                   "is not the library's"
+        why = self.one_op
+        if why is None and block.ln_1.weight.backend.kernel("block") is None:
+            why = "no block kernel here (on the CPU it needs numba: pip install numba)"
+        return f"fused: one op in training, {self.says}" if why is None else f"{text}; one op in training: off, {why}"
+
+    def run(self, block, x, kv_cache=None):
+        if not (isinstance(x, autograd._Tensor) and x.ndim == 3 and x.shape[-1] == block.ln_1.weight.shape[0]):
+            return None
+        if kv_cache is None and is_grad_enabled():
+            params = None if self.one_op is not None else self._one_op_parameters(block, x)
+            if params is None:
+                return None
+            attn, keep, state = block.attn, None, None
             if attn.head_dropout > 0.0 and attn.training:               # DropHead's draw, as attn would make it
                 state = x.backend.get_rng_state()
                 keep = attn.head_keep(x.shape[0], x.dtype, x.device).data.reshape(x.shape[0], attn.n_head)
-            return BlockOp.apply(x, *params, n_head=attn.n_head, eps_1=self.ln_1.eps,
-                                 eps_2=self.ln_2.eps, module=self, head_keep=keep, rng_state=state)
-        if not (isinstance(x, autograd._Tensor) and x.ndim == 3 and no_graph(x, self)
-                and x.shape[-1] == self.ln_1.weight.shape[0]):
-            return super().forward(x, kv_cache)
-        h = _layer_norm(x.data, self.ln_1)
+            return BlockOp.apply(x, *params, n_head=attn.n_head, eps_1=block.ln_1.eps,
+                                 eps_2=block.ln_2.eps, module=block, head_keep=keep, rng_state=state)
+        if not (no_graph(x, block) and block.ln_1.weight.dtype == block.ln_2.weight.dtype == x.dtype):
+            return None
+        h = _layer_norm(x.data, block.ln_1)                             # (None: no kernel; then none for ln_2)
         if h is None:
-            return super().forward(x, kv_cache)
-        x1 = x.data + self.attn(constant(x, h), is_causal=kv_cache is None, kv_cache=kv_cache).data
-        h = _layer_norm(x1, self.ln_2)
-        if h is None:                                                    # (cannot happen after ln_1 took it)
-            return constant(x, x1) + self.mlp(self.ln_2(constant(x, x1)))
-        x1 += self.mlp(constant(x, h)).data                              # (x1 is ours: a new array)
+            return None
+        x1 = x.data + block.attn(constant(x, h), is_causal=kv_cache is None, kv_cache=kv_cache).data
+        h = _layer_norm(x1, block.ln_2)
+        x1 += block.mlp(constant(x, h)).data                             # (x1 is ours: a new array)
         return constant(x, x1)
 
-    def fused_parameters(self):
-        """The parameters BlockOp takes, in its order."""
-        attn, mlp = self.attn, self.mlp
-        return (self.ln_1.weight, self.ln_1.bias, attn.c_attn.weight, attn.c_attn.bias, attn.c_proj.weight,
-                attn.c_proj.bias, self.ln_2.weight, self.ln_2.bias, mlp.c_fc.weight, mlp.c_fc.bias,
-                mlp.c_proj.weight, mlp.c_proj.bias)
-
-    def _one_op_parameters(self, x):
-        """The block's fused_parameters() where it runs as one op, else None. It does where a graph
-        is recorded on the CPU with the block kernel loaded, nothing watches the ops, and the block
-        is the library's own: its layers and their forwards, biases, the GELU's tanh form, no
-        dropout at work but DropHead's, the naive (not tiled) attention."""
-        if not (isinstance(x, autograd._Tensor) and autograd.hooks is None and is_grad_enabled()
-                and x.backend.fast_ops and x.xp is np and x.ndim == 3 and 0 not in x.shape and x.dtype in _FLOATS
-                and x.backend.kernel("block") is not None):
+    def _one_op_parameters(self, block, x):
+        """The block's parameters, in BlockOp's order, where this call runs as one op, else None: a
+        graph is recorded on the CPU with the block kernel loaded, nothing watches the ops, the
+        code it stands in for is the library's, no dropout is at work but DropHead's, and the
+        attention is the naive (not tiled) one over a batch that shares evenly over the threads."""
+        attn, mlp = block.attn, block.mlp
+        if not (autograd.hooks is None and x.backend.fast_ops and x.xp is np and 0 not in x.shape
+                and x.dtype in _FLOATS and checked.runs("fused block") and x.backend.kernel("block") is not None
+                and (not attn.training or attn.dropout == 0.0) and idle(attn.resid_dropout) and idle(mlp.dropout)):
             return None
-        attn, mlp, C = self.attn, self.mlp, x.shape[-1]
-        if not (_is_layer_norm(self.ln_1, x) and _is_layer_norm(self.ln_2, x)
-                and type(attn) in (attention.MultiHeadAttention, FAST_MODULES[attention.MultiHeadAttention])
-                and "forward" not in attn.__dict__ and attn.n_embd == C and not attn.keep_weights
-                and (not attn.training or attn.dropout == 0.0) and idle(attn.resid_dropout)
-                and type(mlp) in (gpt.MLP, MLP) and "forward" not in mlp.__dict__ and idle(mlp.dropout)
-                and type(mlp.gelu) is modules.GELU and mlp.gelu.approximate == "tanh"
-                and all(is_linear(layer, x) and layer.bias is not None
-                        for layer in (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj))):
+        params = (block.ln_1.weight, block.ln_1.bias, attn.c_attn.weight, attn.c_attn.bias, attn.c_proj.weight,
+                  attn.c_proj.bias, block.ln_2.weight, block.ln_2.bias, mlp.c_fc.weight, mlp.c_fc.bias,
+                  mlp.c_proj.weight, mlp.c_proj.bias)
+        if any(p is None or p.dtype != x.dtype for p in params):
             return None
         from .cpu_block import block_fits, block_work   # (importable here: the block kernel is loaded, numba too)
-        params = self.fused_parameters()
         if (not (x.requires_grad or any(p.requires_grad for p in params))
                 or not block_fits(x.data, [p.data for p in params])):
             return None
@@ -182,29 +219,36 @@ class Block(gpt.Block):
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-class GPT(gpt.GPT):
+class GPT(Runner):
     """Without a graph and without targets (decoding, logits for a prompt): the embeddings, the
     final layer norm and the head on arrays, around the fast blocks."""
 
-    def forward(self, idx, targets=None, kv_caches=None):
-        table = self.wte.weight
+    teaching = gpt.GPT
+    path = "GPT"
+
+    def refuses(self, model):
+        return first(not_library(model.wte, "wte", modules.Embedding), not_library(model.wpe, "wpe", modules.Embedding),
+                     not_library(model.drop, "drop", modules.Dropout), not_library(model.lm_head, "lm_head", modules.Linear),
+                     _layer_norm_refuses(model.ln_f, "ln_f"))
+
+    def run(self, model, idx, targets=None, kv_caches=None):
+        table = model.wte.weight
         if not (targets is None and isinstance(idx, autograd._Tensor) and idx.ndim == 2
-                and idx.dtype.kind in "iu" and idx.backend is table.backend
-                and _is_embedding(self.wte) and _is_embedding(self.wpe)
-                and idle(self.drop) and is_linear(self.lm_head, table) and no_graph(table, self)):
-            return super().forward(idx, targets, kv_caches)
+                and idx.dtype.kind in "iu" and idx.backend is table.backend and idle(model.drop)
+                and model.lm_head.weight.dtype == table.dtype and no_graph(table, model)):
+            return None
         B, T = idx.shape
         start = len(kv_caches[0]) if kv_caches else 0
-        if start + T > min(self.config.block_size, self.wpe.weight.shape[0]):
-            return super().forward(idx, targets, kv_caches)                # (its error)
+        if start + T > min(model.config.block_size, model.wpe.weight.shape[0]):
+            return None                                                     # (the teaching path's error)
         F._check_id_range("embedding", "ids", idx, table.shape[0])          # (the teaching path's error)
-        x = table.data.take(idx.data, axis=0) + self.wpe.weight.data[start:start + T]   # (B, T, C)
+        x = table.data.take(idx.data, axis=0) + model.wpe.weight.data[start:start + T]   # (B, T, C)
         x = constant(table, x)
-        for i, block in enumerate(self.h):
+        for i, block in enumerate(model.h):
             x = block(x, kv_caches[i] if kv_caches else None)
-        logits = _logits(x.data, self)
+        logits = _logits(x.data, model)
         if logits is None:                                                  # (the layer norm kernel declined)
-            return self.lm_head(self.ln_f(x)), None
+            return model.lm_head(model.ln_f(x)), None
         return constant(x, logits), None
 
 
@@ -219,8 +263,18 @@ def _logits(x, model):
     return out.reshape(x.shape[:-1] + (head.out_features,))
 
 
-def _is_embedding(layer):
-    return type(layer) is modules.Embedding and "forward" not in layer.__dict__
+RUNNERS.extend([MLP, Block, GPT])
+RUNNERS_BY_CLASS = {runner.teaching: runner for runner in RUNNERS}
 
 
-FAST_MODULES.update({cls.__mro__[1]: cls for cls in (MLP, Block, GPT)})
+def fuse(model, on=True):
+    """nn.fuse: give each layer of ``model`` that is, or derives from, one the fast layer knows
+    (MultiHeadAttention and the GPT's MLP, Block and GPT) a runner; with on=False take them away."""
+    for module in model.modules():
+        module.__dict__.pop("_fused", None)
+        runner = next((RUNNERS_BY_CLASS[cls] for cls in type(module).__mro__ if cls in RUNNERS_BY_CLASS), None)
+        if on and runner is not None:
+            object.__setattr__(module, "_fused", runner(module))
+
+
+modules.fusers.append(fuse)

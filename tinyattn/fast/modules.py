@@ -1,4 +1,4 @@
-"""Fast versions of layers: a layer's forward on arrays, in one call, where no graph is recorded.
+"""Layers run fast: what ``nn.fuse(model)`` sets on a layer, and MultiHeadAttention's forward on arrays.
 
 Running a trained model (GPT.generate, ta.inference_mode) records no graph,
 so the ops a layer's forward is made of need not be recorded one by one: a
@@ -6,16 +6,19 @@ MultiHeadAttention's projection, head split, cache write, attention and
 output projection run here as a few array calls (and, in models.py, a GPT
 block's layer norms and residual adds, its MLP's two products and GELU),
 with the same arithmetic as the fast ops (linear_rows, attention_arrays,
-the gelu and layer norm kernels). Each subclass runs
-the teaching forward (``super().forward``) whenever a graph could be
-recorded (grad on and a parameter or input that requires it), when a
-profiler or anomaly detection watches the ops, when the fast layer is off,
-or whenever the layer holds anything but the library's own parts (a LoRA
-adapter in place of a Linear, a learner's KV cache), so what runs is always
-what the teaching code says. ``Module.__new__`` makes these in place of the
-teaching classes while the fast layer is on.
+the gelu and layer norm kernels).
+
+``nn.fuse(model)`` gives each layer it knows a ``Runner`` (Module.__call__ calls
+it in place of forward). The runner decides once, and again whenever an
+attribute of any layer was set (``nn.modules.changes``), whether the layer is
+the library's own with its own parts (``refuses``: None, or why not), and on
+each call whether this call can run fast (``run``: None where not: a graph
+that could be recorded, a profiler or anomaly detection watching, a dtype or
+shape it does not take). Wherever it does not, and whenever the code it stands
+in for is not the library's (checked.py), the layer's own forward runs.
 """
 import math
+import weakref
 
 import numpy as np
 
@@ -23,7 +26,58 @@ from .. import autograd
 from ..autograd import constant, is_grad_enabled
 from ..nn import attention, modules
 from ..ops import causal_mask
+from . import checked
 from .ops import attention_arrays, linear_rows
+
+
+class Runner:
+    """The fast version of one layer, set on it by nn.fuse. Subclasses name the teaching class they
+    stand in for (``teaching``) and the path of checked.py (``path``), and write ``refuses`` and ``run``."""
+
+    teaching = None
+    path = None
+    says = "on arrays where no graph is recorded"
+
+    def __init__(self, module):
+        self.module = weakref.ref(module)   # (for print(model): a layer holds its runner, not the other way)
+        self.decided = None                 # nn.modules.changes when ``why`` was decided
+        self.why = None
+
+    def __call__(self, module, args, kwargs):
+        if self.decided != modules.changes:
+            self.why, self.decided = self.check(module), modules.changes
+        if self.why is None and checked.runs(self.path):
+            out = self.run(module, *args, **kwargs)
+            if out is not None:
+                return out
+        return module.forward(*args, **kwargs)
+
+    def check(self, module):
+        """Why ``module`` cannot run fast (its class, or a forward set on it, or refuses), or None."""
+        if type(module) is not self.teaching:
+            return f"{type(module).__name__} is not the library's {self.teaching.__name__}"
+        if "forward" in module.__dict__:
+            return "a forward of its own is set on it"
+        return self.refuses(module)
+
+    def refuses(self, module):
+        return None
+
+    def run(self, module, *args, **kwargs):
+        return None
+
+    def __repr__(self):
+        module = self.module()
+        return "fused: -" if module is None else self.describe(module)
+
+    def describe(self, module):
+        """What print(model) shows: how this layer runs."""
+        if self.decided != modules.changes:
+            self.why, self.decided = self.check(module), modules.changes
+        differ = checked.status()[self.path]
+        if self.why is None and differ:
+            return f"fused: off, {checked._where(differ[0])} is not the library's"
+        return f"fused: {self.says}" if self.why is None else f"fused: off, {self.why}"
 
 
 def no_graph(x, module):
@@ -35,9 +89,19 @@ def no_graph(x, module):
     return not x.requires_grad and not any(p.requires_grad for _, p in module.named_parameters())   # (lazily)
 
 
-def is_linear(layer, x):
-    """An nn.Linear itself (not a subclass, no forward of its own set on it) of x's dtype."""
-    return type(layer) is modules.Linear and "forward" not in layer.__dict__ and layer.weight.dtype == x.dtype
+def not_library(layer, name, cls):
+    """Why ``layer`` is not the library's ``cls`` itself (a subclass, a LoRA adapter, a forward set
+    on it), or None."""
+    if type(layer) is not cls:
+        return f"{name} is {type(layer).__name__}, not the library's {cls.__name__}"
+    if "forward" in layer.__dict__:
+        return f"{name} has a forward of its own"
+    return None
+
+
+def first(*reasons):
+    """The first reason that is not None."""
+    return next((r for r in reasons if r is not None), None)
 
 
 def linear_on_arrays(x2, layer):
@@ -47,22 +111,42 @@ def linear_on_arrays(x2, layer):
 
 def idle(dropout):
     """The Dropout layer does nothing here (its own training flag off, or p = 0)."""
-    return type(dropout) is modules.Dropout and (not dropout.training or dropout.p == 0.0)
+    return not dropout.training or dropout.p == 0.0
 
 
-class MultiHeadAttention(attention.MultiHeadAttention):
+def attention_refuses(attn):
+    """Why a MultiHeadAttention cannot run on arrays, whatever its input (its parts), or None."""
+    if attn.keep_weights:
+        return "keep_weights is on"
+    return first(not_library(attn.c_attn, "c_attn", modules.Linear), not_library(attn.c_proj, "c_proj", modules.Linear),
+                 not_library(attn.resid_dropout, "resid_dropout", modules.Dropout))
+
+
+class MultiHeadAttention(Runner):
     """Without a graph: the qkv product, the heads as views, the library's KV cache written in
     place, the attention kernel and the output product, on arrays."""
 
-    def forward(self, x, attn_mask=None, is_causal=False, kv_cache=None):
-        if not self._on_arrays(x, attn_mask, is_causal, kv_cache):
-            return super().forward(x, attn_mask, is_causal, kv_cache)
+    teaching = attention.MultiHeadAttention
+    path = "MultiHeadAttention"
+
+    def refuses(self, attn):
+        return attention_refuses(attn)
+
+    def run(self, attn, x, attn_mask=None, is_causal=False, kv_cache=None):
+        if not (attn_mask is None and (is_causal or kv_cache is not None) and isinstance(x, autograd._Tensor)
+                and x.ndim == 3 and x.shape[-1] == attn.n_embd and attn.c_attn.weight.dtype == attn.c_proj.weight.dtype == x.dtype
+                and (kv_cache is None or type(kv_cache) is attention.KVCache)
+                and idle(attn.resid_dropout) and (attn.dropout == 0.0 or not attn.training)
+                and (attn.head_dropout == 0.0 or not attn.training) and no_graph(x, attn)):
+            return None
         B, T, C = x.shape
-        H, D = self.n_head, C // self.n_head
-        qkv = linear_on_arrays(x.data.reshape(B * T, C), self.c_attn).reshape(B, T, 3 * H, D)
+        H, D = attn.n_head, C // attn.n_head
+        t_k = T + (len(kv_cache) if kv_cache is not None else 0)
+        if attention.is_long(T, t_k, B * H, x.dtype.itemsize, x.backend.on_host):
+            return None                                                  # the tiled path: op by op
+        qkv = linear_on_arrays(x.data.reshape(B * T, C), attn.c_attn).reshape(B, T, 3 * H, D)
         heads = qkv.transpose(0, 2, 1, 3)                                # (B, 3H, T, D): q's heads, k's, v's
         q, k, v = heads[:, :H], heads[:, H:2 * H], heads[:, 2 * H:]      # (B, H, T, D) each
-        t_k = T
         if kv_cache is not None:
             k_t, v_t = kv_cache.append(constant(x, k), constant(x, v))   # (B, H, T_past + T, D)
             k, v, t_k = k_t.data, v_t.data, k_t.shape[2]
@@ -74,19 +158,7 @@ class MultiHeadAttention(attention.MultiHeadAttention):
             out, _ = attention_arrays(x.backend, q, k, v, allowed, 1.0 / math.sqrt(D))
             out = out.transpose(0, 2, 1, 3)                              # (B, T, H, D)
         y = out.reshape(B * T, C)                                        # merge heads: (B*T, C)
-        return constant(x, linear_on_arrays(y, self.c_proj).reshape(B, T, C))
-
-    def _on_arrays(self, x, attn_mask, is_causal, kv_cache):
-        if not (attn_mask is None and (is_causal or kv_cache is not None) and not self.keep_weights
-                and isinstance(x, autograd._Tensor) and x.ndim == 3 and x.shape[-1] == self.n_embd
-                and (kv_cache is None or type(kv_cache) is attention.KVCache)
-                and is_linear(self.c_attn, x) and is_linear(self.c_proj, x)
-                and idle(self.resid_dropout) and (self.dropout == 0.0 or not self.training)
-                and (self.head_dropout == 0.0 or not self.training) and no_graph(x, self)):
-            return False
-        B, T, _ = x.shape                                                # the naive path, not the tiled one
-        t_k = T + (len(kv_cache) if kv_cache is not None else 0)
-        return not attention.is_long(T, t_k, B * self.n_head, x.dtype.itemsize, x.backend.on_host)
+        return constant(x, linear_on_arrays(y, attn.c_proj).reshape(B, T, C))
 
 
-FAST_MODULES = {attention.MultiHeadAttention: MultiHeadAttention}    # (fast/models.py adds the GPT's layers)
+RUNNERS = [MultiHeadAttention]          # (models.py adds the GPT's layers)

@@ -1,80 +1,63 @@
-"""The fast AdamW: the same arithmetic as ``tinyattn.optim.AdamW``, one pass per group over flat buffers."""
+"""AdamW's step on flat buffers: the same arithmetic as ``tinyattn.optim.AdamW``, one pass per group.
+
+``AdamW(..., fused=True)`` (what ``GPT.configure_optimizer`` makes) runs ``fused_step`` in
+place of its loop while ``AdamW.step`` and ``AdamW.update`` are the library's own (fast/checked.py).
+"""
 import math
 
 from .. import optim
+from . import checked
 
 
-class AdamW(optim.AdamW):
-    """Where every parameter has a gradient and the same step count on one host backend, the
-    parameters and both moments live in one flat array each (each parameter's ``.data`` and
-    state are views into them), so a group's update is a few whole-array passes with no
-    temporaries, or one pass of the ``adamw_`` kernel; the numbers are bit for bit the
-    teaching loop's. Elsewhere, the loop, each parameter by the kernel where it takes it."""
+def fused_step(opt):
+    """One AdamW step for every parameter of ``opt`` on flat buffers; False (nothing done) where it
+    cannot run: AdamW's step or update is not the library's (edited, replaced or subclassed), or
+    not every parameter has a gradient and the same step count on one host backend.
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._flat = None
-
-    def step(self):
-        if not self._fused_step():
-            super().step()
-
-    def update(self, p, group):
-        """The kernel, where it takes this parameter; else the teaching arithmetic."""
-        if p.backend.kernel("adamw_") is not None:
-            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-            if id(p) not in self.state:
-                self.state[id(p)] = {"step": 0, "exp_avg": p.xp.zeros_like(p.data),
-                                     "exp_avg_sq": p.xp.zeros_like(p.data)}
-            state = self.state[id(p)]
-            t = state["step"] + 1
-            if p.backend.run_kernel("adamw_", p.data, p.grad.data, state["exp_avg"], state["exp_avg_sq"],
-                                    lr, b1, b2, eps, wd, t) is not None:
-                state["step"] = t
-                return
-        super().update(p, group)
-
-    def _fused_step(self):
-        """The step on flat buffers, where it can run: every parameter has a gradient and the
-        same step count, on one host backend. Returns False where it cannot run."""
-        params = self.parameters()
-        backend = params[0].backend
-        if not (backend.on_host and backend.ufunc_out):
-            return False
-        if any(p.grad is None or p.backend is not backend or p.dtype != params[0].dtype for p in params):
-            return False
-        steps = {self.state[id(p)]["step"] if id(p) in self.state else 0 for p in params}
-        if len(steps) != 1:
-            return False
-        if self._flat is None or not self._flat.holds(params, self.state):
-            self._flat = _FlatAdamState(params, self.state, backend)
-        flat = self._flat
-        flat.gather_grads(params)
-        t = steps.pop() + 1
-        for p in params:
-            self.state[id(p)]["step"] = t
-        for group, (lo, hi) in zip(self.param_groups, flat.group_ranges(self.param_groups)):
-            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-            p, g, m, v, tmp = (a[lo:hi] for a in (flat.p, flat.g, flat.m, flat.v, flat.tmp))
-            if backend.run_kernel("adamw_", p, g, m, v, lr, b1, b2, eps, wd, t) is not None:
-                continue                                         # a fused kernel did all of the below
-            xp = backend.xp
-            m *= b1
-            m += xp.multiply(g, 1 - b1, out=tmp)                 # first moment
-            v *= b2
-            tmp = xp.multiply(g, g, out=tmp)
-            tmp *= 1 - b2
-            v += tmp                                             # second moment
-            if wd:
-                p *= 1 - lr * wd                                 # decoupled decay
-            step_size = lr / (1 - b1 ** t)
-            denom = xp.sqrt(v, out=tmp)
-            denom *= 1.0 / math.sqrt(1 - b2 ** t)
-            denom += eps
-            update = xp.divide(m, denom, out=tmp)
-            update *= step_size
-            p -= update
-        return True
+    The parameters and both moments then live in one flat array each (each parameter's ``.data``
+    and state are views into them), so a group's update is a few whole-array passes with no
+    temporaries, or one pass of the ``adamw_`` kernel; the numbers are bit for bit the loop's."""
+    cls = type(opt)
+    if not (checked.runs("AdamW") and cls.step is optim.AdamW.step and cls.update is optim.AdamW.update):
+        return False
+    params = opt.parameters()
+    backend = params[0].backend
+    if not (backend.on_host and backend.ufunc_out and backend.fast_ops):
+        return False
+    if any(p.grad is None or p.backend is not backend or p.dtype != params[0].dtype for p in params):
+        return False
+    steps = {opt.state[id(p)]["step"] if id(p) in opt.state else 0 for p in params}
+    if len(steps) != 1:
+        return False
+    flat = opt.__dict__.get("_flat")
+    if flat is None or not flat.holds(params, opt.state):
+        flat = opt._flat = _FlatAdamState(params, opt.state, backend)
+    flat.gather_grads(params)
+    t = steps.pop() + 1
+    for p in params:
+        opt.state[id(p)]["step"] = t
+    for group, (lo, hi) in zip(opt.param_groups, flat.group_ranges(opt.param_groups)):
+        lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        p, g, m, v, tmp = (a[lo:hi] for a in (flat.p, flat.g, flat.m, flat.v, flat.tmp))
+        if backend.run_kernel("adamw_", p, g, m, v, lr, b1, b2, eps, wd, t) is not None:
+            continue                                         # a fused kernel did all of the below
+        xp = backend.xp
+        m *= b1
+        m += xp.multiply(g, 1 - b1, out=tmp)                 # first moment
+        v *= b2
+        tmp = xp.multiply(g, g, out=tmp)
+        tmp *= 1 - b2
+        v += tmp                                             # second moment
+        if wd:
+            p *= 1 - lr * wd                                 # decoupled decay
+        step_size = lr / (1 - b1 ** t)
+        denom = xp.sqrt(v, out=tmp)
+        denom *= 1.0 / math.sqrt(1 - b2 ** t)
+        denom += eps
+        update = xp.divide(m, denom, out=tmp)
+        update *= step_size
+        p -= update
+    return True
 
 
 class _FlatAdamState:

@@ -130,15 +130,16 @@ class GPT(nn.Module):
         ``overrides``: dropout, head_dropout (for fine-tuning)."""
         return hf.from_hf(cls, folder, **overrides)
 
-    def configure_optimizer(self, weight_decay, learning_rate, betas):
+    def configure_optimizer(self, weight_decay, learning_rate, betas, fused=True):
         """AdamW over the parameters that train (requires_grad), decaying matrices (ndim >= 2)
-        only: not biases or LayerNorm weights."""
+        only: not biases or LayerNorm weights. fused: let the fast layer run AdamW's step on
+        flat buffers (the same arithmetic; see AdamW)."""
         from ..optim import AdamW
         params = [p for p in self.parameters() if p.requires_grad]
         decay = [p for p in params if p.ndim >= 2]
         no_decay = [p for p in params if p.ndim < 2]
         return AdamW([{"params": decay, "weight_decay": weight_decay},
-                      {"params": no_decay, "weight_decay": 0.0}], lr=learning_rate, betas=betas)
+                      {"params": no_decay, "weight_decay": 0.0}], lr=learning_rate, betas=betas, fused=fused)
 
     @inference_mode()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True, stop=None):
@@ -157,6 +158,7 @@ class GPT(nn.Module):
                 (top_p is not None and not 0 < top_p <= 1):                       # (NaN fails too)
             raise ValueError(f"generate: need temperature >= 0, top_k >= 1 and top_p in (0, 1]; got temperature "
                              f"{temperature}, top_k {top_k}, top_p {top_p}")
+        nn.fuse(self)                                   # the fast layer may decode on arrays (print(model) says)
         was_training = self.training
         self.eval()
         block = self.config.block_size

@@ -5,6 +5,7 @@ from collections import OrderedDict
 from .. import autograd as _engine
 from ..tensor import Tensor, ones, rand, randn, tensor, zeros
 from ..backend import get_backend
+from ..watch import Watched
 from . import functional as F
 
 
@@ -34,14 +35,28 @@ def _note_call(module, args, out):
     ctx.module_call = (module, args, ctx.__dict__.get("module_call"))   # (its inputs; a call noted before)
 
 
-class Module:
+changes = 0     # how many times an attribute of any module was set: what nn.fuse decided about a
+                # model's layers is decided again after a change (a layer replaced, keep_weights set)
+
+
+def fuse(model, on=True):
+    """Let the fast layer (tinyattn/fast) run ``model``'s layers fast where it can: each GPT block as
+    one op in training, and the GPT's layers as a few array calls where no graph is recorded
+    (decoding). Only the library's own layers with its own code take part: a layer, a forward or a
+    formula of yours runs as written, and ``print(model)`` says which layers run fused and why the
+    others do not. ``on=False`` undoes it. The numbers are those of the layers op by op, to float32
+    rounding. Returns ``model``."""
+    for fuser in fusers:
+        fuser(model, on)
+    return model
+
+
+fusers = []     # the fast layer's transform (tinyattn/fast/models.py) adds itself here
+
+
+class Module(metaclass=Watched):
     """Base class of layers. Assign Parameters and Modules as attributes; they
     are registered in order, so ``parameters()`` always comes in the same order."""
-
-    fast_variants = {}      # module class -> the fast layer's subclass (tinyattn/fast), while it is on
-
-    def __new__(cls, *args, **kwargs):
-        return super().__new__(Module.fast_variants.get(cls, cls))
 
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
@@ -50,8 +65,10 @@ class Module:
         object.__setattr__(self, "training", True)
 
     def __setattr__(self, name, value):
+        global changes
         if "_parameters" not in self.__dict__:
             raise RuntimeError(f"{type(self).__name__}.__init__ must call super().__init__() first")
+        changes += 1
         for table in (self._parameters, self._modules, self._buffers):
             table.pop(name, None)
         if isinstance(value, Parameter):
@@ -71,7 +88,8 @@ class Module:
     def __call__(self, *args, **kwargs):
         if _engine.hooks is not None:             # ta.detect_anomaly checks the parameters first
             _engine.hooks.module_called(self)
-        out = self.forward(*args, **kwargs)
+        fused = self.__dict__.get("_fused")       # set by nn.fuse: runs self.forward wherever it does not apply
+        out = self.forward(*args, **kwargs) if fused is None else fused(self, args, kwargs)
         _note_call(self, args, out)
         return out
 
@@ -164,6 +182,9 @@ class Module:
     def __repr__(self):
         lines = [f"  ({name}): " + repr(m).replace("\n", "\n  ") for name, m in self._modules.items()]
         extra = self.extra_repr()
+        fused = self.__dict__.get("_fused")       # what nn.fuse chose for this layer, and why
+        if fused is not None:
+            extra = f"{extra}, {fused}" if extra else str(fused)
         if not lines:
             return f"{type(self).__name__}({extra})"
         return f"{type(self).__name__}({extra}\n" + "\n".join(lines) + "\n)"

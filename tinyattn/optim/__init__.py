@@ -1,22 +1,18 @@
 """Optimizers (SGD with momentum, AdamW) and the warmup + cosine learning-rate schedule.
 
 Updates work on raw arrays, in place, outside the autodiff graph. The fast
-layer (``tinyattn/fast``) has a faster AdamW with the same arithmetic, which
-``AdamW(...)`` makes while the layer is on.
+layer (``tinyattn/fast``) has a faster AdamW step with the same arithmetic,
+which ``AdamW(..., fused=True)`` asks for (``GPT.configure_optimizer`` does).
 """
 import math
 import numbers
 
 from ..tensor import Tensor
+from ..watch import Watched
 
 
-class Optimizer:
+class Optimizer(metaclass=Watched):
     """Holds parameter groups (dicts with "params" and hyperparameters) and per-parameter state."""
-
-    fast_variants = {}      # optimizer class -> the fast layer's subclass (tinyattn/fast), while it is on
-
-    def __new__(cls, *args, **kwargs):
-        return super().__new__(Optimizer.fast_variants.get(cls, cls))
 
     def __init__(self, params, defaults):
         if isinstance(params, Tensor):
@@ -130,12 +126,22 @@ class SGD(Optimizer):
 
 
 class AdamW(Optimizer):
-    """Adam with decoupled weight decay (Loshchilov and Hutter): p -= lr * wd * p, then the Adam step."""
+    """Adam with decoupled weight decay (Loshchilov and Hutter): p -= lr * wd * p, then the Adam step.
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+    ``fused=True``: the fast layer may run the step on flat buffers, one pass over every parameter
+    (tinyattn/fast/optim.py), with the same arithmetic, as long as ``step`` and ``update`` below are
+    the library's own; the moments stay each parameter's, in ``state``. Else this loop runs.
+    """
+
+    fused_step = None       # the fast layer's step, (optimizer) -> True where it ran; None without it
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, fused=False):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        self.fused = fused
 
     def step(self):
+        if self.fused and AdamW.fused_step is not None and AdamW.fused_step(self):
+            return
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:

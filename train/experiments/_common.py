@@ -120,7 +120,7 @@ def tiny_model(steps=60, seed=0, batch_size=16, learning_rate=3e-3, **config):
     dataset = load_coref(seed=0)
     ta.manual_seed(seed)
     cfg = GPTConfig(vocab_size=dataset.tokenizer.vocab_size, **{**TINY_CONFIG, **config})
-    model = GPT(cfg)
+    model = ta.nn.fuse(GPT(cfg))
     optimizer = model.configure_optimizer(0.0, learning_rate, (0.9, 0.99))
     rng = np.random.default_rng(seed)
     for _ in range(steps):

@@ -323,9 +323,11 @@ def test_a_forward_set_on_one_layer_runs_for_that_layer():
 # ---------------------------------------------------------------- an edited file, a fresh process
 @pytest.fixture(scope="module")
 def edited_package(tmp_path_factory):
-    """A copy of the package whose models/gpt.py Block.forward halves the attention branch."""
+    """A copy of the package (and the training program) whose models/gpt.py Block.forward halves
+    the attention branch."""
     root = tmp_path_factory.mktemp("edited")
-    shutil.copytree(ROOT / "tinyattn", root / "tinyattn", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("tinyattn", "train", "data"):
+        shutil.copytree(ROOT / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
     path = root / "tinyattn" / "models" / "gpt.py"
     source = path.read_text()
     assert "x = x + self.attn(" in source
@@ -365,3 +367,22 @@ def test_a_file_edited_before_the_process_starts_runs_with_the_fast_layer_on(edi
                      "on arrays (decoding), the fused block step aside, and your code runs"], err
     assert "fused: off, models/gpt.py Block.forward is not the library's" in shown
     assert "tinyattn:" not in err_library and "fused: off" not in shown_library
+
+
+def val_loss_after_six_steps(root, fast, tmp_path):
+    out = tmp_path / f"run-{root.name}-{fast}"
+    env = {**os.environ, "PYTHONPATH": str(root), "TINYATTN_FAST": "1" if fast else "0"}
+    done = subprocess.run([sys.executable, "-m", "train", "--max_iters", "6", "--eval_interval", "3", "--eval_iters", "2",
+                           "--out_dir", str(out), "--quiet"], capture_output=True, text=True, env=env, cwd=root,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads((out / "summary.json").read_text())["val_loss"], done.stderr
+
+
+def test_through_the_training_program_the_edit_moves_the_val_loss_the_same_with_the_fast_layer_on_and_off(
+        edited_package, tmp_path):
+    (edited_on, err), (edited_off, _) = (val_loss_after_six_steps(edited_package, fast, tmp_path) for fast in (1, 0))
+    library_on, library_off = (val_loss_after_six_steps(ROOT, fast, tmp_path)[0] for fast in (1, 0))
+    assert abs(edited_on - library_on) > 0.01                            # the edit moves it
+    assert abs((edited_on - library_on) - (edited_off - library_off)) < 1e-3
+    assert "models/gpt.py Block.forward differs from the library's" in err

@@ -215,13 +215,6 @@ def check_same_dtype(op, *tensors):
 def matmul(a, b):
     """numpy's matmul rules: a 1-d operand gains a dim of 1, which is dropped after."""
     a_shape, b_shape = a.shape, b.shape
-    if len(a_shape) >= 2 and len(b_shape) >= 2 and a_shape[-1] == b_shape[-2]:
-        try:                                     # (the usual case, checked at once: matrices that fit,
-            usual = a._backend is b._backend and a.data.dtype == b.data.dtype   # one device, one dtype)
-        except AttributeError:                   # (not Tensors: apply names the fault, after the checks below)
-            usual = False
-        if usual:
-            return MatMul.apply(a, b)
     if not a_shape or not b_shape:
         raise ValueError(f"matmul needs at least 1-d operands, got shapes {a_shape} and {b_shape}")
     if a.dtype != b.dtype:

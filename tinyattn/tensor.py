@@ -3,17 +3,8 @@
 A Tensor wraps one backend array. Its methods are thin: each calls an op
 from ``ops.py``, and the engine in ``autograd.py`` records it.
 """
-from operator import attrgetter as _attrgetter
-
-from numpy import dtype as _np_dtype
-
 from . import autograd, ops as _ops
 from .backend import get_backend, float32, float64, int64, dtype_of_host, is_device, seed_all
-
-
-# The classes of the usual numpy dtypes: a set lookup costs a third of isinstance(d, numpy.dtype).
-_NUMPY_DTYPE_TYPES = frozenset(type(_np_dtype(name)) for name in ("float32", "float64", "float16", "int64",
-                                                                  "int32", "int8", "uint8", "bool"))
 
 
 # --------------------------------------------------------------------------
@@ -43,22 +34,22 @@ class Tensor:
     def _make(cls, data, backend, requires_grad=False):
         """Wrap an array already on ``backend``: no copy, no conversion."""
         t = cls.__new__(cls)
-        t.data, t._backend, t.requires_grad = data, backend, requires_grad     # (_init, inlined: every op makes one)
-        t.grad = t.grad_fn = None
-        t.retains_grad = False
+        t._init(data, backend, requires_grad)
         return t
 
     # --- what it is ---
-    # shape and ndim are the array's own (a tuple and an int on every backend), read by C code:
-    # ops read them on every call, and a Python property costs twice as much.
-    shape = property(_attrgetter("data.shape"), doc="The size of each dim, a tuple of ints.")
-    ndim = property(_attrgetter("data.ndim"), doc="The number of dims.")
+    @property
+    def shape(self):
+        """The size of each dim, a tuple of ints (the array's own)."""
+        return self.data.shape
+
+    @property
+    def ndim(self):
+        return self.data.ndim
 
     @property
     def dtype(self):
-        dtype = self.data.dtype                      # numpy's and CuPy's arrays: a numpy dtype already
-        if type(dtype) in _NUMPY_DTYPE_TYPES or isinstance(dtype, _np_dtype):
-            return dtype
+        """A numpy dtype, on every device."""
         return self._backend.dtype_of(self.data)
 
     @property

@@ -96,26 +96,6 @@ def test_causal_skips_tiles_above_the_diagonal(monkeypatch, rng, cpu_kernels):
     assert len(calls) == 16
 
 
-def test_the_fast_layer_runs_its_own_loops_for_a_head_without_a_mask(monkeypatch, rng):
-    """Its loops write each tile's products into buffers it reuses; a mask, or the fast layer off,
-    runs the teaching loops, which do not. (Spied on the fast layer's side: replacing a method of
-    the teaching op would make the fast op step aside.)"""
-    from tinyattn.fast import ops as fast_ops
-    calls = []
-    original = fast_ops._TileBuffers.scores
-    monkeypatch.setattr(fast_ops._TileBuffers, "scores", lambda self, *args, **kw: calls.append(1) or original(self, *args, **kw))
-    q, k, v, u = _qkvu(rng, 1, 2, 20, 20, 4, 4)
-    ta.set_fast(True)                             # (conftest puts the switch back as it was)
-    F.flash_attention(q, k, v, is_causal=True, block_size=8).backward(u)
-    assert calls
-    calls.clear()
-    F.flash_attention(q, k, v, is_causal=True, block_size=8, attn_mask=ta.tensor(np.tril(np.ones((20, 20), bool))))
-    assert calls == []
-    ta.set_fast(False)
-    F.flash_attention(q, k, v, is_causal=True, block_size=8)
-    assert calls == []
-
-
 def test_no_keys_gives_zeros_not_nan(rng):
     """With nothing to attend to (the only way to mask a whole row here) the output is 0, not NaN."""
     q, k, v, u = _qkvu(rng, 1, 2, 5, 0, 4, 3)

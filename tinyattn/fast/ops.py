@@ -1,15 +1,15 @@
 """Fast versions of the ops: each a subclass of the teaching op in ops.py or nn/functional.py.
 
 Each runs the same arithmetic as its teaching op, faster: a fused kernel
-(``backend.run_kernel``, numba on the CPU, CuPy's on the GPU), tinyattn's
-threads (``threads.matmul``), a BLAS product in place of a slow reduction,
-or arrays where the formula builds Tensors. Two rules keep them honest:
-
-- when a graph of the backward is recorded (``create_graph=True``), backward
-  is the teaching op's (``super().backward``), which differentiates again;
-- when a kernel declines its inputs (a dtype it is not compiled for, a mask
-  shape it does not take), the op runs the teaching formula or the same
-  arithmetic on arrays.
+(``backend.run_kernel``, numba on the CPU, CuPy's on the GPU; ``kernels`` names
+the ones it asks for), tinyattn's threads (``threads.matmul``), a BLAS product
+in place of a slow reduction, or arrays where the formula builds Tensors.
+Where it cannot (a kernel declines a dtype it is not compiled for, a mask shape
+it does not take), its forward or backward returns ``NotImplemented``, and the
+engine runs the teaching op's formula instead; the engine also runs the
+formula's backward wherever a graph of the backward is recorded
+(``create_graph=True``), which only Tensor ops can give (autograd.run_forward,
+run_op_backward: the two rules, in one place).
 
 The op table (tests/support/optable.py) runs every op with the fast layer on and
 off, and checks every kernel against its formula.
@@ -22,6 +22,12 @@ from .. import ops
 from ..autograd import is_grad_enabled
 from ..nn import attention, flash, functional as F
 from . import layouts, threads
+
+
+def kernel(ctx, name, *args):
+    """The kernel ``name`` run on ``args`` by ctx's backend, or NotImplemented where it declines."""
+    out = ctx.backend.run_kernel(name, *args)
+    return NotImplemented if out is None else out
 
 
 # ---------------------------------------------------------------- sums as BLAS products
@@ -65,8 +71,6 @@ class MatMul(ops.MatMul):
         return threads.matmul(self.xp, a, b)
 
     def backward(self, g):
-        if is_grad_enabled():
-            return super().backward(g)
         a, b = self.parents
         da, db = self.needs_input_grad
         if a.ndim == b.ndim > 2 and a.shape[:-2] == b.shape[:-2]:   # stacks of the same shape
@@ -76,7 +80,7 @@ class MatMul(ops.MatMul):
         if b.ndim == 2 and a.ndim > 2:                              # sum over B and T in one product
             return (ops.sum_to(g @ b.mT, a.shape) if da else None,
                     a.reshape(-1, a.shape[-1]).mT @ g.reshape(-1, g.shape[-1]) if db else None)
-        return super().backward(g)
+        return NotImplemented
 
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -112,28 +116,32 @@ def gelu_tanh_slope_from_denominator(x, d):
 
 
 class Erf(ops.Erf):
-    """The kernel, else the backend's formula (numpy has no erf)."""
+    """The kernel (numpy has no erf)."""
+
+    kernels = ("erf",)
 
     def forward(self, a):
-        out = self.backend.run_kernel("erf", a)
-        return out if out is not None else super().forward(a)
+        return kernel(self, "erf", a)
 
 
 class Gelu(ops.Gelu):
-    """x Phi(x), forward and backward each one kernel (numpy has no erf), else the formula."""
+    """x Phi(x), forward and backward each one kernel (numpy has no erf)."""
+
+    kernels = ("gelu_erf", "gelu_erf_backward")
 
     def forward(self, a):
-        out = self.backend.run_kernel("gelu_erf", a)
-        return out if out is not None else super().forward(a)
+        return kernel(self, "gelu_erf", a)
 
     def backward(self, g):
-        dx = None if is_grad_enabled() else self.backend.run_kernel("gelu_erf_backward", self.parents[0].data, g.data)
-        return super().backward(g) if dx is None else self.constant(dx)
+        dx = kernel(self, "gelu_erf_backward", self.parents[0].data, g.data)
+        return dx if dx is NotImplemented else self.constant(dx)
 
 
 class GeluTanh(ops.GeluTanh):
     """The kernel, else x sigmoid(2u) = x / (1 + exp(-2u)): the same function with one exp,
     keeping d = 1 + exp(-2u) for backward."""
+
+    kernels = ("gelu_tanh", "gelu_tanh_backward")
 
     def forward(self, a):
         out = self.backend.run_kernel("gelu_tanh", a)
@@ -144,8 +152,6 @@ class GeluTanh(ops.GeluTanh):
         return a / d
 
     def backward(self, g):
-        if is_grad_enabled():
-            return super().backward(g)
         a = self.parents[0]
         dx = self.backend.run_kernel("gelu_tanh_backward", a.data, g.data)
         if dx is None:
@@ -167,7 +173,7 @@ class Sum(ops.Sum):
             if dim == tuple(range(len(dim))):                          # over the leading axes
                 out = leading_sums(self.backend, a, len(dim))
                 return self.xp.reshape(out, self.kept) if keepdim else out
-        return super().forward(a, dim, keepdim)
+        return NotImplemented
 
 
 class Split(ops.Split):
@@ -175,19 +181,19 @@ class Split(ops.Split):
     writes dq, dk and dv so), that array is the gradient: no concat at all."""
 
     def backward(self, *grads):
-        if not is_grad_enabled() and all(g is not None for g in grads):
+        if all(g is not None for g in grads):
             whole = threads.joined([g.data for g in grads], self.parents[0].shape, self.dim)
             if whole is not None:
                 return self.constant(whole)
-        return super().backward(*grads)
+        return NotImplemented
 
 
 def softmax_backward(ctx, g):
     """y (g - sum(g y)) over the last axis on arrays, for ctx's output y: the kernel, else the
-    sum as a BLAS product. None where neither applies (the caller runs the formula)."""
+    sum as a BLAS product. NotImplemented where neither applies (the formula runs)."""
     y = ctx.output
     if not can_sum_by_blas(ctx.backend, y.data):
-        return None
+        return NotImplemented
     dx = ctx.backend.run_kernel("softmax_backward", y.data, g.data)
     if dx is None:
         dx = g.data - row_sums(ctx.backend, g.data * y.data)
@@ -198,41 +204,46 @@ def softmax_backward(ctx, g):
 class Softmax(ops.Softmax):
     """The kernel, else the sum as a BLAS product; over the last dim only."""
 
+    kernels = ("softmax", "softmax_backward")
+
     def forward(self, x, dim):
         self.dim = dim
-        if dim == x.ndim - 1:
-            out = self.backend.run_kernel("softmax", x)
-            if out is not None:
-                return out
-        if dim != x.ndim - 1 or not can_sum_by_blas(self.backend, x):
-            return super().forward(x, dim)
+        if dim != x.ndim - 1:
+            return NotImplemented
+        out = self.backend.run_kernel("softmax", x)
+        if out is not None:
+            return out
+        if not can_sum_by_blas(self.backend, x):
+            return NotImplemented
         e, _ = ops.stable_exp(self.xp, x, dim)
         e /= row_sums(self.backend, e)                                 # in place: e is ours
         return e
 
     def backward(self, g):
-        fast = None if is_grad_enabled() or self.dim != g.ndim - 1 else softmax_backward(self, g)
-        return super().backward(g) if fast is None else fast
+        return softmax_backward(self, g) if self.dim == g.ndim - 1 else NotImplemented
 
 
 class MaskedSoftmax(ops.MaskedSoftmax):
+    kernels = ("masked_softmax", "softmax_backward")
+
     def forward(self, x, allowed):
-        out = self.backend.run_kernel("masked_softmax", x, allowed)
-        return out if out is not None else super().forward(x, allowed)
+        return kernel(self, "masked_softmax", x, allowed)
 
     def backward(self, g):
-        fast = None if is_grad_enabled() else softmax_backward(self, g)
-        return super().backward(g) if fast is None else (fast, None)
+        dx = softmax_backward(self, g)
+        return dx if dx is NotImplemented else (dx, None)
 
 
 # ---------------------------------------------------------------- nn/functional.py
 class CrossEntropy(F.CrossEntropy):
     """The kernel does each pass, keeping only the per-row log-sum-exp."""
 
+    kernels = ("cross_entropy", "cross_entropy_backward")
+
     def forward(self, logits, targets, ignore_index):
         fused = self.backend.run_kernel("cross_entropy", logits, targets, ignore_index)
         if fused is None:
-            return super().forward(logits, targets, ignore_index)
+            return NotImplemented
         self.ignore_index = ignore_index
         loss, lse, scale = fused                                       # (), (N,), ()
         self.save(lse, scale)
@@ -240,17 +251,18 @@ class CrossEntropy(F.CrossEntropy):
 
     def backward(self, g):
         logits, targets = self.parents
-        if self.saved and not is_grad_enabled():                       # the forward was fused
-            dlogits = self.backend.run_kernel("cross_entropy_backward", g.data, logits.data, targets.data,
-                                              *self.saved, self.ignore_index)
-            if dlogits is not None:
-                return self.constant(dlogits), None
-        return super().backward(g)
+        if not self.saved:                                             # the forward was the formula
+            return NotImplemented
+        dlogits = kernel(self, "cross_entropy_backward", g.data, logits.data, targets.data, *self.saved,
+                         self.ignore_index)
+        return dlogits if dlogits is NotImplemented else (self.constant(dlogits), None)
 
 
 class EmbeddingGrad(F.EmbeddingGrad):
     """The kernel (one pass over the rows), else a one-hot product: exact, and for the small
     vocabularies here several times faster than np.add.at on a CPU."""
+
+    kernels = ("index_add_rows",)
 
     def forward(self, g, idx, rows):
         out = self.backend.run_kernel("index_add_rows", rows, idx, g)
@@ -259,12 +271,14 @@ class EmbeddingGrad(F.EmbeddingGrad):
         if rows * idx.shape[0] <= 1 << 24:
             onehot = idx[None, :] == self.backend.arange(rows)[:, None]        # (V, N)
             return self.xp.astype(onehot, g.dtype) @ g                          # (V, C)
-        return super().forward(g, idx, rows)
+        return NotImplemented
 
 
 class LayerNorm(F.LayerNorm):
     """The kernels, else the formula with its means as BLAS products; forward keeps xhat and
     rstd, so backward on arrays recomputes nothing."""
+
+    kernels = ("layer_norm", "layer_norm_backward")
 
     def forward(self, x, weight, bias, eps):
         self.eps = eps
@@ -296,8 +310,6 @@ class LayerNorm(F.LayerNorm):
         return self.xp.sum(a, axis=tuple(range(a.ndim - 1)))
 
     def backward(self, g):
-        if is_grad_enabled():
-            return super().backward(g)
         xhat, rstd = self.saved
         x, weight, bias = self.parents
         gd = g.data
@@ -337,8 +349,6 @@ class Linear(F.Linear):
         return out.reshape(x.shape[:-1] + (weight.shape[0],))
 
     def backward(self, g):                                         # g (..., out)
-        if is_grad_enabled():
-            return super().backward(g)
         return self._backward_arrays(g.data, self.parents[0].data, self.parents[1].data, self.needs_input_grad)
 
     def _backward_arrays(self, g, x, weight, need):
@@ -375,6 +385,8 @@ class Attention(attention.Attention):
     and gradients in their inputs' memory order), else the formula; forward keeps the weights,
     so backward on arrays recomputes nothing."""
 
+    kernels = ("attention", "attention_backward")
+
     def forward(self, q, k, v, allowed, scale):
         self.scale = scale
         out, weights = attention_arrays(self.backend, q, k, v, allowed, scale)
@@ -382,8 +394,6 @@ class Attention(attention.Attention):
         return out
 
     def backward(self, g):
-        if is_grad_enabled():
-            return super().backward(g)
         q, k, v, _ = self.parents
         (p,) = self.saved
         grads = self.backend.run_kernel("attention_backward", g.data, q.data, k.data, v.data, p, self.scale)
@@ -401,7 +411,9 @@ class FlashAttention(flash.FlashAttention):
     """The heads shared over tinyattn's threads (BLAS at one thread: a tile is too small to
     share), and each tile's elementwise work as one kernel: in forward the causal mask, the
     new row max, exp and the row sum in two passes over the tile; in backward P = exp(s - L)
-    and dS = P * (dP - D) in one."""
+    and dS = P * (dP - D) in one. The loops over the tiles are the teaching op's."""
+
+    kernels = ("attention_tile_softmax_", "attention_tile_backward_")
 
     def for_each_item(self, fn):
         items = self.items
@@ -417,49 +429,6 @@ class FlashAttention(flash.FlashAttention):
 
         threads.split(some, len(items), work=math.inf, n_threads=n)
 
-    # One head's loops, as in the teaching op (flash.FlashAttention._forward_heads and
-    # _backward_heads: a change there belongs here too), for one head on the CPU without a mask
-    # or dropout: each tile's products go into buffers made once per head, the sums are added in
-    # place. (The teaching loops make a new array for every product and every sum: 2% to 5% of
-    # the time at T=1024 to 4096.)
-    def _plain(self, q, mask):
-        return self.xp is np and q.ndim == 2 and mask is None and not self.dropout_p   # q (Tq, D): one head
-
-    def _forward_heads(self, q, k, v, out, lse, mask, item):
-        if not self._plain(q, mask):
-            return super()._forward_heads(q, k, v, out, lse, mask, item)
-        tiles = _TileBuffers(self.block_size, q, k, v.shape[-1])
-        for i0, i1 in flash._blocks(q.shape[-2], self.block_size):
-            q_i = q[i0:i1] * self.scale                              # (bq, D)
-            m = np.full(i1 - i0, -np.inf, q.dtype)                   # running max (bq,)
-            l = np.zeros(i1 - i0, q.dtype)                           # running sum of exp (bq,)
-            acc = np.zeros((i1 - i0, v.shape[-1]), q.dtype)          # running output (bq, Dv)
-            for j0, j1 in self._key_blocks(i1, k.shape[-2]):
-                s = np.matmul(k[j0:j1], q_i.T, out=tiles.scores(j1 - j0, i1 - i0))   # (bk, bq) keys x queries
-                p, alpha, m, l = self._softmax_tile(s, m, l, j0 - i0)
-                acc *= alpha[:, None]
-                acc += np.matmul(p.T, v[j0:j1], out=tiles.rows(i1 - i0, v.shape[-1]))   # (bq, Dv)
-            self._finish_rows(out[i0:i1], lse[i0:i1], acc, m, l)
-
-    def _backward_heads(self, q, k, v, out, lse, do, dq, dk, dv, mask, item):
-        if not self._plain(q, mask):
-            return super()._backward_heads(q, k, v, out, lse, do, dq, dk, dv, mask, item)
-        tiles = _TileBuffers(self.block_size, q, k, max(q.shape[-1], v.shape[-1]))
-        for i0, i1 in flash._blocks(q.shape[-2], self.block_size):
-            do_i = do[i0:i1]                                         # (bq, Dv)
-            q_i = q[i0:i1] * self.scale                              # (bq, D)
-            d_i = np.sum(do_i * out[i0:i1], axis=-1)                 # (bq,) D = rowsum(dO * O)
-            dq_i = np.zeros_like(q_i)
-            for j0, j1 in self._key_blocks(i1, k.shape[-2]):
-                bk, bq = j1 - j0, i1 - i0
-                s = np.matmul(k[j0:j1], q_i.T, out=tiles.scores(bk, bq))            # S^T (bk, bq)
-                dp = np.matmul(v[j0:j1], do_i.T, out=tiles.scores(bk, bq, which=1))   # dP^T
-                p, ds = self._softmax_grad_tile(s, dp, lse[i0:i1], d_i, j0 - i0)   # P^T, dS^T
-                dv[j0:j1] += np.matmul(p, do_i, out=tiles.rows(bk, v.shape[-1]))   # (bk, Dv)
-                dk[j0:j1] += np.matmul(ds, q_i, out=tiles.rows(bk, q.shape[-1]))   # (bk, D)
-                dq_i += np.matmul(ds.T, k[j0:j1], out=tiles.rows(bq, k.shape[-1]))   # (bq, D)
-            dq[i0:i1] = dq_i * self.scale
-
     def _softmax_tile(self, s, m, l, first):
         alpha = self.backend.run_kernel("attention_tile_softmax_", s, m, l,
                                         first if self.is_causal else -s.shape[-2])   # m, l updated in place
@@ -471,21 +440,12 @@ class FlashAttention(flash.FlashAttention):
         return done if done is not None else super()._softmax_grad_tile(s, dp, lse, d, first)
 
 
-class _TileBuffers:
-    """Arrays reused by one head's tiles: two (bk, bq) score tiles and one (n, d) product, each
-    handed out C-contiguous at the size asked (a sequence's last block may be short)."""
-
-    def __init__(self, block_size, q, k, d):                # q (Tq, D), k (Tk, D): one head's
-        bq, bk = min(block_size, q.shape[0]), min(block_size, k.shape[0])
-        self.tiles = [np.empty(bk * bq, q.dtype) for _ in range(2)]   # the scores; backward's dP too
-        self.products = np.empty(max(bk, bq) * d, q.dtype)
-
-    def scores(self, bk, bq, which=0):
-        return self.tiles[which][:bk * bq].reshape(bk, bq)
-
-    def rows(self, n, d):
-        return self.products[:n * d].reshape(n, d)
+def _speeding_up(*fast_ops):
+    """{teaching op: its fast op}, each fast op told which formula the engine runs where it declines."""
+    for fast in fast_ops:
+        fast.formula = fast.__mro__[1]
+    return {fast.formula: fast for fast in fast_ops}
 
 
-FAST_OPS = {cls.__mro__[1]: cls for cls in (MatMul, Erf, Gelu, GeluTanh, Sum, Split, Softmax, MaskedSoftmax, CrossEntropy,
-                                             EmbeddingGrad, LayerNorm, Linear, Attention, FlashAttention)}
+FAST_OPS = _speeding_up(MatMul, Erf, Gelu, GeluTanh, Sum, Split, Softmax, MaskedSoftmax, CrossEntropy, EmbeddingGrad,
+                        LayerNorm, Linear, Attention, FlashAttention)

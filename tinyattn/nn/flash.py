@@ -26,9 +26,8 @@ big enough for BLAS to run at full speed), elsewhere all heads at once,
 batched. Tiles are computed transposed, keys x queries, so the reductions
 over keys (the row max, the row sum) run down the columns, which numpy does
 fast. The fast layer (``tinyattn/fast``) shares the heads over the CPU's
-threads, runs each tile's elementwise work as one fused kernel and, for a
-head without a mask or dropout, these loops with each tile's products
-written into buffers it reuses.
+threads and runs each tile's elementwise work as one fused kernel, around
+these loops.
 """
 import math
 

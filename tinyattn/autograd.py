@@ -132,7 +132,6 @@ class Function(metaclass=Watched):
 
     differentiable_backward = True  # False: backward works on raw arrays (a fused kernel)
     broadcasts = False             # True: the inputs broadcast against each other (add, mul, ...)
-    formula = None                 # a fast op's (tinyattn/fast/ops.py): the op whose formula it speeds up
     saved = ()
     _outputs = None                # weak references to the outputs of a forward that returned a tuple
 
@@ -177,7 +176,7 @@ class Function(metaclass=Watched):
                 arrays = [backend.read_only(t.data) for t in inputs]
             else:
                 arrays = [t.data for t in inputs]
-            data = run_forward(ctx, arrays, params) if hooks is None else hooks.forward(ctx, inputs, arrays, params)
+            data = ctx.forward(*arrays, **params) if hooks is None else hooks.forward(ctx, inputs, arrays, params)
         except Exception as e:
             better = _explain_forward_error(cls, inputs, e)
             if better is None:
@@ -195,29 +194,6 @@ class Function(metaclass=Watched):
         ctx._output = weakref.ref(out)
         out.grad_fn = ctx
         return out
-
-
-# The fast layer's two rules, applied here once for every fast op: where it declines (returns
-# NotImplemented: no kernel for these inputs) the formula of the op it speeds up runs, and so does
-# the formula's backward wherever a graph of the backward is recorded (create_graph=True), since
-# only a backward written with Tensor ops can be differentiated again.
-def run_forward(ctx, arrays, params):
-    """``ctx.forward`` on the input arrays; for a fast op that declines, its formula's."""
-    data = ctx.forward(*arrays, **params)
-    if data is NotImplemented and ctx.formula is not None:
-        data = ctx.formula.forward(ctx, *arrays, **params)
-    return data
-
-
-def run_op_backward(ctx, grads):
-    """``ctx.backward`` on the output gradients (one per output); for a fast op, its formula's
-    where a graph of the backward is recorded or where it declines."""
-    if ctx.formula is not None and _grad_mode.enabled:
-        return ctx.formula.backward(ctx, *grads)
-    out = ctx.backward(*grads)
-    if out is NotImplemented and ctx.formula is not None:
-        out = ctx.formula.backward(ctx, *grads)
-    return out
 
 
 def _any_requires_grad(tensors):
@@ -392,7 +368,7 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs=None):
             if hooks is not None:
                 grads = hooks.backward(ctx, g)
             else:
-                grads = run_op_backward(ctx, g if several else (g,))
+                grads = ctx.backward(*g) if several else ctx.backward(g)
             grads = check_backward_grads(ctx, grads)
             for parent, pg in zip(ctx.parents, grads):
                 if pg is None or not parent.requires_grad:

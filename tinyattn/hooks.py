@@ -27,11 +27,11 @@ class Hooks:
 
     def forward(self, ctx, inputs, arrays, params):
         if self.backward_depth:                    # an op inside a backward formula
-            return _engine.run_forward(ctx, arrays, params)
+            return ctx.forward(*arrays, **params)
         for tool in self.tools:
             tool.before_forward(ctx, inputs)
         try:                                       # the engine's checks first: tools see only arrays
-            data = _engine.run_forward(ctx, arrays, params)
+            data = ctx.forward(*arrays, **params)
             data = (tuple(_engine.forward_result(ctx, a) for a in data) if type(data) is tuple
                     else _engine.forward_result(ctx, data))
         except BaseException:
@@ -46,7 +46,7 @@ class Hooks:
             tool.before_backward(ctx, grad)
         self.backward_depth += 1
         try:                                       # the Function contract first: tools see Tensors
-            raw = _engine.run_op_backward(ctx, grad if type(grad) is tuple else (grad,))   # tuple: several outputs
+            raw = ctx.backward(*grad) if type(grad) is tuple else ctx.backward(grad)   # tuple: several outputs
             grads = _engine.check_backward_grads(ctx, raw)
         except BaseException:
             self._failed(ctx)

@@ -324,3 +324,14 @@ def test_layer_norm_takes_eps_of_any_number_type(eps):
     xd = x.numpy().astype(np.float64)
     want = (xd - xd.mean(-1, keepdims=True)) / np.sqrt(xd.var(-1, keepdims=True) + float(eps))
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+def test_every_kernel_is_named_by_the_fast_code_that_asks_for_it():
+    """Each fast op names its kernels (kernels = ...), as do the fused block, the attention runner
+    and AdamW's flat step: every kernel of the CPU's table is named, and every name is a kernel."""
+    pytest.importorskip("numba")
+    from tinyattn.fast import cpu_block, cpu_kernels, models, modules, ops as fast_ops, optim as fast_optim
+    named = {name for op in fast_ops.FAST_OPS.values() for name in op.kernels}
+    named |= set(models.BlockOp.kernels) | set(modules.MultiHeadAttention.kernels) | set(fast_optim.KERNELS)
+    assert named == set(cpu_kernels.KERNELS) | set(cpu_block.KERNELS)
+    assert all(op.kernels for op in fast_ops.FAST_OPS.values() if op.__name__ not in ("MatMul", "Sum", "Split", "Linear"))

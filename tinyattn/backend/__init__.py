@@ -237,7 +237,6 @@ class CupyBackend(Backend):
         self.xp = cupy
         self.array_type = cupy.ndarray
         self._erf = cupyx.scipy.special.erf
-        self.use_kernels = os.environ.get("TINYATTN_FUSED", "1") != "0"
         self.seed(0)
 
     def asarray(self, data, dtype=None):

@@ -70,7 +70,9 @@ class BlockOp(Function):
     """A whole block, y = x2 + mlp(ln_2(x2)), x2 = x + attn(ln_1(x)) with causal attention, as
     one op: forward and backward are one kernel each (cpu_block.py), each thread running the
     block on its share of the batch. Inputs: x (B, T, C) and the block's parameters
-    (Block.fused_parameters); head_keep: DropHead's draw (B, H), or None."""
+    (in the order of Block._one_op_parameters); head_keep: DropHead's draw (B, H), or None."""
+
+    kernels = ("block", "block_backward")
 
     def forward(self, x, *params, n_head, eps_1, eps_2, module, head_keep=None, rng_state=None):   # (B, T, C)
         y, *saved = self.backend.run_kernel("block", x, params, n_head, eps_1, eps_2, head_keep)

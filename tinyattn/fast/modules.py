@@ -128,6 +128,7 @@ class MultiHeadAttention(Runner):
 
     teaching = attention.MultiHeadAttention
     path = "MultiHeadAttention"
+    kernels = ("attention_one_query",)                  # (and the fast ops': attention, linear's products)
 
     def refuses(self, attn):
         return attention_refuses(attn)

@@ -3,13 +3,13 @@
 Each runs the same arithmetic as its teaching op, faster: a fused kernel
 (``backend.run_kernel``, numba on the CPU, CuPy's on the GPU; ``kernels`` names
 the ones it asks for), tinyattn's threads (``threads.matmul``), a BLAS product
-in place of a slow reduction, or arrays where the formula builds Tensors.
-Where it cannot (a kernel declines a dtype it is not compiled for, a mask shape
-it does not take), its forward or backward returns ``NotImplemented``, and the
-engine runs the teaching op's formula instead; the engine also runs the
-formula's backward wherever a graph of the backward is recorded
-(``create_graph=True``), which only Tensor ops can give (autograd.run_forward,
-run_op_backward: the two rules, in one place).
+in place of a slow reduction, or arrays where the formula builds Tensors, in
+its ``fast_forward`` and ``fast_backward``. Where it cannot (a kernel declines a
+dtype it is not compiled for, a mask shape it does not take), those return
+``NotImplemented`` and the teaching op's formula runs instead; the formula's
+backward also runs wherever a graph of the backward is recorded
+(``create_graph=True``), which only Tensor ops can give. ``FastOp`` holds those
+two rules, once for every fast op.
 
 The op table (tests/support/optable.py) runs every op with the fast layer on and
 off, and checks every kernel against its formula.
@@ -22,6 +22,34 @@ from .. import ops
 from ..autograd import is_grad_enabled
 from ..nn import attention, flash, functional as F
 from . import layouts, threads
+
+
+class FastOp:
+    """The base of every fast op, and the two rules that keep each one to its teaching op's
+    numbers, in one place: where the fast version declines (``fast_forward`` or ``fast_backward``
+    returns NotImplemented: no kernel for these inputs), the teaching op's formula runs; and the
+    formula's backward runs wherever a graph of the backward is recorded (create_graph=True),
+    since only a backward written with Tensor ops can be differentiated again.
+    ``kernels`` names the kernels the op asks for (the op table checks each against the formula)."""
+
+    formula = None          # the teaching op (set by _speeding_up below)
+    kernels = ()
+
+    def forward(self, *arrays, **params):
+        out = self.fast_forward(*arrays, **params)
+        return self.formula.forward(self, *arrays, **params) if out is NotImplemented else out
+
+    def backward(self, *grads):
+        if is_grad_enabled():
+            return self.formula.backward(self, *grads)
+        out = self.fast_backward(*grads)
+        return self.formula.backward(self, *grads) if out is NotImplemented else out
+
+    def fast_forward(self, *arrays, **params):
+        return NotImplemented
+
+    def fast_backward(self, *grads):
+        return NotImplemented
 
 
 def kernel(ctx, name, *args):
@@ -57,11 +85,11 @@ def can_sum_by_blas(backend, a):
 
 
 # ---------------------------------------------------------------- ops.py
-class MatMul(ops.MatMul):
+class MatMul(FastOp, ops.MatMul):
     """(..., n, k) @ (k, m), as in every Linear layer, runs as one 2-d product (B*T, k) @ (k, m)
     split over the threads; stacked products (attention's) split their stack."""
 
-    def forward(self, a, b):
+    def fast_forward(self, a, b):
         if b.ndim == 2:
             if a.ndim == 2 and self.xp is np and threads.too_small(a.size * b.shape[1] // 32):
                 return a.dot(b)                                  # (what threads.matmul does, without its call)
@@ -70,7 +98,7 @@ class MatMul(ops.MatMul):
                 return self.xp.reshape(flat, a.shape[:-1] + b.shape[-1:])
         return threads.matmul(self.xp, a, b)
 
-    def backward(self, g):
+    def fast_backward(self, g):
         a, b = self.parents
         da, db = self.needs_input_grad
         if a.ndim == b.ndim > 2 and a.shape[:-2] == b.shape[:-2]:   # stacks of the same shape
@@ -115,35 +143,35 @@ def gelu_tanh_slope_from_denominator(x, d):
     return slope
 
 
-class Erf(ops.Erf):
+class Erf(FastOp, ops.Erf):
     """The kernel (numpy has no erf)."""
 
     kernels = ("erf",)
 
-    def forward(self, a):
+    def fast_forward(self, a):
         return kernel(self, "erf", a)
 
 
-class Gelu(ops.Gelu):
+class Gelu(FastOp, ops.Gelu):
     """x Phi(x), forward and backward each one kernel (numpy has no erf)."""
 
     kernels = ("gelu_erf", "gelu_erf_backward")
 
-    def forward(self, a):
+    def fast_forward(self, a):
         return kernel(self, "gelu_erf", a)
 
-    def backward(self, g):
+    def fast_backward(self, g):
         dx = kernel(self, "gelu_erf_backward", self.parents[0].data, g.data)
         return dx if dx is NotImplemented else self.constant(dx)
 
 
-class GeluTanh(ops.GeluTanh):
+class GeluTanh(FastOp, ops.GeluTanh):
     """The kernel, else x sigmoid(2u) = x / (1 + exp(-2u)): the same function with one exp,
     keeping d = 1 + exp(-2u) for backward."""
 
     kernels = ("gelu_tanh", "gelu_tanh_backward")
 
-    def forward(self, a):
+    def fast_forward(self, a):
         out = self.backend.run_kernel("gelu_tanh", a)
         if out is not None:
             return out
@@ -151,7 +179,7 @@ class GeluTanh(ops.GeluTanh):
         self.save(d)
         return a / d
 
-    def backward(self, g):
+    def fast_backward(self, g):
         a = self.parents[0]
         dx = self.backend.run_kernel("gelu_tanh_backward", a.data, g.data)
         if dx is None:
@@ -161,10 +189,10 @@ class GeluTanh(ops.GeluTanh):
         return self.constant(dx)
 
 
-class Sum(ops.Sum):
+class Sum(FastOp, ops.Sum):
     """Sums over the last axis, or over the leading ones, as BLAS products."""
 
-    def forward(self, a, dim, keepdim):
+    def fast_forward(self, a, dim, keepdim):
         if can_sum_by_blas(self.backend, a) and 0 < len(dim) < a.ndim:
             self.kept = tuple(1 if i in dim else n for i, n in enumerate(a.shape))
             if dim == (a.ndim - 1,):                                   # over the last axis
@@ -176,11 +204,11 @@ class Sum(ops.Sum):
         return NotImplemented
 
 
-class Split(ops.Split):
+class Split(FastOp, ops.Split):
     """When the pieces' gradients are already the slices of one array (the attention kernel
     writes dq, dk and dv so), that array is the gradient: no concat at all."""
 
-    def backward(self, *grads):
+    def fast_backward(self, *grads):
         if all(g is not None for g in grads):
             whole = threads.joined([g.data for g in grads], self.parents[0].shape, self.dim)
             if whole is not None:
@@ -201,12 +229,12 @@ def softmax_backward(ctx, g):
     return ctx.constant(dx)
 
 
-class Softmax(ops.Softmax):
+class Softmax(FastOp, ops.Softmax):
     """The kernel, else the sum as a BLAS product; over the last dim only."""
 
     kernels = ("softmax", "softmax_backward")
 
-    def forward(self, x, dim):
+    def fast_forward(self, x, dim):
         self.dim = dim
         if dim != x.ndim - 1:
             return NotImplemented
@@ -219,28 +247,28 @@ class Softmax(ops.Softmax):
         e /= row_sums(self.backend, e)                                 # in place: e is ours
         return e
 
-    def backward(self, g):
+    def fast_backward(self, g):
         return softmax_backward(self, g) if self.dim == g.ndim - 1 else NotImplemented
 
 
-class MaskedSoftmax(ops.MaskedSoftmax):
+class MaskedSoftmax(FastOp, ops.MaskedSoftmax):
     kernels = ("masked_softmax", "softmax_backward")
 
-    def forward(self, x, allowed):
+    def fast_forward(self, x, allowed):
         return kernel(self, "masked_softmax", x, allowed)
 
-    def backward(self, g):
+    def fast_backward(self, g):
         dx = softmax_backward(self, g)
         return dx if dx is NotImplemented else (dx, None)
 
 
 # ---------------------------------------------------------------- nn/functional.py
-class CrossEntropy(F.CrossEntropy):
+class CrossEntropy(FastOp, F.CrossEntropy):
     """The kernel does each pass, keeping only the per-row log-sum-exp."""
 
     kernels = ("cross_entropy", "cross_entropy_backward")
 
-    def forward(self, logits, targets, ignore_index):
+    def fast_forward(self, logits, targets, ignore_index):
         fused = self.backend.run_kernel("cross_entropy", logits, targets, ignore_index)
         if fused is None:
             return NotImplemented
@@ -249,7 +277,7 @@ class CrossEntropy(F.CrossEntropy):
         self.save(lse, scale)
         return loss
 
-    def backward(self, g):
+    def fast_backward(self, g):
         logits, targets = self.parents
         if not self.saved:                                             # the forward was the formula
             return NotImplemented
@@ -258,13 +286,13 @@ class CrossEntropy(F.CrossEntropy):
         return dlogits if dlogits is NotImplemented else (self.constant(dlogits), None)
 
 
-class EmbeddingGrad(F.EmbeddingGrad):
+class EmbeddingGrad(FastOp, F.EmbeddingGrad):
     """The kernel (one pass over the rows), else a one-hot product: exact, and for the small
     vocabularies here several times faster than np.add.at on a CPU."""
 
     kernels = ("index_add_rows",)
 
-    def forward(self, g, idx, rows):
+    def fast_forward(self, g, idx, rows):
         out = self.backend.run_kernel("index_add_rows", rows, idx, g)
         if out is not None:
             return out
@@ -274,13 +302,13 @@ class EmbeddingGrad(F.EmbeddingGrad):
         return NotImplemented
 
 
-class LayerNorm(F.LayerNorm):
+class LayerNorm(FastOp, F.LayerNorm):
     """The kernels, else the formula with its means as BLAS products; forward keeps xhat and
     rstd, so backward on arrays recomputes nothing."""
 
     kernels = ("layer_norm", "layer_norm_backward")
 
-    def forward(self, x, weight, bias, eps):
+    def fast_forward(self, x, weight, bias, eps):
         self.eps = eps
         keep = is_grad_enabled()                                 # (no grad mode: no backward, nothing to keep)
         fused = self.backend.run_kernel("layer_norm", x, weight, bias, eps, keep)
@@ -309,7 +337,7 @@ class LayerNorm(F.LayerNorm):
             return leading_sums(self.backend, a, a.ndim - 1)
         return self.xp.sum(a, axis=tuple(range(a.ndim - 1)))
 
-    def backward(self, g):
+    def fast_backward(self, g):
         xhat, rstd = self.saved
         x, weight, bias = self.parents
         gd = g.data
@@ -332,12 +360,12 @@ def linear_rows(x2, weight, bias=None):
     return threads.matmul(np, x2, layouts.transposed(weight, len(x2)), add=bias)
 
 
-class Linear(F.Linear):
+class Linear(FastOp, F.Linear):
     """One 2-d product over the flattened leading dims, split over the threads, with the bias
     added in place (inside ta.inference_mode, W^T as layouts.py finds fastest); backward's
     products in one split (threads.matmuls)."""
 
-    def forward(self, x, weight, bias=None):
+    def fast_forward(self, x, weight, bias=None):
         xp = self.xp
         if xp is not np:                                          # (numpy's own methods below: fewer calls)
             x2 = xp.reshape(x, (-1, x.shape[-1]))
@@ -348,7 +376,7 @@ class Linear(F.Linear):
         out = linear_rows(x.reshape(-1, x.shape[-1]), weight, bias)    # (N, out)
         return out.reshape(x.shape[:-1] + (weight.shape[0],))
 
-    def backward(self, g):                                         # g (..., out)
+    def fast_backward(self, g):                                         # g (..., out)
         return self._backward_arrays(g.data, self.parents[0].data, self.parents[1].data, self.needs_input_grad)
 
     def _backward_arrays(self, g, x, weight, need):
@@ -380,20 +408,20 @@ def attention_arrays(backend, q, k, v, allowed, scale):
     return threads.matmul(xp, weights, v), weights
 
 
-class Attention(attention.Attention):
+class Attention(FastOp, attention.Attention):
     """The kernel (both products and the softmax of a part of the batch in one thread, outputs
     and gradients in their inputs' memory order), else the formula; forward keeps the weights,
     so backward on arrays recomputes nothing."""
 
     kernels = ("attention", "attention_backward")
 
-    def forward(self, q, k, v, allowed, scale):
+    def fast_forward(self, q, k, v, allowed, scale):
         self.scale = scale
         out, weights = attention_arrays(self.backend, q, k, v, allowed, scale)
         self.save(weights)                                         # (B, H, Tq, Tk)
         return out
 
-    def backward(self, g):
+    def fast_backward(self, g):
         q, k, v, _ = self.parents
         (p,) = self.saved
         grads = self.backend.run_kernel("attention_backward", g.data, q.data, k.data, v.data, p, self.scale)
@@ -407,7 +435,7 @@ class Attention(attention.Attention):
         return tuple(self.constant(a) for a in grads) + (None,)
 
 
-class FlashAttention(flash.FlashAttention):
+class FlashAttention(FastOp, flash.FlashAttention):
     """The heads shared over tinyattn's threads (BLAS at one thread: a tile is too small to
     share), and each tile's elementwise work as one kernel: in forward the causal mask, the
     new row max, exp and the row sum in two passes over the tile; in backward P = exp(s - L)
@@ -441,9 +469,9 @@ class FlashAttention(flash.FlashAttention):
 
 
 def _speeding_up(*fast_ops):
-    """{teaching op: its fast op}, each fast op told which formula the engine runs where it declines."""
+    """{teaching op: its fast op}, each fast op told which formula runs where it declines."""
     for fast in fast_ops:
-        fast.formula = fast.__mro__[1]
+        fast.formula = fast.__bases__[1]
     return {fast.formula: fast for fast in fast_ops}
 
 

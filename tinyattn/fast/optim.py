@@ -9,6 +9,9 @@ from .. import optim
 from . import checked
 
 
+KERNELS = ("adamw_",)           # what fused_step asks for
+
+
 def fused_step(opt):
     """One AdamW step for every parameter of ``opt`` on flat buffers; False (nothing done) where it
     cannot run: AdamW's step or update is not the library's (edited, replaced or subclassed), or

@@ -1,6 +1,6 @@
 """Exercise 15 (EXERCISES.md, "Build the core"): one AdamW step, with decoupled weight decay.
 
-    python -m exercises adamw           # or: pytest tests/exercise_checks/test_exercises_adamw.py -v
+    python -m exercises adamw
 """
 from tinyattn.optim import Optimizer
 

@@ -1,6 +1,6 @@
 """Exercise 13 (EXERCISES.md, "Build the core"): scaled dot-product attention's backward by hand.
 
-    python -m exercises attention       # or: pytest tests/exercise_checks/test_exercises_attention.py -v
+    python -m exercises attention
 """
 import math
 

@@ -1,7 +1,7 @@
 """Exercise 18 (EXERCISES.md): write BPE, the tokenizer of GPT-2: the pair count, the merge,
 training, and encoding by rank.
 
-    python -m exercises bpe             # or: pytest tests/exercise_checks/test_exercises_bpe.py -v
+    python -m exercises bpe
 
 Tokens are ints. A piece of text (a word with its leading space, say) starts as its
 UTF-8 bytes, ids 0..255; each merge learned makes one new id, 256, 257, ...

@@ -1,6 +1,6 @@
 """Exercise 10 (EXERCISES.md, "Build the core"): cross-entropy with a fused backward.
 
-    python -m exercises cross_entropy   # or: pytest tests/exercise_checks/test_exercises_cross_entropy.py -v
+    python -m exercises cross_entropy
 """
 import tinyattn as ta
 

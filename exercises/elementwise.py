@@ -1,6 +1,6 @@
 """Exercise 7 (EXERCISES.md, "Build the core"): exp, log and tanh, differentiable twice.
 
-    python -m exercises elementwise     # or: pytest tests/exercise_checks/test_exercises_elementwise.py -v
+    python -m exercises elementwise
 
 In each backward, use Tensor ops on ``g``, ``self.parents[0]`` (the input x)
 and ``self.output`` (the result y): then the engine can differentiate the

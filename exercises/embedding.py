@@ -1,6 +1,6 @@
 """Exercise 11 (EXERCISES.md, "Build the core"): the embedding lookup and its backward.
 
-    python -m exercises embedding       # or: pytest tests/exercise_checks/test_exercises_embedding.py -v
+    python -m exercises embedding
 """
 import tinyattn as ta
 

@@ -1,6 +1,6 @@
 """Exercise 12 (EXERCISES.md, "Build the core"): the engine, topological sort and backward.
 
-    python -m exercises engine          # or: pytest tests/exercise_checks/test_exercises_engine.py -v
+    python -m exercises engine
 
 What a Tensor t knows: ``t.requires_grad``; ``t.grad_fn``, the Function
 that made it (None for a leaf, such as a parameter); ``t.grad_fn.parents``,

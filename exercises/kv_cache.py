@@ -1,6 +1,6 @@
 """Exercise 16 (EXERCISES.md, "Build the core"): a KV cache for generation.
 
-    python -m exercises kv_cache        # or: pytest tests/exercise_checks/test_exercises_kv_cache.py -v
+    python -m exercises kv_cache
 
 nn.MultiHeadAttention, given a cache, calls ``k, v = cache.append(k, v)``
 and attends with ``attn_mask=cache.causal_mask(T_new, k.shape[2], x)``

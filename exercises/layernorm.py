@@ -1,6 +1,6 @@
 """Exercise 9 (EXERCISES.md, "Build the core"): LayerNorm's backward by hand, on raw arrays.
 
-    python -m exercises layernorm       # or: pytest tests/exercise_checks/test_exercises_layernorm.py -v
+    python -m exercises layernorm
 """
 import tinyattn as ta
 

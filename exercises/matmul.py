@@ -1,6 +1,6 @@
 """Exercise 6 (EXERCISES.md, "Build the core"): the backward of a batched matmul.
 
-    python -m exercises matmul          # or: pytest tests/exercise_checks/test_exercises_matmul.py -v
+    python -m exercises matmul
 """
 import tinyattn as ta
 

@@ -1,6 +1,6 @@
 """Exercise 14 (EXERCISES.md, "Build the core"): attention's forward, tile by tile (online softmax).
 
-    python -m exercises online_softmax  # or: pytest tests/exercise_checks/test_exercises_online_softmax.py -v
+    python -m exercises online_softmax
 """
 import tinyattn as ta
 

@@ -1,6 +1,6 @@
 """Exercise 8 (EXERCISES.md, "Build the core"): softmax and its backward, without the Jacobian.
 
-    python -m exercises softmax         # or: pytest tests/exercise_checks/test_exercises_softmax.py -v
+    python -m exercises softmax
 """
 import tinyattn as ta
 

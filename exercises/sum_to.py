@@ -1,6 +1,6 @@
 """Exercise 5 (EXERCISES.md, "Build the core"): undo broadcasting in a binary op's backward.
 
-    python -m exercises sum_to          # or: pytest tests/exercise_checks/test_exercises_sum_to.py -v
+    python -m exercises sum_to
 """
 import tinyattn as ta
 

@@ -72,3 +72,12 @@ def test_side_by_side_attention_prints_a_ratio_per_implementation():
     assert record["kind"] == "side_by_side" and record["impl"] == "tiled" and record["n"] == 64
     assert len(record["ms_runs"]) == len(record["torch_ms_runs"]) == 1 and record["time_over_torch"] > 0
     assert max(record["rel_err_vs_torch"].values()) < 1e-5                # both sides computed the same
+
+
+def test_bench_ab_compares_two_checkouts_in_fresh_processes():
+    """One pair of a tiny training step, the checkout against itself: one JSON line for it, then the CPU."""
+    done = run("bench_ab.py", ".", ".", "--pairs", "2", "--workloads", "step:tiny")
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [line.get("workload") for line in lines[:-1]] == ["step:tiny"] and "cpu" in lines[-1]
+    assert lines[0]["pairs"] == 2 and len(lines[0]["ms_pairs"]) == 2 and lines[0]["after_over_before_median"] > 0

@@ -160,7 +160,7 @@ def test_two_user_threads_can_split_at_once(split_everything):
 
     def user(name):
         a = np.arange(60.0).reshape(12, 5)
-        results[name] = [threads.matmul(np, a, a.T) for _ in range(50)]
+        results[name] = [threads.CpuProducts(np).matmul(a, a.T) for _ in range(50)]
     workers = [threading.Thread(target=user, args=(n,)) for n in "ab"]
     for w in workers:
         w.start()
@@ -213,7 +213,7 @@ def test_matmuls_runs_every_row_of_every_product_once(n_threads, monkeypatch):
     r = np.random.default_rng(0)
     g, w, x = r.standard_normal((37, 5)), r.standard_normal((5, 3)), r.standard_normal((37, 3))
     pairs = [(g, w), (g.T, x), (x[:1], w.T)]                     # rows of cost 15, 111 and 15
-    for out, (a, b) in zip(threads.matmuls(np, pairs), pairs):
+    for out, (a, b) in zip(threads.CpuProducts(np).matmuls(pairs), pairs):
         np.testing.assert_allclose(out, a @ b, rtol=1e-13)
 
 
@@ -224,7 +224,7 @@ def test_matmuls_on_two_threads_runs_two_products_of_equal_cost_whole_one_on_eac
     seen = []
     monkeypatch.setattr(np, "matmul", lambda a, b, out: seen.append((a.shape, threading.current_thread())))
     g, w, x = np.ones((12, 4)), np.ones((4, 6)), np.ones((12, 6))   # both products: 12 * 4 * 6 multiply-adds
-    threads.matmuls(np, [(g, w), (g.T, x)])
+    threads.CpuProducts(np).matmuls([(g, w), (g.T, x)])
     assert sorted(shape for shape, _ in seen) == [(4, 12), (12, 4)]
     assert len({thread for _, thread in seen}) == 2
 

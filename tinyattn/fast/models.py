@@ -21,7 +21,6 @@ from ..models import gpt
 from ..nn import attention, functional as F, modules
 from . import checked, threads
 from .modules import RUNNERS, Runner, attention_refuses, first, idle, linear_on_arrays, no_graph, not_library
-from .ops import linear_rows
 
 
 def _mlp_refuses(mlp):
@@ -199,7 +198,7 @@ class Block(Runner):
         code it stands in for is the library's, no dropout is at work but DropHead's, and the
         attention is the naive (not tiled) one over a batch that shares evenly over the threads."""
         attn, mlp = block.attn, block.mlp
-        if not (autograd.hooks is None and x.backend.fast_ops and x.xp is np and 0 not in x.shape
+        if not (autograd.hooks is None and x.backend.fast_ops and 0 not in x.shape
                 and x.dtype in _FLOATS and checked.runs("fused block") and x.backend.kernel("block") is not None
                 and (not attn.training or attn.dropout == 0.0) and idle(attn.resid_dropout) and idle(mlp.dropout)):
             return None
@@ -260,8 +259,9 @@ def _logits(x, model):
     h = _layer_norm(x, model.ln_f)
     if h is None:
         return None
-    head = model.lm_head
-    out = linear_rows(h.reshape(-1, h.shape[-1]), head.weight.data, None if head.bias is None else head.bias.data)
+    head = model.lm_head                                               # (tied to wte: no bias)
+    out = head.weight.backend.products.linear(h.reshape(-1, h.shape[-1]), head.weight.data,
+                                              None if head.bias is None else head.bias.data)
     return out.reshape(x.shape[:-1] + (head.out_features,))
 
 

@@ -5,7 +5,7 @@ so the ops a layer's forward is made of need not be recorded one by one: a
 MultiHeadAttention's projection, head split, cache write, attention and
 output projection run here as a few array calls (and, in models.py, a GPT
 block's layer norms and residual adds, its MLP's two products and GELU),
-with the same arithmetic as the fast ops (linear_rows, attention_arrays,
+with the same arithmetic as the fast ops (backend.products, attention_arrays,
 the gelu and layer norm kernels).
 
 ``nn.fuse(model)`` gives each layer it knows a ``Runner`` (Module.__call__ calls
@@ -20,14 +20,12 @@ in for is not the library's (checked.py), the layer's own forward runs.
 import math
 import weakref
 
-import numpy as np
-
 from .. import autograd
 from ..autograd import constant, is_grad_enabled
 from ..nn import attention, modules
 from ..ops import causal_mask
 from . import checked
-from .ops import attention_arrays, linear_rows
+from .ops import attention_arrays
 
 
 class Runner:
@@ -82,7 +80,7 @@ class Runner:
 
 def no_graph(x, module):
     """True where running ``module`` on ``x`` records no graph and nothing watches the ops."""
-    if autograd.hooks is not None or not x.backend.fast_ops or x.xp is not np:
+    if autograd.hooks is not None or not x.backend.fast_ops or not x.backend.on_host:   # (numpy arrays here)
         return False
     if not is_grad_enabled():
         return True
@@ -106,7 +104,8 @@ def first(*reasons):
 
 def linear_on_arrays(x2, layer):
     """x2 (N, in) @ W^T + b on arrays, as the fast Linear runs it."""
-    return linear_rows(x2, layer.weight.data, None if layer.bias is None else layer.bias.data)
+    weight = layer.weight
+    return weight.backend.products.linear(x2, weight.data, None if layer.bias is None else layer.bias.data)
 
 
 def idle(dropout):

@@ -2,7 +2,8 @@
 
 Each runs the same arithmetic as its teaching op, faster: a fused kernel
 (``backend.run_kernel``, numba on the CPU, CuPy's on the GPU; ``kernels`` names
-the ones it asks for), tinyattn's threads (``threads.matmul``), a BLAS product
+the ones it asks for), tinyattn's threads (``backend.products``: on the CPU, split
+over the threads, threads.py), a BLAS product
 in place of a slow reduction, or arrays where the formula builds Tensors, in
 its ``fast_forward`` and ``fast_backward``. Where it cannot (a kernel declines a
 dtype it is not compiled for, a mask shape it does not take), those return
@@ -16,12 +17,10 @@ off, and checks every kernel against its formula.
 """
 import math
 
-import numpy as np
-
 from .. import ops
 from ..autograd import is_grad_enabled
 from ..nn import attention, flash, functional as F
-from . import layouts, threads
+from . import threads
 
 
 class FastOp:
@@ -90,21 +89,18 @@ class MatMul(FastOp, ops.MatMul):
     split over the threads; stacked products (attention's) split their stack."""
 
     def fast_forward(self, a, b):
-        if b.ndim == 2:
-            if a.ndim == 2 and self.xp is np and threads.too_small(a.size * b.shape[1] // 32):
-                return a.dot(b)                                  # (what threads.matmul does, without its call)
-            if a.ndim > 2:
-                flat = threads.matmul(self.xp, self.xp.reshape(a, (-1, a.shape[-1])), b)     # (B*T, m)
-                return self.xp.reshape(flat, a.shape[:-1] + b.shape[-1:])
-        return threads.matmul(self.xp, a, b)
+        if b.ndim == 2 and a.ndim > 2:
+            flat = self.backend.products.matmul(self.xp.reshape(a, (-1, a.shape[-1])), b)     # (B*T, m)
+            return self.xp.reshape(flat, a.shape[:-1] + b.shape[-1:])
+        return self.backend.products.matmul(a, b)
 
     def fast_backward(self, g):
         a, b = self.parents
         da, db = self.needs_input_grad
         if a.ndim == b.ndim > 2 and a.shape[:-2] == b.shape[:-2]:   # stacks of the same shape
-            mT, xp = ops.matrix_transpose, self.xp
-            return (self.constant(threads.matmul(xp, g.data, mT(xp, b.data))) if da else None,
-                    self.constant(threads.matmul(xp, mT(xp, a.data), g.data)) if db else None)
+            mT, xp, mm = ops.matrix_transpose, self.xp, self.backend.products.matmul
+            return (self.constant(mm(g.data, mT(xp, b.data))) if da else None,
+                    self.constant(mm(mT(xp, a.data), g.data)) if db else None)
         if b.ndim == 2 and a.ndim > 2:                              # sum over B and T in one product
             return (ops.sum_to(g @ b.mT, a.shape) if da else None,
                     a.reshape(-1, a.shape[-1]).mT @ g.reshape(-1, g.shape[-1]) if db else None)
@@ -355,26 +351,14 @@ class LayerNorm(FastOp, F.LayerNorm):
         return kept(dx), kept(dw, weight.requires_grad), kept(db, bias.requires_grad)
 
 
-def linear_rows(x2, weight, bias=None):
-    """x2 (N, in) @ W^T + b on numpy arrays: split over the threads, W^T as layouts.py finds fastest."""
-    return threads.matmul(np, x2, layouts.transposed(weight, len(x2)), add=bias)
-
-
 class Linear(FastOp, F.Linear):
-    """One 2-d product over the flattened leading dims, split over the threads, with the bias
-    added in place (inside ta.inference_mode, W^T as layouts.py finds fastest); backward's
-    products in one split (threads.matmuls)."""
+    """One 2-d product over the flattened leading dims (on the CPU split over the threads, and
+    inside ta.inference_mode with W^T as layouts.py finds fastest), the bias added in place;
+    backward's products in one split (products.matmuls)."""
 
     def fast_forward(self, x, weight, bias=None):
-        xp = self.xp
-        if xp is not np:                                          # (numpy's own methods below: fewer calls)
-            x2 = xp.reshape(x, (-1, x.shape[-1]))
-            out = threads.matmul(xp, x2, xp.permute_dims(weight, (1, 0)), add=bias)
-            return xp.reshape(out, tuple(x.shape[:-1]) + (weight.shape[0],))
-        if x.ndim == 2:
-            return linear_rows(x, weight, bias)                        # (N, out)
-        out = linear_rows(x.reshape(-1, x.shape[-1]), weight, bias)    # (N, out)
-        return out.reshape(x.shape[:-1] + (weight.shape[0],))
+        out = self.backend.products.linear(self.xp.reshape(x, (-1, x.shape[-1])), weight, bias)   # (N, out)
+        return out if x.ndim == 2 else self.xp.reshape(out, tuple(x.shape[:-1]) + (weight.shape[0],))
 
     def fast_backward(self, g):                                         # g (..., out)
         return self._backward_arrays(g.data, self.parents[0].data, self.parents[1].data, self.needs_input_grad)
@@ -389,7 +373,7 @@ class Linear(FastOp, F.Linear):
             products[2] = (backend.full((1, g2.shape[0]), 1, backend.dtype_of(g2)), g2)
         products[1] = (xp.permute_dims(g2, (1, 0)), x2)            # dW (out, in): last, a thread of its own
         wanted = [i for i in products if need[i]]
-        results = dict(zip(wanted, threads.matmuls(xp, [products[i] for i in wanted])))
+        results = dict(zip(wanted, backend.products.matmuls([products[i] for i in wanted])))
         if 0 in results:
             results[0] = xp.reshape(results[0], x.shape)           # (..., in)
         if 2 in results:
@@ -402,10 +386,10 @@ def attention_arrays(backend, q, k, v, allowed, scale):
     fused = backend.run_kernel("attention", q, k, v, allowed, scale)
     if fused is not None:
         return fused
-    xp = backend.xp
-    scores = threads.matmul(xp, q, ops.matrix_transpose(xp, k)) * scale   # (B, H, Tq, Tk)
+    xp, mm = backend.xp, backend.products.matmul
+    scores = mm(q, ops.matrix_transpose(xp, k)) * scale                   # (B, H, Tq, Tk)
     weights = ops.masked_softmax(xp, scores, allowed)
-    return threads.matmul(xp, weights, v), weights
+    return mm(weights, v), weights
 
 
 class Attention(FastOp, attention.Attention):
@@ -426,12 +410,11 @@ class Attention(FastOp, attention.Attention):
         (p,) = self.saved
         grads = self.backend.run_kernel("attention_backward", g.data, q.data, k.data, v.data, p, self.scale)
         if grads is None:                                          # the same formulas on arrays
-            xp, mT, mm = self.xp, ops.matrix_transpose, threads.matmul
+            xp, mT, mm = self.xp, ops.matrix_transpose, self.backend.products.matmul
             do = g.data
-            dp = mm(xp, do, mT(xp, v.data))                        # (B, H, Tq, Tk)
+            dp = mm(do, mT(xp, v.data))                            # (B, H, Tq, Tk)
             ds = p * (dp - xp.sum(dp * p, axis=-1, keepdims=True))
-            grads = (mm(xp, ds, k.data) * self.scale, mm(xp, mT(xp, ds), q.data) * self.scale,
-                     mm(xp, mT(xp, p), do))
+            grads = (mm(ds, k.data) * self.scale, mm(mT(xp, ds), q.data) * self.scale, mm(mT(xp, p), do))
         return tuple(self.constant(a) for a in grads) + (None,)
 
 

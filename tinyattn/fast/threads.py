@@ -279,52 +279,73 @@ def measure_min_work(pool):
     return {"round_trip_us": round(trip * 1e6, 1), "ns_per_unit": round(unit * 1e9, 3), "min_work": MIN_WORK}
 
 
-# ---------------------------------------------------------------- products split over the threads
-def matmul(xp, a, b, add=None):
-    """a @ b, plus ``add`` (broadcast over the rows) when given: (n, k) @ (k, m), or stacked
-    (S, ..., n, k) @ (S, ..., k, m), on namespace ``xp``. For numpy, the rows, or the S stacked products, are split
-    over the threads (one BLAS thread each); other shapes and other arrays run as xp.matmul."""
-    if xp is np and a.ndim == b.ndim == 2 and too_small(a.size * b.shape[1] // 32):   # too small to split:
-        out = a.dot(b)                                        # dot skips matmul's dispatch (1 us of 1.4 at 4 x 4)
-        if add is not None:
-            out += add
-        return out
-    stacked = a.ndim == b.ndim > 2 and a.shape[:-2] == b.shape[:-2]
-    if xp is not np or not (a.ndim == b.ndim == 2 or stacked):
-        out = xp.matmul(a, b)
+# ---------------------------------------------------------------- products, per backend
+class Products:
+    """The matrix products the fast ops ask for, on one backend (``backend.products``, set by the
+    fast layer): the backend's own matmul. The CPU's variant, CpuProducts, splits them over
+    tinyattn's threads."""
+
+    def __init__(self, xp):
+        self.xp = xp
+
+    def matmul(self, a, b, add=None):
+        """a @ b, plus ``add`` (broadcast over the rows) when given."""
+        out = self.xp.matmul(a, b)
         return out if add is None else out + add
-    n = a.shape[0]                                            # rows of a, or the stack's first dim
-    out = np.empty(a.shape[:-1] + b.shape[-1:], dtype=np.result_type(a, b))
 
-    def rows(start, stop):
-        np.matmul(a[start:stop], b if a.ndim == 2 else b[start:stop], out=out[start:stop])
-        if add is not None:
-            out[start:stop] += add
+    def matmuls(self, pairs):
+        """[a @ b for (a, b) in pairs]."""
+        return [self.xp.matmul(a, b) for a, b in pairs]
 
-    split(rows, n, work=a.size * b.shape[-1] // 32)
-    return out
+    def linear(self, x2, weight, bias=None):
+        """x2 (N, in) @ weight^T (weight (out, in)) + bias."""
+        return self.matmul(x2, self.xp.permute_dims(weight, (1, 0)), add=bias)
 
 
-def matmuls(xp, pairs):
-    """[a @ b for (a, b) in pairs], 2-d products, in one split over the threads.
+class CpuProducts(Products):
+    """numpy's products: the rows of (n, k) @ (k, m), or the S products of a stack (S, ..., n, k) @
+    (S, ..., k, m), split over the threads, one BLAS thread each; other shapes as numpy's matmul."""
 
-    The threads take the products' rows in order, each row weighted by its cost
-    (k * m), so two products of equal cost on two threads run one on each, whole:
-    a Linear backward's dx = g @ W beside its dW = g^T @ x. Other arrays: one by one."""
-    if xp is not np:
-        return [xp.matmul(a, b) for a, b in pairs]
-    outs = [np.empty((a.shape[0], b.shape[1]), dtype=np.result_type(a, b)) for a, b in pairs]
-    costs = [a.shape[1] * b.shape[1] for a, b in pairs]          # of one row of each product
-    firsts = np.cumsum([0] + [len(a) * c for (a, _), c in zip(pairs, costs)]).tolist()
+    def matmul(self, a, b, add=None):
+        if a.ndim == b.ndim == 2 and too_small(a.size * b.shape[1] // 32):   # too small to split:
+            out = a.dot(b)                                    # dot skips matmul's dispatch (1 us of 1.4 at 4 x 4)
+            if add is not None:
+                out += add
+            return out
+        stacked = a.ndim == b.ndim > 2 and a.shape[:-2] == b.shape[:-2]
+        if not (a.ndim == b.ndim == 2 or stacked):
+            return super().matmul(a, b, add)
+        out = np.empty(a.shape[:-1] + b.shape[-1:], dtype=np.result_type(a, b))
 
-    def units(start, stop):                                       # a row goes where its first unit is
-        for (a, b), out, cost, first in zip(pairs, outs, costs, firsts):
-            i, j = max(0, -((first - start) // cost)), min(len(a), -((first - stop) // cost))
-            if i < j:
-                np.matmul(a[i:j], b, out=out[i:j])
+        def rows(start, stop):                                # rows of a, or the stack's first dim
+            np.matmul(a[start:stop], b if a.ndim == 2 else b[start:stop], out=out[start:stop])
+            if add is not None:
+                out[start:stop] += add
 
-    split(units, firsts[-1], work=firsts[-1] // 32)
-    return outs
+        split(rows, a.shape[0], work=a.size * b.shape[-1] // 32)
+        return out
+
+    def matmuls(self, pairs):
+        """2-d products in one split. The threads take the products' rows in order, each row weighted
+        by its cost (k * m), so two products of equal cost on two threads run one on each, whole:
+        a Linear backward's dx = g @ W beside its dW = g^T @ x."""
+        outs = [np.empty((a.shape[0], b.shape[1]), dtype=np.result_type(a, b)) for a, b in pairs]
+        costs = [a.shape[1] * b.shape[1] for a, b in pairs]          # of one row of each product
+        firsts = np.cumsum([0] + [len(a) * c for (a, _), c in zip(pairs, costs)]).tolist()
+
+        def units(start, stop):                                       # a row goes where its first unit is
+            for (a, b), out, cost, first in zip(pairs, outs, costs, firsts):
+                i, j = max(0, -((first - start) // cost)), min(len(a), -((first - stop) // cost))
+                if i < j:
+                    np.matmul(a[i:j], b, out=out[i:j])
+
+        split(units, firsts[-1], work=firsts[-1] // 32)
+        return outs
+
+    def linear(self, x2, weight, bias=None):
+        """W^T as layouts.py finds fastest (inside ta.inference_mode)."""
+        from .layouts import transposed
+        return self.matmul(x2, transposed(weight, len(x2)), add=bias)
 
 
 def joined(arrays, shape, dim):

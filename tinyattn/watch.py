@@ -22,21 +22,8 @@ def changed(owner, name):
         listen(owner, name)
 
 
-class Watched(type):
-    """A class whose attributes, set or deleted after it was made, are reported to the listeners."""
-
-    def __setattr__(cls, name, value):
-        super().__setattr__(name, value)
-        changed(cls, name)
-
-    def __delattr__(cls, name):
-        super().__delattr__(name)
-        changed(cls, name)
-
-
-class WatchedModule(types.ModuleType):
-    """A module whose attributes, set or deleted from outside (``ops.softmax = f``), are reported.
-    (The module's own code assigning its globals does not go through here.)"""
+class _Reports:
+    """__setattr__ and __delattr__ that report the change, once done."""
 
     def __setattr__(self, name, value):
         super().__setattr__(name, value)
@@ -45,3 +32,12 @@ class WatchedModule(types.ModuleType):
     def __delattr__(self, name):
         super().__delattr__(name)
         changed(self, name)
+
+
+class Watched(_Reports, type):
+    """A class whose attributes, set or deleted after it was made, are reported to the listeners."""
+
+
+class WatchedModule(_Reports, types.ModuleType):
+    """A module whose attributes, set or deleted from outside (``ops.softmax = f``), are reported.
+    (The module's own code assigning its globals does not go through here.)"""

@@ -87,7 +87,7 @@ def test_the_fingerprints_do_not_depend_on_the_python_version(python, tmp_path):
     body = source[source.index("def fingerprint(fn):"):source.index("def functions(name):")]
     names = ("stable_exp", "masked_softmax", "sum_to")
     (tmp_path / "target.py").write_text(_functions_only((ROOT / "tinyattn" / "ops.py").read_text(), names))
-    script = ("import ast, hashlib, importlib.util, inspect, json, sys, textwrap\n" + body
+    script = ("import ast, hashlib, importlib.util, inspect, json, sys, textwrap, weakref\n" + body
               + "\nspec = importlib.util.spec_from_file_location('target', sys.argv[1])\n"
               "target = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(target)\n"
               f"print(json.dumps({{n: fingerprint(getattr(target, n)) for n in {names!r}}}))")

@@ -31,6 +31,8 @@ import importlib
 import inspect
 import sys
 import textwrap
+import weakref
+from pathlib import Path
 
 from .. import watch
 
@@ -103,8 +105,8 @@ def fingerprint(fn):
     return known
 
 
-_known = __import__("weakref").WeakKeyDictionary()     # function -> its fingerprint (a function's code
-                                                       # does not change; replacing it makes a new one)
+_known = weakref.WeakKeyDictionary()     # function -> its fingerprint (a function's code does not
+                                         # change; replacing it makes a new one)
 
 
 def _fingerprint(fn):
@@ -164,10 +166,11 @@ def live_fingerprints():
 
 # ---------------------------------------------------------------- which paths run
 class _State:
-    differ = {}             # "module:qualname" -> why, for each function that is not the library's
-    off = set()             # the paths that step aside
-    said = set()            # the functions a notice has named
-    checked = False
+    def __init__(self):
+        self.differ = {}    # "module:qualname" -> why, for each function that is not the library's
+        self.off = set()    # the paths that step aside
+        self.said = set()   # the functions a notice has named
+        self.checked = False
 
 
 _state = _State()
@@ -203,8 +206,7 @@ def check(names=None):
         if names is None:
             for key in set(FINGERPRINTS) - keys:     # a stored function no longer there
                 _state.differ[key] = "is gone"
-    off = {path for path, group in STANDS_IN_FOR.items()
-           if any(key == name or key.startswith(name + ".") for name in group for key in _state.differ)}
+    off = {path for path, group in STANDS_IN_FOR.items() if any(_covers(group, key) for key in _state.differ)}
     changed = off != _state.off or not _state.checked
     _state.off, _state.checked = off, True
     _say(sorted(set(_state.differ) - _state.said))
@@ -225,25 +227,29 @@ def _say(keys):
         home = f"{head.__module__}:{qualname}" if isinstance(head, type) and "." in qualname else key
         groups.setdefault(home, []).append(key)
     for home, same in groups.items():
-        paths = [describe(p) for p in STANDS_IN_FOR
-                 if any(key == name or key.startswith(name + ".") for key in same for name in STANDS_IN_FOR[p])]
+        paths = [describe(p) for p, group in STANDS_IN_FOR.items() if any(_covers(group, key) for key in same)]
         if paths:
             print(f"tinyattn: {_where(home)} {_state.differ[same[0]]}; {', '.join(paths)} "
                   f"step{'s' * (len(paths) == 1)} aside, and your code runs", file=sys.stderr)
 
 
 def _where(key):
-    """'tinyattn.models.gpt:Block.forward' -> 'models/gpt.py Block.forward'."""
+    """'tinyattn.models.gpt:Block.forward' -> 'models/gpt.py Block.forward' (the file, from tinyattn/)."""
     module, _, qualname = key.partition(":")
-    parts = module.split(".")[1:]
-    return f"{'/'.join(parts) or 'tinyattn'}.py {qualname}" if parts != ["optim"] else f"optim/__init__.py {qualname}"
+    package = Path(sys.modules["tinyattn"].__file__).parent
+    return f"{Path(sys.modules[module].__file__).relative_to(package).as_posix()} {qualname}"
 
 
 def status():
     """{path: [the functions it stands in for that are not the library's]} (empty lists: it runs)."""
-    runs("Linear")
-    return {path: sorted(key for key in _state.differ if any(key == n or key.startswith(n + ".") for n in group))
-            for path, group in STANDS_IN_FOR.items()}
+    if not _state.checked:
+        check()
+    return {path: sorted(key for key in _state.differ if _covers(group, key)) for path, group in STANDS_IN_FOR.items()}
+
+
+def _covers(group, key):
+    """Whether one of a path's names (a class, or a function) covers the function ``key``."""
+    return any(key == name or key.startswith(name + ".") for name in group)
 
 
 # ---------------------------------------------------------------- changes at run time

@@ -37,6 +37,24 @@ def dtype_of_host(dtype):
         raise TypeError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}") from None
 
 
+_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2}     # PyTorch's categories: bool < integer < float
+
+
+def category(dtype):
+    """0 for bool, 1 for integers, 2 for floats: PyTorch's promotion categories."""
+    return _CATEGORY[np.dtype(dtype).kind]
+
+
+def promote_types(a, b):
+    """PyTorch's promotion of two dtypes: a higher category wins whole (int64 with float32 is
+    float32, not numpy's float64); within one category the wider wins (float32 with float64)."""
+    a, b = np.dtype(a), np.dtype(b)
+    ca, cb = _CATEGORY[a.kind], _CATEGORY[b.kind]
+    if ca != cb:
+        return a if ca > cb else b
+    return np.promote_types(a, b)
+
+
 class Backend:
     """What every device does the same way, through its array namespace ``xp`` (the array API).
 

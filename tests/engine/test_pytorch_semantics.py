@@ -229,3 +229,86 @@ def test_uint8_tensors_round_trip_through_safetensors(tmp_path):
     back = ta.load_safetensors(tmp_path / "a.safetensors")
     assert back["u"].dtype == np.uint8 and back["u"].tolist() == [0, 7, 255]
     assert back["i8"].dtype == np.int8
+
+
+# ------------------------------------------------------------------ everyday API
+def test_neg_floor_division_and_where_with_numbers():
+    x = ta.tensor([5, -5])
+    assert x.neg().tolist() == [-5, 5]
+    assert (x // 2).tolist() == [2, -3] and (x // 2).dtype == ta.int64
+    assert (f32(5.0, -5.0) // 2).tolist() == [2.0, -3.0]
+    assert (x // 2.0).dtype == ta.float32 and (7 // ta.tensor([2])).tolist() == [3]
+    cond = ta.tensor([True, False])
+    out = ta.where(cond, 4, 2)
+    assert out.tolist() == [4, 2] and out.dtype == ta.int64
+    assert ta.where(cond, 4, 2.5).dtype == ta.float32
+    with pytest.raises(TypeError, match="where: cond must be a boolean Tensor, got float32"):
+        ta.where(f32(1.0, 0.0), 1, 2)
+
+
+def test_floor_division_has_no_gradient():
+    x = ta.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"floor division \(//\) has no gradient"):
+        (x // 2).sum().backward()
+
+
+def test_cross_entropy_reductions_and_label_smoothing():
+    rng = np.random.default_rng(0)
+    logits = ta.tensor(rng.standard_normal((4, 3)), dtype="float64", requires_grad=True)
+    t = ta.tensor([0, 2, -100, 1])
+    per_row = ta.nn.functional.cross_entropy(logits, t, reduction="none")
+    assert per_row.shape == (4,) and per_row[2].item() == 0.0
+    mean = ta.nn.functional.cross_entropy(logits, t)
+    np.testing.assert_allclose(per_row.sum().item() / 3, mean.item(), rtol=1e-12)
+    np.testing.assert_allclose(ta.nn.functional.cross_entropy(logits, t, reduction="sum").item(),
+                               per_row.sum().item(), rtol=1e-12)
+    smooth = ta.nn.functional.cross_entropy(logits, t, label_smoothing=0.3)
+    logp = np.log(np.exp(logits.detach().numpy()) / np.exp(logits.detach().numpy()).sum(1, keepdims=True))
+    rows = [0, 1, 3]
+    expected = np.mean([0.7 * -logp[i, t.tolist()[i]] + 0.3 * -logp[i].mean() for i in rows])
+    np.testing.assert_allclose(smooth.item(), expected, rtol=1e-12)
+    with pytest.raises(ValueError, match="cross_entropy: reduction must be"):
+        ta.nn.functional.cross_entropy(logits, t, reduction="avg")
+
+
+def test_cross_entropy_with_class_probabilities():
+    logits = ta.randn(3, 4, dtype="float64")
+    onehot = ta.tensor(np.eye(4)[[1, 0, 3]], dtype="float64")
+    np.testing.assert_allclose(ta.nn.functional.cross_entropy(logits, onehot).item(),
+                               ta.nn.functional.cross_entropy(logits, ta.tensor([1, 0, 3])).item(), rtol=1e-12)
+    with pytest.raises(ValueError, match="class-probability targets must have the logits' shape"):
+        ta.nn.functional.cross_entropy(logits, onehot[:, :2])
+
+
+def test_layer_norm_over_several_trailing_dims():
+    ln = ta.nn.LayerNorm((3, 4))
+    x = ta.randn(2, 3, 4, dtype="float64")
+    ln.to("cpu")
+    out = ta.nn.functional.layer_norm(x, (3, 4))
+    flat = x.numpy().reshape(2, 12)
+    expected = (flat - flat.mean(1, keepdims=True)) / np.sqrt(flat.var(1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(out.numpy().reshape(2, 12), expected, rtol=1e-10)
+    assert ln(ta.randn(5, 3, 4)).shape == (5, 3, 4)
+    with pytest.raises(ValueError, match="layer_norm: normalized_shape"):
+        ln(ta.randn(5, 4, 3))
+
+
+def test_grouped_query_attention():
+    q, k, v = ta.randn(2, 4, 3, 5), ta.randn(2, 2, 3, 5), ta.randn(2, 2, 3, 5)
+    F = ta.nn.functional
+    out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    repeated = [ta.tensor(np.repeat(t.numpy(), 2, axis=1)) for t in (k, v)]
+    np.testing.assert_allclose(out.numpy(), F.scaled_dot_product_attention(q, *repeated).numpy(), rtol=1e-6)
+    with pytest.raises(ValueError, match=r"enable_gqa needs q's heads \(4\) to be a multiple of k's \(3\)"):
+        F.scaled_dot_product_attention(q, ta.randn(2, 3, 3, 5), ta.randn(2, 3, 3, 5), enable_gqa=True)
+
+
+def test_clip_grad_norm_of_one_tensor_and_other_norms():
+    w = ta.zeros(3, requires_grad=True)
+    w.grad = f32(3.0, 4.0, 0.0)
+    assert ta.nn.utils.clip_grad_norm_(w, 10.0).item() == pytest.approx(5.0)
+    assert ta.nn.utils.clip_grad_norm_(w, 1.0, norm_type=1).item() == pytest.approx(7.0)
+    np.testing.assert_allclose(w.grad.numpy(), [3 / 7, 4 / 7, 0.0], rtol=1e-5)
+    w.grad = f32(3.0, -4.0, 0.0)
+    assert ta.nn.utils.clip_grad_norm_([w], 2.0, norm_type=float("inf")).item() == pytest.approx(4.0)
+    np.testing.assert_allclose(w.grad.numpy(), [1.5, -2.0, 0.0], rtol=1e-5)

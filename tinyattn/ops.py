@@ -45,6 +45,9 @@ def operands(t, other, op, reverse=False, true_division=False):
     number with an integer or boolean tensor gives float32, the default float dtype (ids * 0.5
     is float32, not numpy's float64), and so does true division of integers. Two tensors
     promote as ``result_dtype`` says (int64 + float32 is float32)."""
+    if op == "-" and (t.dtype.kind == "b" or (other.dtype.kind == "b" if is_tensor(other) else isinstance(other, bool))):
+        raise TypeError("-: subtraction with a bool operand is refused, as in PyTorch; "
+                        "to invert a mask use ~mask, or convert with .long() or .float() first")
     if not is_tensor(other):
         if t.dtype.kind != "f" and (true_division or check_operand(other, op) == "f"):
             t = t.to("float32")
@@ -337,7 +340,7 @@ class Relu(Function):
     """max(a, 0); at a == 0 the gradient is 0, as in PyTorch."""
 
     def forward(self, a):
-        mask = a > 0
+        mask = self.xp.logical_not(a <= 0)                 # (NaN passes, as in PyTorch)
         self.save(mask)
         return self.xp.where(mask, a, 0.0)
 
@@ -394,6 +397,7 @@ class GeluTanh(Function):
 
 
 def gelu(x, approximate="none"):
+    check_float("gelu", x)
     if approximate == "none":
         return Gelu.apply(x)
     if approximate == "tanh":
@@ -405,7 +409,7 @@ class Sign(Function):
     """-1, 0 or 1; its gradient is 0 everywhere (PyTorch records it, so a graph passes through)."""
 
     def forward(self, a):
-        return self.xp.sign(a)
+        return self.xp.sign(a) if a.dtype != bool else self.backend.copy(a)   # (numpy has no bool sign)
 
     def backward(self, g):
         return g * 0.0
@@ -786,16 +790,20 @@ def check_float(op, x):
 
 def softmax(x, dim=-1):
     check_float("softmax", x)
+    if 0 in x.shape:                                   # no elements: nothing to normalise (no max to take)
+        return x * 1.0
     return Softmax.apply(x, dim=normalize_dim(dim, x.ndim, "softmax"))
 
 
 def log_softmax(x, dim=-1):
     check_float("log_softmax", x)
+    if 0 in x.shape:
+        return x * 1.0
     return LogSoftmax.apply(x, dim=normalize_dim(dim, x.ndim, "log_softmax"))
 
 
 def logsumexp(x, dim=-1, keepdim=False):
-    check_float("logsumexp", x)
+    x = x if x.dtype.kind == "f" else x.to(float32)    # integers give float32, as in PyTorch
     return LogSumExp.apply(x, dim=normalize_dim(dim, x.ndim, "logsumexp"), keepdim=keepdim)
 
 

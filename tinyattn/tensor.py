@@ -246,6 +246,7 @@ class Tensor:
         if not isinstance(other, (int, float)) or isinstance(other, bool):
             return _ops.Pow.apply(*_ops.operands(self, other, "**"))
         base = self if self.dtype.kind == "f" or isinstance(other, int) else self.to(float32)
+        base = base if base.dtype.kind != "b" else base.to(int64)          # bool ** 2 is int64, as in PyTorch
         return _ops.PowScalar.apply(base, exponent=other)
 
     def __rpow__(self, other):
@@ -332,9 +333,11 @@ class Tensor:
     __hash__ = object.__hash__
 
     def argmax(self, dim=None, keepdim=False):
+        _check_not_bool(self, "argmax")
         return Tensor._make(self.xp.argmax(self.data, axis=dim, keepdims=keepdim), self._backend)
 
     def argmin(self, dim=None, keepdim=False):
+        _check_not_bool(self, "argmin")
         return Tensor._make(self.xp.argmin(self.data, axis=dim, keepdims=keepdim), self._backend)
 
     # --- elementwise (exp, log, sqrt, tanh, sigmoid, erf: integers and bools give float32, as in PyTorch) ---
@@ -348,6 +351,8 @@ class Tensor:
         return _ops.Sqrt.apply(_floating(self))
 
     def abs(self):
+        if self.dtype.kind == "b":
+            raise TypeError("abs: a bool tensor has no abs, as in PyTorch (convert with .long() first)")
         return _ops.Abs.apply(self)
 
     def tanh(self):
@@ -357,6 +362,10 @@ class Tensor:
         return _ops.Sigmoid.apply(_floating(self))
 
     def relu(self):
+        if not _is_float(self.dtype):                   # integers stay integers; bools are refused (PyTorch's)
+            if self.dtype.kind == "b":
+                raise TypeError("relu: a bool tensor has no relu, as in PyTorch (convert with .float() first)")
+            return Tensor._make(self.xp.where(self.data > 0, self.data, self.xp.zeros_like(self.data)), self._backend)
         return _ops.Relu.apply(self)
 
     def erf(self):
@@ -409,7 +418,10 @@ class Tensor:
         return (centred * centred).sum(axes, keepdim) * _reciprocal(count - correction)
 
     def std(self, dim=None, keepdim=False, correction=1):
-        return self.var(dim, keepdim, correction).sqrt()
+        """sqrt(var); where the variance is 0 its gradient is taken as 0 (PyTorch's), not 0 / 0."""
+        var = self.var(dim, keepdim, correction)
+        zero = var == 0
+        return _ops.where(zero, 0.0, _ops.where(zero, 1.0, var).sqrt())
 
     def softmax(self, dim=-1):
         return _ops.softmax(self, dim)
@@ -506,6 +518,11 @@ class Tensor:
 
 def _is_float(dtype):
     return dtype.kind == "f"
+
+
+def _check_not_bool(t, op):
+    if t.dtype.kind == "b":
+        raise TypeError(f"{op}: a bool tensor is refused, as in PyTorch (convert with .long() first)")
 
 
 def _floating(t):

@@ -589,6 +589,8 @@ class IndexAdd(Function):
 
 def getitem(x, index):
     index = _canonical_index(index, x.backend)
+    if _is_basic(index, x.backend) and not any(i is Ellipsis for i in index):
+        index = index + (Ellipsis,)             # (x[1, 2] a 0-d view, as in PyTorch, not numpy's scalar copy)
     first, index = _ints_first(index, x.backend)
     if first is not None:
         x = GetItem.apply(x, index=first)

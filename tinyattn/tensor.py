@@ -162,7 +162,8 @@ class Tensor:
         return self
 
     def zero_(self):
-        self.data = self._backend.xp.zeros_like(self.data)
+        """Zeros, written in place (its views see them)."""
+        self._write(self._backend.xp.zeros_like(self.data), "zero_", "use ta.zeros_like(x) for a new tensor")
         return self
 
     def to(self, target):
@@ -261,15 +262,20 @@ class Tensor:
     def _inplace(self, other, op, out_of_place):
         """``t += x`` and friends. A leaf that requires grad refuses (as in PyTorch): its
         ``.grad`` would silently stay None. Where no graph is recorded (``ta.no_grad()``, or
-        nothing requires grad) the tensor keeps its identity and takes the new values; it
-        replaces its array, so a ``detach()``-ed view keeps the old ones. Otherwise the
-        result is a new graph node, as ``t = t + x`` would be."""
+        nothing requires grad) the values are written into the tensor's own array, as in
+        PyTorch: every view of it (``w[0]``, ``w.T``, ``w.view(...)``, ``w.detach()``) and the
+        tensor it views see them. While a graph is recorded the result is a new graph node,
+        as ``t = t + x`` would be; a view refuses there, since what it views would not change."""
         if autograd.is_grad_enabled() and self.requires_grad and self.is_leaf:
             raise RuntimeError(f"in-place {op}= on a leaf tensor that requires grad (shape {self.shape}): "
                                "its .grad would be lost. Update it under `with ta.no_grad():`, or "
                                f"write `x = x {op} ...` to make a new tensor")
         recording = autograd.is_grad_enabled() and (self.requires_grad or (isinstance(other, Tensor) and other.requires_grad))
         if recording:
+            if self._backend.is_view(self.data):
+                raise RuntimeError(f"in-place {op}= on a view (shape {self.shape}) while a graph is recorded: "
+                                   "the tensor it views would keep its old values. Write "
+                                   f"`x = x {op} ...` for a new tensor, or update it under `with ta.no_grad():`")
             return out_of_place(self, other)
         with autograd.set_grad_enabled(False):
             result = out_of_place(self, other)
@@ -281,8 +287,17 @@ class Tensor:
                 raise TypeError(f"in-place {op}=: the result is {result.dtype}, which cannot be stored "
                                 f"in a {self.dtype} tensor (convert it first with .float())")
             result = result.to(self.dtype)
-        self.data = result.data
+        self._write(result.data, f"in-place {op}=", f"write `x = x {op} ...` for a new tensor")
         return self
+
+    def _write(self, values, what, instead):
+        """Put ``values`` into this tensor's own array (so its views see them), or refuse."""
+        try:
+            self._backend.write(self.data, values)
+        except ValueError:
+            raise RuntimeError(f"{what}: this tensor (shape {self.shape}) is an expanded or read-only view whose "
+                               f"elements share memory, so it cannot be written in place (as in PyTorch); {instead}, "
+                               "or write into a copy (x = x.clone())") from None
 
     def __floordiv__(self, other):
         return _ops.FloorDiv.apply(*_ops.operands(self, other, "//"))
@@ -622,7 +637,7 @@ def tensor(data, dtype=None, device=None, requires_grad=False):
             _check_data(data)
         if dtype is None and backend.dtype_of(data).kind == "f":
             dtype = float32
-        array = data if dtype is None else backend.xp.astype(data, backend.native_dtype(dtype))
+        array = backend.copy(data) if dtype is None else backend.xp.astype(data, backend.native_dtype(dtype))
     else:
         try:
             host = get_backend("cpu").asarray(data)

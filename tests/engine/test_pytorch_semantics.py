@@ -344,3 +344,44 @@ def test_std_at_zero_variance_has_a_zero_gradient():
     x = ta.ones(1, 3, dtype="float64", requires_grad=True)
     x.std(0, correction=0).sum().backward()
     np.testing.assert_array_equal(x.grad.numpy(), 0.0)
+
+
+# ------------------------------------------------------------------ in-place writes through views
+@pytest.mark.parametrize("make_view", [lambda w: w[0], lambda w: w[:, 1], lambda w: w.view(-1), lambda w: w.T,
+                                       lambda w: w.detach(), lambda w: w[1, 2], lambda w: w.split(1)[0]],
+                         ids=["w[0]", "w[:, 1]", "view", "T", "detach", "w[1, 2]", "split"])
+def test_an_in_place_op_on_a_view_writes_through(make_view):
+    w = ta.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
+    with ta.no_grad():
+        v = make_view(w)
+        before = w.numpy().copy()
+        v -= 1
+    assert (w.numpy() != before).any(), "the write through the view was dropped"
+    assert (w.numpy() - before).sum() == -v.numel()
+
+
+def test_zero_and_updates_keep_a_detached_view_in_step():
+    w = ta.ones(3, requires_grad=True)
+    seen = w.detach()
+    with ta.no_grad():
+        w -= 0.5
+    assert seen.tolist() == [0.5, 0.5, 0.5]
+    seen.zero_()
+    assert w.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_writes_that_cannot_be_shared_are_refused():
+    e = ta.ones(3, 1).expand(3, 4)
+    with pytest.raises(RuntimeError, match=r"in-place \*=: this tensor \(shape \(3, 4\)\) is an expanded"):
+        e *= 2
+    h = ta.randn(2, 3, requires_grad=True) * 2
+    row = h[0]
+    with pytest.raises(RuntimeError, match=r"in-place \+= on a view \(shape \(3,\)\) while a graph is recorded"):
+        row += 1
+
+
+def test_a_tensor_made_from_a_numpy_array_does_not_share_it():
+    a = np.array([1, 2, 3])
+    t = ta.tensor(a)
+    t += 1
+    assert a.tolist() == [1, 2, 3] and t.tolist() == [2, 3, 4]

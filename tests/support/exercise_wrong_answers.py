@@ -820,7 +820,7 @@ WRONG = {
          "its own array"),
         ("t.grad = g.detach(), then t.grad.data += g.data",
          answer(engine, backward=backward_in_place(lambda g: g.detach(), _add_to_array)), "its own array"),
-        ("pending[k] += g", answer(engine, backward=backward_adds_pending_in_place), "pending[k] = pending[k] + g"),
+        ("pending[k] += g", answer(engine, backward=backward_adds_pending_in_place), ("in-place +=", "x = x + ...")),
     ],
     "attention": [
         ("dS = P * dP", answer(attention, scaled_dot_product_attention=attention_from(AttentionNoSubtraction)),

@@ -105,6 +105,19 @@ class Backend:
         """A view of ``a`` that refuses writes, where the device has one; else ``a`` itself."""
         return a
 
+    def write(self, a, values):
+        """``a[...] = values``, in place, so that every view of ``a`` (and the array it views) sees
+        them. A ValueError where that cannot be done: ``a`` is read-only, or a broadcast view
+        whose elements share one place in memory (a stride of 0 over a dim longer than 1)."""
+        strides = getattr(a, "strides", None) or ()
+        if any(s == 0 and n > 1 for s, n in zip(strides, a.shape)):
+            raise ValueError("several elements share one place in memory")
+        a[...] = values
+
+    def is_view(self, a):
+        """Whether ``a`` looks into another array's memory (a slice, a reshape, a transpose)."""
+        return getattr(a, "base", None) is not None
+
     # --- indexing --------------------------------------------------------
     def getitem(self, a, index):
         return a[index]

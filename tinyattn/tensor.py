@@ -178,7 +178,12 @@ class Tensor:
         except TypeError:
             raise ValueError(f"to: {target!r} is neither a device ('cpu', 'cuda', 'strict') "
                              "nor a dtype ('float32', ta.float64, ...)") from None
-        return self if dtype == self.dtype else _ops.Cast.apply(self, dtype=dtype)
+        if dtype == self.dtype:
+            return self
+        if not _is_float(dtype):                 # an integer or bool result has no gradient (as in PyTorch)
+            with autograd.set_grad_enabled(False):
+                return _ops.Cast.apply(self, dtype=dtype)
+        return _ops.Cast.apply(self, dtype=dtype)
 
     def cpu(self):
         return self.to("cpu")

@@ -5,20 +5,9 @@ import itertools
 import numpy as np
 import pytest
 
-from torch_compare import check
+from torch_compare import DTYPES, check, sample
 
-DTYPES = ["bool", "int32", "int64", "float16", "float32", "float64"]
 EDGES = np.array([0.0, -0.0, 1.0, -1.5, 2.0, np.inf, -np.inf, np.nan, 1e-8, 30.0])
-
-
-def sample(dtype, shape=(2, 3), seed=0):
-    rng = np.random.default_rng(seed)
-    if dtype == "bool":
-        return rng.random(shape) > 0.5
-    if dtype.startswith("int"):
-        return rng.integers(-4, 5, shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
-
 
 UNARY = {
     "exp": lambda m, x: x.exp(), "log": lambda m, x: x.abs().log() if x.dtype != m.tensor(True).dtype else x.log(),

@@ -2,18 +2,11 @@
 import numpy as np
 import pytest
 
-from torch_compare import check
-
-DTYPES = ["bool", "int32", "int64", "float16", "float32", "float64"]
+from torch_compare import DTYPES, check, sample as _sample
 
 
 def sample(dtype, shape=(2, 3, 4), seed=0):
-    rng = np.random.default_rng(seed)
-    if dtype == "bool":
-        return rng.random(shape) > 0.5
-    if dtype.startswith("int"):
-        return rng.integers(-4, 5, shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
+    return _sample(dtype, shape, seed)
 
 
 REDUCTIONS = {

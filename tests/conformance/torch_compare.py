@@ -7,8 +7,6 @@ what PyTorch's users see: that both succeed or both refuse, then the output's sh
 dtype and values (NaN equal to NaN, infinities by sign), and then, for every float input,
 the gradient of <u, out> for one random cotangent u.
 """
-import types
-
 import numpy as np
 import pytest
 
@@ -16,16 +14,35 @@ torch = pytest.importorskip("torch")
 
 import tinyattn as ta  # noqa: E402
 
-TA = types.SimpleNamespace(name="tinyattn", F=ta.nn.functional, where=ta.where, cat=ta.cat, stack=ta.stack,
-                           tensor=ta.tensor, exp=ta.exp, clamp=ta.clamp, nn=ta.nn, arange=ta.arange,
-                           full=ta.full, zeros=ta.zeros, ones=ta.ones, float32="float32", int64="int64")
-TORCH = types.SimpleNamespace(name="torch", F=torch.nn.functional, where=torch.where, cat=torch.cat,
-                              stack=torch.stack, tensor=torch.tensor, exp=torch.exp, clamp=torch.clamp,
-                              nn=torch.nn, arange=torch.arange, full=torch.full, zeros=torch.zeros,
-                              ones=torch.ones, float32=torch.float32, int64=torch.int64)
+class Library:
+    """A library's namespace for the cases: its module's names (m.exp, m.cat, m.where, m.float32,
+    ...), plus ``m.F`` for its nn.functional and ``m.name``."""
+
+    def __init__(self, name, module, functional):
+        self.name, self.module, self.F = name, module, functional
+
+    def __getattr__(self, attr):
+        return getattr(self.module, attr)
+
+
+TA = Library("tinyattn", ta, ta.nn.functional)
+TORCH = Library("torch", torch, torch.nn.functional)
 
 TOLERANCE = {"float16": (2e-3, 1e-3), "float32": (2e-5, 1e-6), "float64": (1e-10, 1e-12)}
 REFUSALS = (TypeError, ValueError, RuntimeError, IndexError, NotImplementedError)
+
+
+DTYPES = ["bool", "int32", "int64", "float16", "float32", "float64"]
+
+
+def sample(dtype, shape=(2, 3), seed=0):
+    """Random host data of ``dtype``: booleans, small integers (negative too) or normal floats."""
+    rng = np.random.default_rng(seed)
+    if dtype == "bool":
+        return rng.random(shape) > 0.5
+    if dtype.startswith("int"):
+        return rng.integers(-4, 5, shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
 
 
 def dtype_name(t):

@@ -385,3 +385,11 @@ def test_a_tensor_made_from_a_numpy_array_does_not_share_it():
     t = ta.tensor(a)
     t += 1
     assert a.tolist() == [1, 2, 3] and t.tolist() == [2, 3, 4]
+
+
+def test_a_cast_to_integers_leaves_the_graph():
+    """x.long() required grad, and its truncated gradient flowed back when it was added to a float."""
+    x = ta.tensor([1.7, -2.2], dtype="float64", requires_grad=True)
+    assert not x.long().requires_grad and not (x > 0).requires_grad
+    (x * 2 + x.long()).sum().backward(ta.tensor(0.6, dtype="float64"))
+    np.testing.assert_allclose(x.grad.numpy(), [1.2, 1.2])

@@ -371,8 +371,7 @@ class Tensor:
         return _ops.Sqrt.apply(_floating(self))
 
     def abs(self):
-        if self.dtype.kind == "b":
-            raise TypeError("abs: a bool tensor has no abs, as in PyTorch (convert with .long() first)")
+        _check_not_bool(self, "abs")
         return _ops.Abs.apply(self)
 
     def tanh(self):
@@ -383,8 +382,7 @@ class Tensor:
 
     def relu(self):
         if not _is_float(self.dtype):                   # integers stay integers; bools are refused (PyTorch's)
-            if self.dtype.kind == "b":
-                raise TypeError("relu: a bool tensor has no relu, as in PyTorch (convert with .float() first)")
+            _check_not_bool(self, "relu")
             return Tensor._make(self.xp.where(self.data > 0, self.data, self.xp.zeros_like(self.data)), self._backend)
         return _ops.Relu.apply(self)
 

@@ -15,7 +15,7 @@ import functools
 import math
 
 from .autograd import Function, constant, describe, is_tensor
-from .backend import get_backend
+from .backend import get_backend, category, promote_types, float32
 
 
 def sum_to(g, shape):
@@ -40,17 +40,44 @@ def lift(like, value, op="an op"):
 
 
 def operands(t, other, op, reverse=False, true_division=False):
-    """The two Tensors of ``t <op> other`` (``other <op> t`` with reverse=True), by PyTorch's
-    rules for Python numbers: a number never widens a tensor (float32 * 0.5 is float32),
-    and a float number with an integer or boolean tensor gives float32, the default float
-    dtype (ids * 0.5 is float32, not numpy's float64). So does true division of integers."""
+    """The two Tensors of ``t <op> other`` (``other <op> t`` with reverse=True), in one dtype, by
+    PyTorch's rules: a Python number never widens a tensor (float32 * 0.5 is float32), a float
+    number with an integer or boolean tensor gives float32, the default float dtype (ids * 0.5
+    is float32, not numpy's float64), and so does true division of integers. Two tensors
+    promote as ``result_dtype`` says (int64 + float32 is float32)."""
+    if op == "-" and (t.dtype.kind == "b" or (other.dtype.kind == "b" if is_tensor(other) else isinstance(other, bool))):
+        raise TypeError("-: subtraction with a bool operand is refused, as in PyTorch; "
+                        "to invert a mask use ~mask, or convert with .long() or .float() first")
     if not is_tensor(other):
         if t.dtype.kind != "f" and (true_division or check_operand(other, op) == "f"):
             t = t.to("float32")
         other = lift(t, other, op)
-    elif true_division and t.dtype.kind != "f" and other.dtype.kind != "f":
-        t, other = t.to("float32"), other.to("float32")
+    elif t.dtype != other.dtype or (true_division and t.dtype.kind != "f"):
+        dtype = result_dtype(t, other)
+        if true_division and dtype.kind != "f":
+            dtype = float32
+        t, other = to_dtype(t, dtype), to_dtype(other, dtype)
     return (other, t) if reverse else (t, other)
+
+
+def result_dtype(*tensors):
+    """The dtype of an elementwise op on ``tensors``, by PyTorch's rules: categories bool <
+    integer < float, and the higher category wins whole (int64 + float32 is float32). A 0-d
+    tensor next to tensors with dims widens only across categories: float32 * a float64 0-d
+    tensor is float32, int64 * a float64 0-d tensor is float64."""
+    dims = [t.dtype for t in tensors if t.ndim]
+    zeros = [t.dtype for t in tensors if not t.ndim]
+    dtype = functools.reduce(promote_types, dims or zeros)
+    if dims and zeros:
+        zero = functools.reduce(promote_types, zeros)
+        if category(zero) > category(dtype):
+            dtype = promote_types(dtype, zero)
+    return dtype
+
+
+def to_dtype(t, dtype):
+    """``t`` in ``dtype`` (itself when it is already; else a differentiable cast)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def unbroadcast(g, x):
@@ -142,6 +169,20 @@ class Div(Function):
                 unbroadcast(-g * a / (b * b), b) if db else None)
 
 
+class FloorDiv(Function):
+    """floor(a / b), as Python's // (rounds toward -inf). Not differentiable, as in PyTorch:
+    a backward through it is an error rather than a silent zero."""
+
+    broadcasts = True
+
+    def forward(self, a, b):
+        return self.xp.floor_divide(a, b)
+
+    def backward(self, g):
+        raise RuntimeError("floor division (//) has no gradient (as in PyTorch); "
+                           "detach its inputs, or use / for a differentiable quotient")
+
+
 class Neg(Function):
     def forward(self, a):
         return -a
@@ -161,11 +202,14 @@ class PowScalar(Function):
         (a,) = self.parents
         if self.p == 2:
             return g * a * 2.0
+        if self.p == 0:                                     # a ** 0 is 1 everywhere: 0, not 0 * inf at a = 0
+            return g * 0.0
         return g * self.p * a ** (self.p - 1)
 
 
 class Pow(Function):
-    """a ** b for two tensors; the gradient for b needs a > 0 (it uses log a)."""
+    """a ** b for two tensors. d/da = b a^(b-1), taken as 0 where b == 0; d/db = a^b log a, which
+    needs a > 0, taken as 0 where a == 0 and b >= 0 (PyTorch's conventions: no 0 * inf = NaN)."""
 
     broadcasts = True
 
@@ -175,8 +219,9 @@ class Pow(Function):
     def backward(self, g):
         a, b = self.parents
         da, db = self.needs_input_grad
-        return (unbroadcast(g * b * a ** (b - 1.0), a) if da else None,
-                unbroadcast(g * self.output * a.log(), b) if db else None)
+        zero = self.constant(self.backend.zeros((), g.dtype))
+        return (unbroadcast(where(b == 0, zero, g * b * a ** (b - 1.0)), a) if da else None,
+                unbroadcast(where((a == 0) & (b >= 0), zero, g * self.output * a.log()), b) if db else None)
 
 
 class MatMul(Function):
@@ -288,7 +333,7 @@ class Relu(Function):
     """max(a, 0); at a == 0 the gradient is 0, as in PyTorch."""
 
     def forward(self, a):
-        mask = a > 0
+        mask = self.xp.logical_not(a <= 0)                 # (NaN passes, as in PyTorch)
         self.save(mask)
         return self.xp.where(mask, a, 0.0)
 
@@ -345,11 +390,22 @@ class GeluTanh(Function):
 
 
 def gelu(x, approximate="none"):
+    check_float("gelu", x)
     if approximate == "none":
         return Gelu.apply(x)
     if approximate == "tanh":
         return GeluTanh.apply(x)
     raise ValueError(f"gelu: approximate must be 'none' or 'tanh', not {approximate!r}")
+
+
+class Sign(Function):
+    """-1, 0 or 1; its gradient is 0 everywhere (PyTorch records it, so a graph passes through)."""
+
+    def forward(self, a):
+        return self.xp.sign(a) if a.dtype != bool else self.backend.copy(a)   # (numpy has no bool sign)
+
+    def backward(self, g):
+        return g * 0.0
 
 
 class Clamp(Function):
@@ -409,6 +465,11 @@ class Sum(Function):
 
     def backward(self, g):
         return g.reshape(self.kept).expand(self.parents[0].shape)
+
+
+class SumOfEmpty(Sum):
+    """Sum of a tensor with no elements (zeros): Sum's formula itself, which the fast layer does
+    not stand in for (its row sums need rows of at least one element)."""
 
 
 class Max(Function):
@@ -520,7 +581,27 @@ class IndexAdd(Function):
 
 
 def getitem(x, index):
-    return GetItem.apply(x, index=_canonical_index(index, x.backend))
+    index = _canonical_index(index, x.backend)
+    if _is_basic(index, x.backend) and not any(i is Ellipsis for i in index):
+        index = index + (Ellipsis,)             # (x[1, 2] a 0-d view, as in PyTorch, not numpy's scalar copy)
+    first, index = _ints_first(index, x.backend)
+    if first is not None:
+        x = GetItem.apply(x, index=first)
+    return GetItem.apply(x, index=index)
+
+
+def _ints_first(index, backend):
+    """PyTorch takes integer indices first, as plain selections, and only then the index arrays;
+    numpy counts the integers among the advanced indices, which moves dims: for x (2, 3, 12, 5, 4),
+    x[1, :, 3:11:2, d, 0:2] is (3, 4, len(d), 2) in PyTorch and (len(d), 3, 4, 2) in numpy. So
+    with both kinds, split the index in two: (the ints, with the rest kept whole; the rest)."""
+    is_int = [isinstance(i, int) and not isinstance(i, bool) for i in index]
+    if not any(is_int) or _is_basic(index, backend):
+        return None, index
+    first = tuple(slice(None) if backend.is_array(i) else i for i in index)
+    rest = tuple(i if backend.is_array(i) or i is Ellipsis else slice(None)
+                 for i, integer in zip(index, is_int) if not integer)
+    return first, rest
 
 
 class Cat(Function):
@@ -544,12 +625,16 @@ def cat(tensors, dim=0):
     if not tensors or not all(is_tensor(t) for t in tensors):
         raise TypeError("cat: expected a non-empty list of Tensors, got "
                         f"{[type(t).__name__ for t in tensors] or 'an empty list'}")
+    for i, t in enumerate(tensors):
+        if not t.ndim:
+            raise ValueError(f"cat: tensor {i} is 0-d and has no dim to join along (use ta.stack, or t[None])")
     dim = normalize_dim(dim, tensors[0].ndim, "cat")
     for t in tensors[1:]:
         if t.ndim != tensors[0].ndim or any(
                 n != m for i, (n, m) in enumerate(zip(t.shape, tensors[0].shape)) if i != dim):
             raise ValueError(f"cat: shapes {tensors[0].shape} and {t.shape} differ outside dim {dim}")
-    return Cat.apply(*tensors, dim=dim)
+    dtype = functools.reduce(promote_types, [t.dtype for t in tensors])        # int64 with float32: float32
+    return Cat.apply(*[to_dtype(t, dtype) for t in tensors], dim=dim)
 
 
 def stack(tensors, dim=0):
@@ -624,10 +709,26 @@ class Where(Function):
 
 
 def where(cond, a, b):
-    like = next((t for t in (a, b) if is_tensor(t)), None)
-    if like is None:
-        raise TypeError("where: a or b must be a Tensor")
-    return Where.apply(lift(like, cond), lift(like, a), lift(like, b))
+    """cond ? a : b, for a boolean Tensor ``cond``; a and b are Tensors or Python numbers, and
+    the result's dtype follows the promotion rules (a number as a 0-d tensor of its kind:
+    ``where(cond, 4, 2)`` is int64, ``where(cond, x, 0.0)`` keeps a float64 x float64)."""
+    if not is_tensor(cond):
+        raise TypeError(f"where: cond must be a boolean Tensor, got {describe(cond)}")
+    if cond.dtype.kind != "b":
+        raise TypeError(f"where: cond must be a boolean Tensor, got {cond.dtype} (compare first: x > 0)")
+    a, b = (x if is_tensor(x) else number_tensor(cond, x, "where") for x in (a, b))
+    dtype = result_dtype(a, b)
+    return Where.apply(cond, to_dtype(a, dtype), to_dtype(b, dtype))
+
+
+_DEFAULT_DTYPES = {"b": "bool", "i": "int64", "u": "int64", "f": "float32"}
+
+
+def number_tensor(like, value, op):
+    """A Python number as a 0-d Tensor on like's device, in the default dtype of its kind
+    (bool, int64 or float32), as PyTorch treats a number next to tensors."""
+    kind = check_operand(value, op)
+    return constant(like, like.backend.asarray(value, _DEFAULT_DTYPES[kind]))
 
 
 # ---------------------------------------------------------------- softmax family
@@ -684,16 +785,20 @@ def check_float(op, x):
 
 def softmax(x, dim=-1):
     check_float("softmax", x)
+    if 0 in x.shape:                                   # no elements: nothing to normalise (no max to take)
+        return x * 1.0
     return Softmax.apply(x, dim=normalize_dim(dim, x.ndim, "softmax"))
 
 
 def log_softmax(x, dim=-1):
     check_float("log_softmax", x)
+    if 0 in x.shape:
+        return x * 1.0
     return LogSoftmax.apply(x, dim=normalize_dim(dim, x.ndim, "log_softmax"))
 
 
 def logsumexp(x, dim=-1, keepdim=False):
-    check_float("logsumexp", x)
+    x = x if x.dtype.kind == "f" else x.to(float32)    # integers give float32, as in PyTorch
     return LogSumExp.apply(x, dim=normalize_dim(dim, x.ndim, "logsumexp"), keepdim=keepdim)
 
 

@@ -79,6 +79,8 @@ def save_safetensors(tensors, path, metadata=None):
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
     text += b" " * (-(8 + len(text)) % 8)                                  # pad: the data starts 8-aligned
 
+    if os.path.isdir(path):
+        raise SafetensorsError(path, "is a folder; give the path of a file to write (model.safetensors)")
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".safetensors")
@@ -138,14 +140,15 @@ def load_safetensors(path, device="cpu"):
     """-> {name: Tensor} from a safetensors file, as ``safetensors.torch.load_file`` gives
     torch tensors: ``model.load_state_dict(load_safetensors(path))`` works as it does there.
 
-    Tensors hold float16/32/64, int32/64 and bool; a file with other integer types (or
+    Tensors hold float16/32/64, int8/16/32/64, uint8 and bool, as torch's do; a file with
+    wider unsigned types (or
     to get plain numpy arrays and the metadata) is read with ``read_safetensors``.
     BF16 arrays come back as float32.
     """
     arrays, _ = read_safetensors(path)
     out = {}
     for name, a in arrays.items():
-        if a.dtype.name not in ("float16", "float32", "float64", "int32", "int64", "bool"):
+        if a.dtype.name not in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"):
             raise SafetensorsError(path, f"{name!r} is {a.dtype}, which a Tensor cannot hold: "
                                          "read it as a numpy array with read_safetensors")
         out[name] = tensor(a, dtype=a.dtype.name, device=device)

@@ -80,6 +80,8 @@ class Tensor:
         return n
 
     def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor (it has no dims; use .item() or .numel())")
         return self.shape[0]
 
     def __repr__(self):
@@ -131,6 +133,10 @@ class Tensor:
         return _ops.Clone.apply(self)
 
     def requires_grad_(self, mode=True):
+        if not self.is_leaf:
+            raise RuntimeError(f"requires_grad_: this tensor (shape {self.shape}) was computed by "
+                               f"{type(self.grad_fn).__name__}, and only a leaf's flag can change; "
+                               "use t.detach() for a copy outside the graph")
         if mode and not _is_float(self.dtype):
             raise RuntimeError(f"only floating point tensors can require gradients, not {self.dtype} "
                                "(convert with .float() first)")
@@ -147,7 +153,8 @@ class Tensor:
         return self
 
     def zero_(self):
-        self.data = self._backend.xp.zeros_like(self.data)
+        """Zeros, written in place (its views see them)."""
+        self._write(self._backend.xp.zeros_like(self.data), "zero_", "use ta.zeros_like(x) for a new tensor")
         return self
 
     def to(self, target):
@@ -162,7 +169,12 @@ class Tensor:
         except TypeError:
             raise ValueError(f"to: {target!r} is neither a device ('cpu', 'cuda', 'strict') "
                              "nor a dtype ('float32', ta.float64, ...)") from None
-        return self if dtype == self.dtype else _ops.Cast.apply(self, dtype=dtype)
+        if dtype == self.dtype:
+            return self
+        if not _is_float(dtype):                 # an integer or bool result has no gradient (as in PyTorch)
+            with autograd.set_grad_enabled(False):
+                return _ops.Cast.apply(self, dtype=dtype)
+        return _ops.Cast.apply(self, dtype=dtype)
 
     def cpu(self):
         return self.to("cpu")
@@ -227,10 +239,11 @@ class Tensor:
 
     def __pow__(self, other):
         if isinstance(other, Tensor):
-            return _ops.Pow.apply(self, other)
+            return _ops.Pow.apply(*_ops.operands(self, other, "**"))
         if not isinstance(other, (int, float)) or isinstance(other, bool):
             return _ops.Pow.apply(*_ops.operands(self, other, "**"))
         base = self if self.dtype.kind == "f" or isinstance(other, int) else self.to(float32)
+        base = base if base.dtype.kind != "b" else base.to(int64)          # bool ** 2 is int64, as in PyTorch
         return _ops.PowScalar.apply(base, exponent=other)
 
     def __rpow__(self, other):
@@ -245,15 +258,20 @@ class Tensor:
     def _inplace(self, other, op, out_of_place):
         """``t += x`` and friends. A leaf that requires grad refuses (as in PyTorch): its
         ``.grad`` would silently stay None. Where no graph is recorded (``ta.no_grad()``, or
-        nothing requires grad) the tensor keeps its identity and takes the new values; it
-        replaces its array, so a ``detach()``-ed view keeps the old ones. Otherwise the
-        result is a new graph node, as ``t = t + x`` would be."""
+        nothing requires grad) the values are written into the tensor's own array, as in
+        PyTorch: every view of it (``w[0]``, ``w.T``, ``w.view(...)``, ``w.detach()``) and the
+        tensor it views see them. While a graph is recorded the result is a new graph node,
+        as ``t = t + x`` would be; a view refuses there, since what it views would not change."""
         if autograd.is_grad_enabled() and self.requires_grad and self.is_leaf:
             raise RuntimeError(f"in-place {op}= on a leaf tensor that requires grad (shape {self.shape}): "
                                "its .grad would be lost. Update it under `with ta.no_grad():`, or "
                                f"write `x = x {op} ...` to make a new tensor")
         recording = autograd.is_grad_enabled() and (self.requires_grad or (isinstance(other, Tensor) and other.requires_grad))
         if recording:
+            if self._backend.is_view(self.data):
+                raise RuntimeError(f"in-place {op}= on a view (shape {self.shape}) while a graph is recorded: "
+                                   "the tensor it views would keep its old values. Write "
+                                   f"`x = x {op} ...` for a new tensor, or update it under `with ta.no_grad():`")
             return out_of_place(self, other)
         with autograd.set_grad_enabled(False):
             result = out_of_place(self, other)
@@ -265,10 +283,28 @@ class Tensor:
                 raise TypeError(f"in-place {op}=: the result is {result.dtype}, which cannot be stored "
                                 f"in a {self.dtype} tensor (convert it first with .float())")
             result = result.to(self.dtype)
-        self.data = result.data
+        self._write(result.data, f"in-place {op}=", f"write `x = x {op} ...` for a new tensor")
         return self
 
+    def _write(self, values, what, instead):
+        """Put ``values`` into this tensor's own array (so its views see them), or refuse."""
+        try:
+            self._backend.write(self.data, values)
+        except ValueError:
+            raise RuntimeError(f"{what}: this tensor (shape {self.shape}) is an expanded or read-only view whose "
+                               f"elements share memory, so it cannot be written in place (as in PyTorch); {instead}, "
+                               "or write into a copy (x = x.clone())") from None
+
+    def __floordiv__(self, other):
+        return _ops.FloorDiv.apply(*_ops.operands(self, other, "//"))
+
+    def __rfloordiv__(self, other):
+        return _ops.FloorDiv.apply(*_ops.operands(self, other, "//", reverse=True))
+
     def __neg__(self):
+        return _ops.Neg.apply(self)
+
+    def neg(self):
         return _ops.Neg.apply(self)
 
     # --- comparisons: boolean tensors, no gradient ---
@@ -308,73 +344,93 @@ class Tensor:
     __hash__ = object.__hash__
 
     def argmax(self, dim=None, keepdim=False):
+        _check_not_bool(self, "argmax")
         return Tensor._make(self.xp.argmax(self.data, axis=dim, keepdims=keepdim), self._backend)
 
     def argmin(self, dim=None, keepdim=False):
+        _check_not_bool(self, "argmin")
         return Tensor._make(self.xp.argmin(self.data, axis=dim, keepdims=keepdim), self._backend)
 
-    # --- elementwise ---
+    # --- elementwise (exp, log, sqrt, tanh, sigmoid, erf: integers and bools give float32, as in PyTorch) ---
     def exp(self):
-        return _ops.Exp.apply(self)
+        return _ops.Exp.apply(_floating(self))
 
     def log(self):
-        return _ops.Log.apply(self)
+        return _ops.Log.apply(_floating(self))
 
     def sqrt(self):
-        return _ops.Sqrt.apply(self)
+        return _ops.Sqrt.apply(_floating(self))
 
     def abs(self):
+        _check_not_bool(self, "abs")
         return _ops.Abs.apply(self)
 
     def tanh(self):
-        return _ops.Tanh.apply(self)
+        return _ops.Tanh.apply(_floating(self))
 
     def sigmoid(self):
-        return _ops.Sigmoid.apply(self)
+        return _ops.Sigmoid.apply(_floating(self))
 
     def relu(self):
+        if not _is_float(self.dtype):                   # integers stay integers; bools are refused (PyTorch's)
+            _check_not_bool(self, "relu")
+            return Tensor._make(self.xp.where(self.data > 0, self.data, self.xp.zeros_like(self.data)), self._backend)
         return _ops.Relu.apply(self)
 
     def erf(self):
-        return _ops.Erf.apply(self)
+        return _ops.Erf.apply(_floating(self))
 
     def gelu(self, approximate="none"):
         return _ops.gelu(self, approximate)
 
     def clamp(self, min=None, max=None):
+        if min is None and max is None:
+            raise ValueError("clamp: give min, max or both (both None would clamp nothing)")
         return _ops.Clamp.apply(self, lo=min, hi=max)
 
     def sign(self):
-        return Tensor._make(self.xp.sign(self.data), self._backend)
+        return _ops.Sign.apply(self)
 
     # --- reductions (dim: an int, a tuple of ints, or None for all) ---
     def sum(self, dim=None, keepdim=False):
-        return _ops.Sum.apply(self, dim=_axes(dim, self.ndim, "sum"), keepdim=keepdim)
+        op = _ops.Sum if 0 not in self.shape else _ops.SumOfEmpty
+        return op.apply(self, dim=_axes(dim, self.ndim, "sum"), keepdim=keepdim)
 
     def mean(self, dim=None, keepdim=False):
+        """The mean over ``dim``; NaN over zero elements (0 / 0), as in PyTorch."""
+        if not _is_float(self.dtype):
+            raise TypeError(f"mean: expected a float tensor, got {self.dtype} (convert with .float())")
         axes = _axes(dim, self.ndim, "mean")
         count = 1
         for a in axes:
             count *= self.shape[a]
-        return self.sum(axes, keepdim) * (1.0 / count)
+        return self.sum(axes, keepdim) * _reciprocal(count)
 
     def max(self, dim=None, keepdim=False):
         """Largest values (like ``torch.amax``: values only; ties share the gradient)."""
         return _ops.Max.apply(self, dim=_axes(dim, self.ndim, "max"), keepdim=keepdim)
 
     def min(self, dim=None, keepdim=False):
+        if not _is_float(self.dtype):                   # (bool and unsigned: no negation; no gradient anyway)
+            return Tensor._make(self.xp.min(self.data, axis=_axes(dim, self.ndim, "min"), keepdims=keepdim),
+                                self._backend)
         return -((-self).max(dim, keepdim))
 
     def var(self, dim=None, keepdim=False, correction=1):
+        """Variance over ``dim``, divided by count - correction: with no degrees of freedom
+        left that is a division by 0 (NaN, or inf), as in PyTorch."""
         axes = _axes(dim, self.ndim, "var")
         count = 1
         for a in axes:
             count *= self.shape[a]
         centred = self - self.mean(axes, keepdim=True)
-        return (centred * centred).sum(axes, keepdim) * (1.0 / max(count - correction, 0))
+        return (centred * centred).sum(axes, keepdim) * _reciprocal(count - correction)
 
     def std(self, dim=None, keepdim=False, correction=1):
-        return self.var(dim, keepdim, correction).sqrt()
+        """sqrt(var); where the variance is 0 its gradient is taken as 0 (PyTorch's), not 0 / 0."""
+        var = self.var(dim, keepdim, correction)
+        zero = var == 0
+        return _ops.where(zero, 0.0, _ops.where(zero, 1.0, var).sqrt())
 
     def softmax(self, dim=-1):
         return _ops.softmax(self, dim)
@@ -459,7 +515,8 @@ class Tensor:
         return self.split(size, dim)
 
     def masked_fill(self, mask, value):
-        return _ops.where(mask, value, self)
+        """``value`` where ``mask`` is True; the result keeps this tensor's dtype (as in PyTorch)."""
+        return _ops.to_dtype(_ops.where(mask, value, self), self.dtype)
 
     def tril(self, diagonal=0):
         return _ops.Tril.apply(self, k=diagonal, upper=False)
@@ -472,12 +529,29 @@ def _is_float(dtype):
     return dtype.kind == "f"
 
 
+def _check_not_bool(t, op):
+    if t.dtype.kind == "b":
+        raise TypeError(f"{op}: a bool tensor is refused, as in PyTorch (convert with .long() first)")
+
+
+def _floating(t):
+    """``t`` for an elementwise float function: integers and bools become float32, the
+    default float dtype, as in PyTorch (numpy would give float64)."""
+    return t if t.dtype.kind == "f" else t.to(float32)
+
+
+def _reciprocal(n):
+    """1 / n for a count, inf for n <= 0: so x * _reciprocal(0) is NaN (0 / 0) or inf, as x / 0 is."""
+    return 1.0 / n if n > 0 else float("inf")
+
+
 def _axes(dim, ndim, op):
     if dim is None:
         return tuple(range(ndim))
     if isinstance(dim, int):
         dim = (dim,)
-    axes = tuple(sorted(_ops.normalize_dim(d, ndim, op) for d in dim)) if ndim else ()
+    axes = tuple(sorted(_ops.normalize_dim(d, ndim, op) for d in dim))   # (a 0-d tensor: 0 and -1 only)
+    axes = axes if ndim else ()
     if len(set(axes)) != len(axes):
         raise ValueError(f"{op}: dim {tuple(dim)} names a dim twice")
     return axes
@@ -557,7 +631,7 @@ def tensor(data, dtype=None, device=None, requires_grad=False):
             _check_data(data)
         if dtype is None and backend.dtype_of(data).kind == "f":
             dtype = float32
-        array = data if dtype is None else backend.xp.astype(data, backend.native_dtype(dtype))
+        array = backend.copy(data) if dtype is None else backend.xp.astype(data, backend.native_dtype(dtype))
     else:
         try:
             host = get_backend("cpu").asarray(data)
@@ -591,14 +665,22 @@ def ones(*shape, dtype=None, device=None, requires_grad=False):
 
 
 def full(shape, fill_value, dtype=None, device=None, requires_grad=False):
+    """``shape`` filled with ``fill_value``; with no dtype, the value's kind picks it, as in
+    PyTorch: bool for True/False, int64 for an int, float32 for a float."""
+    if dtype is None:
+        dtype = "bool" if isinstance(fill_value, bool) else int64 if isinstance(fill_value, int) else float32
     return _filled((shape,), fill_value, dtype, device, requires_grad)
 
 
 def arange(start, end=None, step=1, dtype=None, device=None):
+    """start, start + step, ... below end: int64 for ints, float32 if any of them is a float."""
     if end is None:
         start, end = 0, start
+    if step == 0:
+        raise ValueError("arange: step must not be 0")
     host = get_backend("cpu").xp.arange(start, end, step)
-    return tensor(host, dtype=dtype or host.dtype, device=device)
+    default = float32 if any(isinstance(v, float) for v in (start, end, step)) else int64
+    return tensor(host, dtype=dtype or default, device=device)
 
 
 def randn(*shape, dtype=None, device=None, requires_grad=False):

@@ -56,6 +56,12 @@ def attention_forward(mod):
     compare(attempt(what, lambda: sdpa(q, k, v, is_causal=True)),
             np_attention(q.numpy(), k.numpy(), v.numpy(), True), what,
             hint="Set the scores of keys j > i to -inf before the softmax.")
+    q3 = rand(rng, 2, 2, 3, 8)
+    what = "causal attention with 3 queries and 5 keys"
+    compare(attempt(what, lambda: sdpa(q3, k, v, is_causal=True)),
+            np_attention(q3.numpy(), k.numpy(), v.numpy(), True), what,
+            hint="Query i sees keys j <= i, counted from the top left as PyTorch's is_causal does, "
+                 "also when Tq != Tk (not j <= i + Tk - Tq).")
     what = "causal attention (T = 5) with scale=0.3"
     compare(attempt(what, lambda: sdpa(q, k, v, is_causal=True, scale=0.3)),
             np_attention(q.numpy(), k.numpy(), v.numpy(), True, scale=0.3), what,

@@ -93,6 +93,10 @@ def bpe_encode(mod):
     expect(encode(b"abc", ranks), [ord("a"), 256], "encode(b'abc') with bc=256, ab=257",
            "Join the pair of lowest id first (bc), not the leftmost (ab): then nothing joins a+bc.")
     expect(encode(b"", ranks), [], "encode(b'')")
+    ranks = {bytes([b]): b for b in range(256)}
+    ranks.update({b"aa": 256})
+    expect(encode(b"aaa", ranks), [256, ord("a")], "encode(b'aaa') with aa=256",
+           "Both pairs are aa (256): of equal ids join the leftmost, as the library does, giving [256, 97].")
     pieces = pieces_of(hidden_text())
     ranks = {tok: i for i, tok in enumerate(library.train_merges(collections.Counter(pieces), 400)[1])}
     for piece in dict.fromkeys(pieces_of(hidden_text(seed=71))):

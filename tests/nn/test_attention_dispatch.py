@@ -24,7 +24,7 @@ def _run(q, k, v, u, **kwargs):
     """[out, dq, dk, dv] of scaled_dot_product_attention(q, k, v, **kwargs), as numpy arrays."""
     for t in (q, k, v):
         t.grad = None
-    out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    out = attention.attend(q, k, v, **kwargs)          # (sdpa, taking a mask and is_causal together)
     out.backward(u)
     return [out.numpy()] + [t.grad.numpy() for t in (q, k, v)]
 
@@ -265,10 +265,11 @@ def test_stand_in_device_runs_the_tiled_path(count_tiled):
     q, k, v, u = _tensors(rng, 2, 2, 11, 14)
     mask = rng.random((2, 1, 11, 14)) > 0.3
     mask[0, 0, 3] = False                                         # a fully masked row
-    on_cpu = _run(q, k, v, u, attn_mask=ta.tensor(mask), is_causal=True, impl="tiled")
+    mask &= np.tril(np.ones((11, 14), bool))                      # causal too (sdpa takes one or the other)
+    on_cpu = _run(q, k, v, u, attn_mask=ta.tensor(mask), impl="tiled")
     strict = [ta.tensor(t.numpy(), dtype="float64", device="strict", requires_grad=t.requires_grad) for t in (q, k, v, u)]
     count_tiled.clear()
-    on_device = _run(*strict, attn_mask=ta.tensor(mask, device="strict"), is_causal=True, impl="tiled")
+    on_device = _run(*strict, attn_mask=ta.tensor(mask, device="strict"), impl="tiled")
     assert len(count_tiled) == 1
     for a, b in zip(on_device, on_cpu):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)

@@ -102,14 +102,17 @@ def test_sdpa_matches_numpy_and_gradchecks(rng):
     assert ta.gradcheck(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), (q, k, v))
 
 
-def test_user_mask_combines_with_causal(rng):
+def test_user_mask_and_is_causal_together_are_refused(rng):
+    """PyTorch refuses both at once; a causal mask joins a user's mask by hand (the & of the two)."""
     q, k, v = (ta.tensor(rng.standard_normal((1, 2, 4, 3)), dtype="float64") for _ in range(3))
     user = np.array([True, False, True, True])                  # key 1 is padding
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=ta.tensor(user), is_causal=True)
+    with pytest.raises(ValueError, match="scaled_dot_product_attention: attn_mask and is_causal=True"):
+        F.scaled_dot_product_attention(q, k, v, attn_mask=ta.tensor(user), is_causal=True)
     allowed = np.tril(np.ones((4, 4), bool)) & user
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=ta.tensor(allowed))
     np.testing.assert_allclose(out.numpy(), naive_attention(q.numpy(), k.numpy(), v.numpy(), allowed), rtol=1e-10)
-    additive = ta.tensor(np.where(user, 0.0, -np.inf), dtype="float64")
-    out2 = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, is_causal=True)
+    additive = ta.tensor(np.where(allowed, 0.0, -np.inf), dtype="float64")
+    out2 = F.scaled_dot_product_attention(q, k, v, attn_mask=additive)
     np.testing.assert_allclose(out2.numpy(), out.numpy(), rtol=1e-10)
 
 

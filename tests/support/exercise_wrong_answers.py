@@ -494,6 +494,23 @@ class AttentionBackwardDefaultScale(attention.Attention):
         return super().backward(g)
 
 
+class AttentionBottomRight(attention.Attention):
+    """The causal mask aligned at the bottom right (j <= i + Tk - Tq): right only when Tq = Tk."""
+
+    def forward(self, q, k, v, scale, is_causal):
+        xp = self.xp
+        self.scale, q_scaled = scale, q * scale
+        s = xp.matmul(q_scaled, xp.matrix_transpose(k))
+        if is_causal:
+            rows = self.backend.arange(q.shape[-2])[:, None]
+            cols = self.backend.arange(k.shape[-2])[None, :]
+            s = xp.where(cols <= rows + (k.shape[-2] - q.shape[-2]), s, -math.inf)
+        e = xp.exp(s - xp.max(s, axis=-1, keepdims=True))
+        p = e / xp.sum(e, axis=-1, keepdims=True)
+        self.save(q_scaled, p)
+        return xp.matmul(p, v)
+
+
 # ---------------------------------------------------------------- 14. online softmax
 def tiled_without_rescale(q, k, v, block_size=16, is_causal=False, scale=None):
     xp, backend = q.xp, q.backend
@@ -803,7 +820,7 @@ WRONG = {
          "its own array"),
         ("t.grad = g.detach(), then t.grad.data += g.data",
          answer(engine, backward=backward_in_place(lambda g: g.detach(), _add_to_array)), "its own array"),
-        ("pending[k] += g", answer(engine, backward=backward_adds_pending_in_place), "pending[k] = pending[k] + g"),
+        ("pending[k] += g", answer(engine, backward=backward_adds_pending_in_place), ("in-place +=", "x = x + ...")),
     ],
     "attention": [
         ("dS = P * dP", answer(attention, scaled_dot_product_attention=attention_from(AttentionNoSubtraction)),
@@ -812,6 +829,8 @@ WRONG = {
          "miss the scale"),
         ("numpy causal mask", answer(attention, scaled_dot_product_attention=attention_from(AttentionNumpyMask)),
          "works only on numpy"),
+        ("causal mask at the bottom right", answer(attention, scaled_dot_product_attention=attention_from(AttentionBottomRight)),
+         "counted from the top left"),
         ("mask times booleans", answer(attention, scaled_dot_product_attention=attention_from(AttentionMaskByProduct)),
          ("booleans", "xp.where")),
         ("1 / sqrt(D) whatever the scale",
@@ -907,7 +926,20 @@ def encode_leftmost_first(piece, ranks):
         parts[i:i + 2] = [parts[i] + parts[i + 1]]
 
 
+def encode_rightmost_of_equals(piece, ranks):
+    """Joins the pair of lowest id, but the rightmost of equal ones: b"aaa" with aa ranked gives [97, 256]."""
+    parts = [bytes([b]) for b in piece]
+    while len(parts) > 1:
+        known = [(ranks[a + b], i) for i, (a, b) in enumerate(zip(parts, parts[1:])) if a + b in ranks]
+        if not known:
+            break
+        _, i = min(known, key=lambda ri: (ri[0], -ri[1]))
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+    return [ranks[p] for p in parts]
+
+
 WRONG["bpe"] = [
+    ("encode joins the rightmost of equal pairs", answer(bpe, encode=encode_rightmost_of_equals), "join the leftmost"),
     ("pairs counted across words", answer(bpe, pair_counts=pair_counts_across_words), "never across two words"),
     ("overlapping merges", answer(bpe, merge=merge_without_skipping), "skip both ids"),
     ("ties to the smallest pair", answer(bpe, train=train_ties_to_smallest_pair), "met first"),

@@ -77,6 +77,14 @@ def _cross_entropy(logits, targets, ignore_index=-100):
     return -(picked * valid).sum() / max(valid.sum(), 1)
 
 
+def _smoothed_cross_entropy(logits, targets, eps, ignore_index=-1):
+    """Per row: (1 - eps) (-log p[target]) + eps mean(-log p), 0 where the target is ignored."""
+    valid = targets != ignore_index
+    logp = _log_softmax(logits, 1)
+    nll = -logp[np.arange(len(targets)), np.where(valid, targets, 0)]
+    return np.where(valid, (1 - eps) * nll - eps * logp.mean(1), 0.0)
+
+
 def _gelu_tanh(x):
     return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
 
@@ -113,6 +121,8 @@ OPS = [
     OpSpec("Tensor.__pow__(tensor)", lambda a, b: a ** b, lambda r: [positive(r, 3, 4), normal(r, 4)], np.power),
     OpSpec("Tensor.__rpow__", lambda a: 2.0 ** a, lambda r: [normal(r, 4)], lambda a: 2.0 ** a),
     OpSpec("Tensor.__neg__", lambda a: -a, lambda r: [normal(r, 3)], np.negative),
+    OpSpec("Tensor.neg", lambda a: a.neg(), lambda r: [normal(r, 3)], np.negative),
+    OpSpec("Tensor.__pow__(zero)", lambda a: a ** 0, lambda r: [normal(r, 3)], lambda a: a ** 0),
     OpSpec("Tensor.__matmul__", lambda a, b: a @ b, lambda r: [normal(r, 3, 4), normal(r, 4, 2)], np.matmul),
     OpSpec("Tensor.__matmul__(batched)", lambda a, b: a @ b,
            lambda r: [normal(r, 2, 1, 3, 4), normal(r, 3, 4, 2)], np.matmul),
@@ -126,6 +136,7 @@ OPS = [
     OpSpec("Tensor.abs", lambda a: a.abs(), lambda r: [away_from_zero(r, 3, 4)], np.abs),
     OpSpec("Tensor.tanh", lambda a: a.tanh(), lambda r: [normal(r, 3, 4)], np.tanh),
     OpSpec("Tensor.sigmoid", lambda a: a.sigmoid(), lambda r: [normal(r, 3, 4)], lambda a: 1 / (1 + np.exp(-a))),
+    OpSpec("Tensor.sign", lambda a: a.sign() * a, lambda r: [away_from_zero(r, 3, 4)], np.abs),
     OpSpec("Tensor.relu", lambda a: a.relu(), lambda r: [away_from_zero(r, 3, 4)], lambda a: np.maximum(a, 0)),
     OpSpec("Tensor.erf", lambda a: a.erf(), lambda r: [2 * normal(r, 3, 4)], _erf),
     OpSpec("F.gelu", lambda a: F.gelu(a), lambda r: [2 * normal(r, 3, 4)], lambda a: 0.5 * a * (1 + _erf(a / math.sqrt(2)))),
@@ -141,6 +152,8 @@ OPS = [
     OpSpec("Tensor.sum", lambda a: a.sum(), lambda r: [normal(r, 3, 4)], np.sum),
     OpSpec("Tensor.sum(dims)", lambda a: a.sum((0, 2), keepdim=True), lambda r: [normal(r, 2, 3, 4)],
            lambda a: a.sum((0, 2), keepdims=True)),
+    OpSpec("Tensor.sum(empty dim)", lambda a: a[:, :0].sum(1) + a.sum(1), lambda r: [normal(r, 3, 4)],
+           lambda a: a.sum(1)),
     OpSpec("Tensor.mean", lambda a: a.mean(-1), lambda r: [normal(r, 3, 4)], lambda a: a.mean(-1)),
     OpSpec("Tensor.max", lambda a: a.max(1), lambda r: [distinct(r, 3, 4, 2)], lambda a: a.max(1)),
     OpSpec("Tensor.max(all)", lambda a: a.max(), lambda r: [distinct(r, 3, 4)], np.max),
@@ -173,6 +186,8 @@ OPS = [
            lambda a, i: a[i]),
     OpSpec("Tensor.__getitem__(slice, int array)", lambda a, i: a[:, i], lambda r: [normal(r, 2, 4), INT_IDX],
            lambda a, i: a[:, i]),
+    OpSpec("Tensor.__getitem__(int, slice, int array)", lambda a, i: a[1, 1:, i], lambda r: [normal(r, 2, 4, 6), INT_IDX],
+           lambda a, i: a[1][1:, i]),
     OpSpec("Tensor.__getitem__(bool mask)", lambda a, m: a[m], lambda r: [normal(r, 3, 4), BOOL_MASK],
            lambda a, m: a[m]),
     # joining and selecting
@@ -203,12 +218,26 @@ OPS = [
            _cross_entropy),
     OpSpec("F.cross_entropy(ignore_index)", lambda a, t: F.cross_entropy(a, t, ignore_index=-1),
            lambda r: [normal(r, 5, 4), np.array([0, -1, 1, 3, -1])], lambda a, t: _cross_entropy(a, t, -1)),
+    OpSpec("F.cross_entropy(sum, label_smoothing)",
+           lambda a, t: F.cross_entropy(a, t, ignore_index=-1, reduction="sum", label_smoothing=0.2),
+           lambda r: [normal(r, 5, 4), np.array([0, -1, 1, 3, 3])], lambda a, t: _smoothed_cross_entropy(a, t, 0.2).sum()),
+    OpSpec("F.cross_entropy(none)", lambda a, t: F.cross_entropy(a, t, reduction="none"),
+           lambda r: [normal(r, 5, 4), np.array([0, 2, 1, 3, 3])], lambda a, t: _smoothed_cross_entropy(a, t, 0.0)),
+    OpSpec("F.cross_entropy(mean, label_smoothing)", lambda a, t: F.cross_entropy(a, t, ignore_index=-1, label_smoothing=0.1),
+           lambda r: [normal(r, 5, 4), np.array([0, -1, 1, 3, 3])],
+           lambda a, t: _smoothed_cross_entropy(a, t, 0.1).sum() / 4),
+    OpSpec("F.cross_entropy(probabilities)", lambda a, p: F.cross_entropy(a, p, label_smoothing=0.1),
+           lambda r: [normal(r, 3, 4), positive(r, 3, 4)],
+           lambda a, p: -(((1 - 0.1) * p + 0.1 / 4) * _log_softmax(a, 1)).sum(1).mean()),
     OpSpec("F.embedding", lambda w, i: F.embedding(i, w), lambda r: [normal(r, 5, 3), np.array([[4, 0, 4], [1, 4, 2]])],
            lambda w, i: w[i]),
     OpSpec("F.layer_norm", lambda x, w, b: F.layer_norm(x, 4, w, b), lambda r: [normal(r, 2, 3, 4), normal(r, 4), normal(r, 4)],
            _layer_norm, gradgrad=False),
     OpSpec("F.layer_norm(composite)", lambda x, w, b: F.layer_norm(x, 4, w, b, fused=False),
            lambda r: [normal(r, 2, 3, 4), normal(r, 4), normal(r, 4)], _layer_norm),
+    OpSpec("F.layer_norm(two dims)", lambda x, w, b: F.layer_norm(x, (3, 4), w, b),
+           lambda r: [normal(r, 2, 3, 4), normal(r, 3, 4), normal(r, 3, 4)],
+           lambda x, w, b: _layer_norm(x.reshape(2, 12), w.reshape(12), b.reshape(12)).reshape(2, 3, 4), gradgrad=False),
     OpSpec("F.linear", lambda x, w, b: F.linear(x, w, b), lambda r: [normal(r, 2, 3), normal(r, 4, 3), normal(r, 4)],
            lambda x, w, b: x @ w.T + b),
     OpSpec("F.linear(3-d, no bias)", lambda x, w: F.linear(x, w), lambda r: [normal(r, 2, 3, 4), normal(r, 5, 4)],
@@ -224,10 +253,14 @@ OPS = [
            lambda r: [normal(r, 2, 1, 4, 3), normal(r, 2, 1, 4, 3), normal(r, 2, 1, 4, 3)],
            lambda q, k, v: _sdpa(q, k, v, causal=True)),
     OpSpec("F.scaled_dot_product_attention(mask)",
-           lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=True),
+           lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
            lambda r: [normal(r, 1, 2, 3, 4), normal(r, 1, 2, 3, 4), normal(r, 1, 2, 3, 4),
-                      np.array([[True, True, True], [False, True, True], [True, False, True]])],
-           lambda q, k, v, m: _sdpa(q, k, v, m, causal=True)),
+                      np.array([[True, False, False], [False, True, False], [True, False, True]])],
+           lambda q, k, v, m: _sdpa(q, k, v, m)),
+    OpSpec("F.scaled_dot_product_attention(enable_gqa)",
+           lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+           lambda r: [normal(r, 1, 4, 3, 2), normal(r, 1, 2, 3, 2), normal(r, 1, 2, 3, 3)],
+           lambda q, k, v: _sdpa(q, np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1), causal=True)),
     # flash attention: tiles of block_size that divide neither Tq nor Tk
     OpSpec("F.flash_attention", lambda q, k, v: F.flash_attention(q, k, v, block_size=2),
            lambda r: [normal(r, 1, 2, 3, 4), normal(r, 1, 2, 5, 4), normal(r, 1, 2, 5, 3)], _sdpa, gradgrad=False),

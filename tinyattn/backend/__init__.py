@@ -37,6 +37,24 @@ def dtype_of_host(dtype):
         raise TypeError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}") from None
 
 
+_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2}     # PyTorch's categories: bool < integer < float
+
+
+def category(dtype):
+    """0 for bool, 1 for integers, 2 for floats: PyTorch's promotion categories."""
+    return _CATEGORY[np.dtype(dtype).kind]
+
+
+def promote_types(a, b):
+    """PyTorch's promotion of two dtypes: a higher category wins whole (int64 with float32 is
+    float32, not numpy's float64); within one category the wider wins (float32 with float64)."""
+    a, b = np.dtype(a), np.dtype(b)
+    ca, cb = _CATEGORY[a.kind], _CATEGORY[b.kind]
+    if ca != cb:
+        return a if ca > cb else b
+    return np.promote_types(a, b)
+
+
 class Backend:
     """What every device does the same way, through its array namespace ``xp`` (the array API).
 
@@ -86,6 +104,19 @@ class Backend:
     def read_only(self, a):
         """A view of ``a`` that refuses writes, where the device has one; else ``a`` itself."""
         return a
+
+    def write(self, a, values):
+        """``a[...] = values``, in place, so that every view of ``a`` (and the array it views) sees
+        them. A ValueError where that cannot be done: ``a`` is read-only, or a broadcast view
+        whose elements share one place in memory (a stride of 0 over a dim longer than 1)."""
+        strides = getattr(a, "strides", None) or ()
+        if any(s == 0 and n > 1 for s, n in zip(strides, a.shape)):
+            raise ValueError("several elements share one place in memory")
+        a[...] = values
+
+    def is_view(self, a):
+        """Whether ``a`` looks into another array's memory (a slice, a reshape, a transpose)."""
+        return getattr(a, "base", None) is not None
 
     # --- indexing --------------------------------------------------------
     def getitem(self, a, index):

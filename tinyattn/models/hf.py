@@ -47,6 +47,8 @@ def export_hf(model, folder, chars=None):
     ``transformers.GPT2LMHeadModel.from_pretrained(folder)``; with ``chars`` (the
     character of each token id) also tokenizer.json and tokenizer_config.json."""
     config = model.config
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ValueError(f"export_hf: {folder} is a file; give a folder to write config.json and model.safetensors into")
     if chars is not None and len(chars) != config.vocab_size:
         raise ValueError(f"export_hf: {len(chars)} characters for a vocabulary of {config.vocab_size} tokens")
     tensors = {}

@@ -55,20 +55,52 @@ def is_long(t_q, t_k, heads, itemsize, on_host):
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0,
-                                 scale=None, return_weights=False, impl="auto"):
+                                 scale=None, return_weights=False, impl="auto", enable_gqa=False):
     """softmax(q k^T / sqrt(d_k) + mask) v.
 
     q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) -> (B, H, Tq, Dv).
     attn_mask: boolean (True = may attend) or float (added to the scores),
     broadcastable to (B, H, Tq, Tk). is_causal: query i sees keys j <= i
-    (aligned at the top left, as in PyTorch). With return_weights=True the
-    (B, H, Tq, Tk) attention weights come back too, for visualisation.
+    (aligned at the top left, as in PyTorch); as in PyTorch, give one or the
+    other, not both. enable_gqa: k and v may have fewer heads, Hkv, with H a
+    multiple of Hkv; each serves H / Hkv consecutive query heads. With
+    return_weights=True the (B, H, Tq, Tk) attention weights come back too,
+    for visualisation.
 
     impl: "naive" builds the (Tq, Tk) scores and weights; "tiled" is
     flash_attention (tiles, memory O(T)); "auto" (the default) picks, see
     attention_impl. The tiled backward cannot be differentiated again: for
     gradients of gradients (create_graph=True) pass impl="naive".
     """
+    if is_causal and attn_mask is not None:
+        raise ValueError("scaled_dot_product_attention: attn_mask and is_causal=True together are refused, "
+                         "as in PyTorch; join them into one mask (causal & yours) and pass that")
+    if enable_gqa:
+        k, v = repeat_heads(q, k, "k"), repeat_heads(q, v, "v")
+    return attend(q, k, v, attn_mask, is_causal, dropout_p, scale, return_weights, impl)
+
+
+def repeat_heads(q, kv, name):
+    """kv (..., Hkv, Tk, D) -> (..., H, Tk, D), each of its heads repeated H / Hkv times in a row
+    (grouped-query attention: key and value head j serves query heads j * H / Hkv onwards)."""
+    if q.ndim < 3 or kv.ndim != q.ndim:
+        raise ValueError(f"scaled_dot_product_attention: enable_gqa needs q and {name} with heads, "
+                         f"(..., H, T, D), got q {q.shape} and {name} {kv.shape}")
+    H, Hkv = q.shape[-3], kv.shape[-3]
+    if Hkv == 0 or H % Hkv:
+        raise ValueError(f"scaled_dot_product_attention: enable_gqa needs q's heads ({H}) to be a multiple "
+                         f"of {name}'s ({Hkv}); got q {q.shape} and {name} {kv.shape}")
+    if H == Hkv:
+        return kv
+    lead, (Tk, D) = kv.shape[:-3], kv.shape[-2:]
+    grouped = kv.unsqueeze(-3).expand(*lead, Hkv, H // Hkv, Tk, D)           # (..., Hkv, H/Hkv, Tk, D)
+    return grouped.reshape(*lead, H, Tk, D)
+
+
+def attend(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0, scale=None, return_weights=False,
+           impl="auto"):
+    """scaled_dot_product_attention's work, where a mask and is_causal may come together (the
+    allowed keys are both's); the tests of its two paths call it."""
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise ValueError(f"scaled_dot_product_attention: q {q.shape}, k {k.shape} and v {v.shape} do not fit")
     check_same_dtype("scaled_dot_product_attention", q, k, v)

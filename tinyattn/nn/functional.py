@@ -6,9 +6,11 @@ its backward written by hand, in Tensor ops, so it can be differentiated
 twice. As in ops.py, each is only its formula: the fast layer
 (``tinyattn/fast``) runs faster versions of them where it can.
 """
+import math
+
 from ..autograd import Function, is_tensor
 from ..ops import (constant, gelu as _gelu, softmax, log_softmax, logsumexp,  # noqa: F401 (softmax family: F.*)
-                   stable_exp, check_float, check_same_dtype)
+                   stable_exp, check_float, check_same_dtype, where)
 
 __all__ = ["softmax", "log_softmax", "logsumexp", "cross_entropy", "embedding", "layer_norm",
            "dropout", "gelu", "relu", "linear", "scaled_dot_product_attention",
@@ -44,19 +46,61 @@ class CrossEntropy(Function):
         return g * self.constant(xp.reshape(weight, (-1, 1))) * (softmax(logits, 1) - self.constant(onehot)), None
 
 
-def cross_entropy(logits, targets, ignore_index=-100):
-    """Mean cross-entropy of (N, C) logits against (N,) integer targets.
+def cross_entropy(logits, targets, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    """Cross-entropy of (N, C) logits against (N,) integer targets, or against (N, C) class
+    probabilities (float targets, each row summing to 1).
 
-    Rows whose target is ``ignore_index`` count for nothing. As in nanoGPT,
+    Rows whose target is ``ignore_index`` count for nothing. ``reduction``: "mean" (over
+    the rows that count), "sum" or "none" (one loss per row). ``label_smoothing`` ε mixes
+    each target with the uniform distribution: (1 - ε) target + ε / C. As in nanoGPT,
     flatten (B, T, C) logits with ``logits.view(-1, C)`` first.
     """
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    if is_tensor(targets) and targets.dtype.kind == "f":
+        return _cross_entropy_probabilities(logits, targets, reduction, label_smoothing)
     check_ids("cross_entropy", "targets", targets)
     if logits.ndim != 2 or targets.shape != logits.shape[:1]:
         raise ValueError(f"cross_entropy: expected logits (N, C) and targets (N,), "
                          f"got logits {logits.shape} and targets {targets.shape}")
     check_float("cross_entropy", logits)
     _check_id_range("cross_entropy", "targets", targets, logits.shape[1], ignore_index)
-    return CrossEntropy.apply(logits, targets, ignore_index=ignore_index)
+    if reduction == "mean" and not label_smoothing:
+        return CrossEntropy.apply(logits, targets, ignore_index=ignore_index)
+    # the other reductions and label smoothing, composed from log_softmax (so twice differentiable)
+    logp = log_softmax(logits, 1)                                          # (N, C)
+    valid = targets != ignore_index                                        # (N,)
+    safe = where(valid, targets, 0)
+    rows = constant(logits, logits.backend.arange(logits.shape[0]))
+    loss = -logp[rows, safe]                                               # (N,), -log p[target]
+    if label_smoothing:
+        loss = loss * (1.0 - label_smoothing) - logp.mean(1) * label_smoothing
+    loss = where(valid, loss, 0.0)
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / valid.to(loss.dtype).sum().clamp(min=1.0)          # as CrossEntropy: 0 if none counts
+
+
+def _cross_entropy_probabilities(logits, targets, reduction, label_smoothing):
+    """cross_entropy against (N, C) class probabilities: -sum(p log softmax(logits)) per row."""
+    if targets.ndim == 1:                                   # class indices, as floats by mistake
+        raise TypeError(f"cross_entropy: targets must be integers, got {targets.dtype} (convert with .long()), "
+                        f"or class probabilities shaped like the logits {logits.shape}")
+    if logits.ndim != 2 or targets.shape != logits.shape:
+        raise ValueError(f"cross_entropy: class-probability targets must have the logits' shape (N, C), "
+                         f"got logits {logits.shape} and targets {targets.shape}")
+    check_float("cross_entropy", logits)
+    check_same_dtype("cross_entropy", logits, targets)
+    if label_smoothing:
+        targets = targets * (1.0 - label_smoothing) + label_smoothing / logits.shape[1]
+    loss = -(targets * log_softmax(logits, 1)).sum(1)                      # (N,)
+    if reduction == "none":
+        return loss
+    return loss.sum() if reduction == "sum" else loss.mean()
 
 
 class Embedding(Function):
@@ -139,10 +183,16 @@ class LayerNorm(Function):
 
 
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, fused=True):
-    """Normalise over the last dim. ``normalized_shape`` must be (C,)."""
+    """Normalise over the last dims, those of ``normalized_shape``: (C,) or, as in PyTorch,
+    several, (H, W), whose elements are normalised together (as one dim of H * W)."""
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    if len(shape) != 1 or x.shape[-1:] != shape:
+    if not shape or x.shape[len(x.shape) - len(shape):] != shape or x.ndim < len(shape):
         raise ValueError(f"layer_norm: normalized_shape {shape} does not match input shape {x.shape}")
+    if len(shape) > 1:                                       # (..., H, W) as (..., H * W), and back
+        n = math.prod(shape)
+        flat = [None if t is None else t.reshape(n) for t in (weight, bias)]
+        out = layer_norm(x.reshape(*x.shape[:x.ndim - len(shape)], n), n, *flat, eps=eps, fused=fused)
+        return out.reshape(x.shape)
     dtype = x.dtype
     if dtype.kind != "f":
         check_float("layer_norm", x)

@@ -377,8 +377,8 @@ class BPE:
         return ids
 
     def decode_bytes(self, ids):
-        """ids -> the bytes of their tokens joined (any sequence of valid ids)."""
-        ids = list(ids)
+        """ids -> the bytes of their tokens joined (any sequence of valid ids, or a 1-d integer Tensor)."""
+        ids = _id_list(ids)
         try:
             if ids and min(ids) < 0:
                 raise IndexError                   # a list would read -1 as the last id
@@ -535,3 +535,20 @@ def _write_atomically(path, text):
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _id_list(ids):
+    """Token ids as a list of ints, from a list, a tuple, or a 1-d integer Tensor or array;
+    anything else is a TypeError that says what it got."""
+    kind = getattr(getattr(ids, "dtype", None), "kind", None)
+    if kind is not None:                                      # a Tensor or an array
+        if kind not in "iu":
+            raise TypeError(f"decode: token ids must be integers, got a {type(ids).__name__} of {ids.dtype}")
+        if len(ids.shape) != 1:
+            raise ValueError(f"decode: token ids must be one sequence (1-d), got shape {tuple(ids.shape)}")
+        return ids.tolist()
+    ids = list(ids)
+    for i in ids:
+        if isinstance(i, bool) or not hasattr(i, "__index__"):
+            raise TypeError(f"decode: token ids must be ints, got {i!r} ({type(i).__name__})")
+    return [i.__index__() for i in ids]

@@ -1,0 +1,66 @@
+"""Where PyTorch refuses, tinyattn refuses too, in its own words (one line naming the op and
+the shapes or dtypes involved)."""
+import numpy as np
+import pytest
+
+from torch_compare import check
+
+
+def f64(*shape):
+    return np.random.default_rng(0).standard_normal(shape)
+
+
+REFUSED = {
+    "shapes that do not broadcast": (lambda m, a, b: a + b, [f64(2, 3), f64(4)]),
+    "matmul that does not fit": (lambda m, a, b: a @ b, [f64(2, 3), f64(4, 2)]),
+    "matmul of a 0-d tensor": (lambda m, a, b: a @ b, [f64(), f64(3)]),
+    "reshape to the wrong size": (lambda m, a: a.reshape(4), [f64(2, 3)]),
+    "expand a dim that is not 1": (lambda m, a: a.expand(3, 4), [f64(2, 4)]),
+    "a dim out of range": (lambda m, a: a.sum(2), [f64(2, 3)]),
+    "a dim of a 0-d tensor": (lambda m, a: a.sum(1), [f64()]),
+    "softmax over a missing dim": (lambda m, a: m.F.softmax(a, 3), [f64(2, 3)]),
+    "permute with a repeated dim": (lambda m, a: a.permute(0, 0), [f64(2, 3)]),
+    "an index out of range": (lambda m, a, i: a[i], [f64(3), np.array([5])]),
+    "an int out of range": (lambda m, a: a[3], [f64(3)]),
+    "a float index tensor": (lambda m, a, i: a[i], [f64(3), np.array([0.0])]),
+    "clamp with no bound": (lambda m, a: a.clamp(), [f64(3)]),
+    "cat of 0-d tensors": (lambda m, a, b: m.cat([a, b]), [f64(), f64()]),
+    "cat of mismatched shapes": (lambda m, a, b: m.cat([a, b], 0), [f64(2, 3), f64(2, 4)]),
+    "stack of mismatched shapes": (lambda m, a, b: m.stack([a, b]), [f64(2, 3), f64(3, 2)]),
+    "mean of integers": (lambda m, a: a.mean(), [np.array([1, 2])]),
+    "softmax of integers": (lambda m, a: m.F.softmax(a, -1), [np.array([1, 2])]),
+    "gelu of integers": (lambda m, a: m.F.gelu(a), [np.array([1, 2])]),
+    "linear with integer input": (lambda m, a, w: m.F.linear(a, w), [np.array([[1, 2]]), f64(3, 2)]),
+    "linear of float32 and float64": (lambda m, a, w: m.F.linear(a, w), [f64(2, 2).astype("float32"), f64(3, 2)]),
+    "matmul of float32 and float64": (lambda m, a, w: a @ w, [f64(2, 2).astype("float32"), f64(2, 2)]),
+    "bool minus bool": (lambda m, a: a - a, [np.array([True, False])]),
+    "int minus True": (lambda m, a: a - True, [np.array([1, 2])]),
+    "abs of bool": (lambda m, a: a.abs(), [np.array([True])]),
+    "argmax of bool": (lambda m, a: a.argmax(), [np.array([True, False])]),
+    "where with a float condition": (lambda m, c, a: m.where(c, a, 0.0), [f64(3), f64(3)]),
+    "sdpa gqa with heads that do not divide": (lambda m, q, k: m.F.scaled_dot_product_attention(q, k, k, enable_gqa=True),
+                                               [f64(1, 4, 3, 2), f64(1, 3, 3, 2)]),
+    "cross_entropy with targets out of range": (lambda m, x, t: m.F.cross_entropy(x, t), [f64(3, 4), np.array([0, 1, 7])]),
+    "cross_entropy with float class indices": (lambda m, x, t: m.F.cross_entropy(x, t), [f64(3, 4), np.array([0.0, 1.0, 2.0])]),
+    "cross_entropy with a bad reduction": (lambda m, x, t: m.F.cross_entropy(x, t, reduction="avg"), [f64(3, 4), np.array([0, 1, 2])]),
+    "embedding with float ids": (lambda m, w, i: m.F.embedding(i, w), [f64(5, 3), np.array([0.0, 1.0])]),
+    "layer_norm over the wrong shape": (lambda m, x: m.F.layer_norm(x, (3,)), [f64(2, 4)]),
+    "x ** y with a negative integer exponent": (lambda m, a: a ** -1, [np.array([1, 2])]),
+    "len() of a 0-d tensor": (lambda m, a: len(a), [f64()]),
+    "item() of several elements": (lambda m, a: a.item(), [f64(3)]),
+    "requires_grad_ on a non-leaf": (lambda m, a: (a * 2).requires_grad_(False), [f64(3)]),
+    "backward of a non-scalar without a gradient": (lambda m, a: (a * 2).backward(), [f64(3)]),
+    "in-place on a leaf that requires grad": (lambda m, a: a.__iadd__(1.0), [f64(3)]),
+    "floor division backward": (lambda m, a: (a // 2).sum().backward(), [f64(3)]),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_refused_by_both(case):
+    fn, arrays = REFUSED[case]
+    error = check(fn, arrays)
+    assert isinstance(error, Exception), f"{case}: both accept it"
+    message = str(error)
+    assert message and len(message.splitlines()) == 1, f"{case}: not one line: {message!r}"
+    assert not type(error).__module__.startswith("numpy") and "numpy" not in message, \
+        f"{case}: numpy's error, not the library's: {message}"

@@ -467,11 +467,6 @@ class Sum(Function):
         return g.reshape(self.kept).expand(self.parents[0].shape)
 
 
-class SumOfEmpty(Sum):
-    """Sum of a tensor with no elements (zeros): Sum's formula itself, which the fast layer does
-    not stand in for (its row sums need rows of at least one element)."""
-
-
 class Max(Function):
     """Largest value along ``dim``; tied maxima share the gradient equally."""
 

@@ -393,8 +393,7 @@ class Tensor:
 
     # --- reductions (dim: an int, a tuple of ints, or None for all) ---
     def sum(self, dim=None, keepdim=False):
-        op = _ops.Sum if 0 not in self.shape else _ops.SumOfEmpty
-        return op.apply(self, dim=_axes(dim, self.ndim, "sum"), keepdim=keepdim)
+        return _ops.Sum.apply(self, dim=_axes(dim, self.ndim, "sum"), keepdim=keepdim)
 
     def mean(self, dim=None, keepdim=False):
         """The mean over ``dim``; NaN over zero elements (0 / 0), as in PyTorch."""

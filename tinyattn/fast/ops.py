@@ -78,9 +78,9 @@ def leading_sums(backend, x, lead):
 
 
 def can_sum_by_blas(backend, a):
-    """True for float32 and float64 arrays, whose sums can run as BLAS products."""
+    """True for float32 and float64 arrays with elements, whose sums can run as BLAS products."""
     dtype = backend.dtype_of(a)
-    return dtype.kind == "f" and dtype.itemsize >= 4 and a.ndim >= 2
+    return dtype.kind == "f" and dtype.itemsize >= 4 and a.ndim >= 2 and a.size > 0
 
 
 # ---------------------------------------------------------------- ops.py

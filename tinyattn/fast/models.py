@@ -54,6 +54,8 @@ class MLP(Runner):
 def _layer_norm_refuses(layer, name):
     if not_library(layer, name, modules.LayerNorm) is not None:
         return not_library(layer, name, modules.LayerNorm)
+    if len(layer.normalized_shape) != 1:
+        return f"{name} normalizes over {len(layer.normalized_shape)} dims"
     return f"{name} has no bias" if layer.bias is None else None
 
 

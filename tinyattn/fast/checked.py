@@ -224,7 +224,8 @@ def _say(keys):
         _state.said.add(key)
         qualname = key.partition(":")[2]
         head = _head(key)
-        home = f"{head.__module__}:{qualname}" if isinstance(head, type) and "." in qualname else key
+        shared = isinstance(head, type) and "." in qualname and head.__module__ in _MODULES_SET   # (a library class)
+        home = f"{head.__module__}:{qualname}" if shared else key
         groups.setdefault(home, []).append(key)
     for home, same in groups.items():
         paths = [describe(p) for p, group in STANDS_IN_FOR.items() if any(_covers(group, key) for key in same)]
@@ -237,7 +238,8 @@ def _where(key):
     """'tinyattn.models.gpt:Block.forward' -> 'models/gpt.py Block.forward' (the file, from tinyattn/)."""
     module, _, qualname = key.partition(":")
     package = Path(sys.modules["tinyattn"].__file__).parent
-    return f"{Path(sys.modules[module].__file__).relative_to(package).as_posix()} {qualname}"
+    path = Path(sys.modules[module].__file__)
+    return f"{path.relative_to(package).as_posix() if path.is_relative_to(package) else module} {qualname}"
 
 
 def status():

@@ -168,12 +168,12 @@ def live_fingerprints():
 class _State:
     def __init__(self):
         self.differ = {}    # "module:qualname" -> why, for each function that is not the library's
-        self.off = set()    # the paths that step aside
         self.said = set()   # the functions a notice has named
         self.checked = False
 
 
 _state = _State()
+OFF = frozenset()           # the paths that step aside now (check() sets it; runs() reads it)
 on_change = []              # functions () -> None, called when the paths that run change (fast/__init__.py)
 
 
@@ -181,7 +181,7 @@ def runs(path):
     """True while every function ``path`` stands in for is the library's."""
     if not _state.checked:
         check()
-    return path not in _state.off
+    return path not in OFF
 
 
 def check(names=None):
@@ -207,8 +207,9 @@ def check(names=None):
             for key in set(FINGERPRINTS) - keys:     # a stored function no longer there
                 _state.differ[key] = "is gone"
     off = {path for path, group in STANDS_IN_FOR.items() if any(_covers(group, key) for key in _state.differ)}
-    changed = off != _state.off or not _state.checked
-    _state.off, _state.checked = off, True
+    global OFF
+    changed = off != OFF or not _state.checked
+    OFF, _state.checked = frozenset(off), True
     _say(sorted(set(_state.differ) - _state.said))
     _state.said &= set(_state.differ)                # put back: a later change is said again
     if changed:

@@ -40,15 +40,18 @@ class MLP(Runner):
         return _mlp_refuses(mlp)
 
     def run(self, mlp, x):
-        if not (isinstance(x, autograd._Tensor) and x.ndim >= 1 and x.shape[-1] == mlp.c_fc.in_features
-                and mlp.c_fc.weight.dtype == mlp.c_proj.weight.dtype == x.dtype and idle(mlp.dropout)
-                and no_graph(x, mlp) and x.backend.kernel("gelu_tanh") is not None):
+        if not (isinstance(x, autograd._Tensor) and idle(mlp.dropout) and no_graph(x, mlp)):
             return None
-        h = linear_on_arrays(x.data.reshape(-1, x.shape[-1]), mlp.c_fc)         # (N, 4C)
+        a = x.data                                                       # (..., C): numpy (no_graph says so)
+        if not (a.ndim >= 1 and a.shape[-1] == mlp.c_fc.in_features
+                and mlp.c_fc.weight.data.dtype == mlp.c_proj.weight.data.dtype == a.dtype
+                and x.backend.kernel("gelu_tanh") is not None):
+            return None
+        h = linear_on_arrays(a.reshape(-1, a.shape[-1]), mlp.c_fc)      # (N, 4C)
         h = x.backend.run_kernel("gelu_tanh", h)
-        if h is None:                                                    # (no kernel, or a dtype it declines)
+        if h is None:                                                    # (a dtype the kernel declines)
             return None
-        return constant(x, linear_on_arrays(h, mlp.c_proj).reshape(x.shape[:-1] + (mlp.c_proj.out_features,)))
+        return constant(x, linear_on_arrays(h, mlp.c_proj).reshape(a.shape[:-1] + (mlp.c_proj.out_features,)))
 
 
 def _layer_norm_refuses(layer, name):
@@ -61,9 +64,10 @@ def _layer_norm_refuses(layer, name):
 
 def _layer_norm(x, layer):
     """LayerNorm on an array by the kernel (None where it declines, or for another dtype)."""
-    if layer.weight.dtype != x.dtype:
+    weight = layer.weight.data
+    if weight.dtype != x.dtype:
         return None
-    out = layer.weight.backend.run_kernel("layer_norm", x, layer.weight.data, layer.bias.data, layer.eps, False)
+    out = layer.weight.backend.run_kernel("layer_norm", x, weight, layer.bias.data, layer.eps, False)
     return None if out is None else out[0]
 
 
@@ -172,7 +176,7 @@ class Block(Runner):
         return f"fused: one op in training, {self.says}" if why is None else f"{text}; one op in training: off, {why}"
 
     def run(self, block, x, kv_cache=None):
-        if not (isinstance(x, autograd._Tensor) and x.ndim == 3 and x.shape[-1] == block.ln_1.weight.shape[0]):
+        if not (isinstance(x, autograd._Tensor) and x.data.ndim == 3 and x.data.shape[-1] == block.ln_1.weight.data.shape[0]):
             return None
         if kv_cache is None and is_grad_enabled():
             params = None if self.one_op is not None else self._one_op_parameters(block, x)
@@ -184,7 +188,7 @@ class Block(Runner):
                 keep = attn.head_keep(x.shape[0], x.dtype, x.device).data.reshape(x.shape[0], attn.n_head)
             return BlockOp.apply(x, *params, n_head=attn.n_head, eps_1=block.ln_1.eps,
                                  eps_2=block.ln_2.eps, module=block, head_keep=keep, rng_state=state)
-        if not (no_graph(x, block) and block.ln_1.weight.dtype == block.ln_2.weight.dtype == x.dtype):
+        if not (no_graph(x, block) and block.ln_1.weight.data.dtype == block.ln_2.weight.data.dtype == x.data.dtype):
             return None
         h = _layer_norm(x.data, block.ln_1)                             # (None: no kernel; then none for ln_2)
         if h is None:
@@ -236,11 +240,12 @@ class GPT(Runner):
 
     def run(self, model, idx, targets=None, kv_caches=None):
         table = model.wte.weight
-        if not (targets is None and isinstance(idx, autograd._Tensor) and idx.ndim == 2
-                and idx.dtype.kind in "iu" and idx.backend is table.backend and idle(model.drop)
-                and model.lm_head.weight.dtype == table.dtype and no_graph(table, model)):
+        if not (targets is None and isinstance(idx, autograd._Tensor) and idx.backend is table.backend
+                and idle(model.drop) and no_graph(table, model)):
             return None
-        B, T = idx.shape
+        if not (idx.data.ndim == 2 and idx.data.dtype.kind in "iu" and model.lm_head.weight.data.dtype == table.data.dtype):
+            return None
+        B, T = idx.data.shape
         start = len(kv_caches[0]) if kv_caches else 0
         if start + T > min(model.config.block_size, model.wpe.weight.shape[0]):
             return None                                                     # (the teaching path's error)
@@ -275,9 +280,10 @@ def fuse(model, on=True):
     """nn.fuse: give each layer of ``model`` that is, or derives from, one the fast layer knows
     (MultiHeadAttention and the GPT's MLP, Block and GPT) a runner; with on=False take them away."""
     for module in model.modules():
-        module.__dict__.pop("_fused", None)
         runner = next((RUNNERS_BY_CLASS[cls] for cls in type(module).__mro__ if cls in RUNNERS_BY_CLASS), None)
-        if on and runner is not None:
+        if not on or runner is None:
+            module.__dict__.pop("_fused", None)
+        elif type(module.__dict__.get("_fused")) is not runner:      # (fused already: as it was)
             object.__setattr__(module, "_fused", runner(module))
 
 

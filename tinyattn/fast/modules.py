@@ -44,7 +44,7 @@ class Runner:
     def __call__(self, module, args, kwargs):
         if self.decided != modules.changes:
             self.why, self.decided = self.check(module), modules.changes
-        if self.why is None and checked.runs(self.path):
+        if self.why is None and self.path not in checked.OFF:            # (checked at import: fast/__init__.py)
             out = self.run(module, *args, **kwargs)
             if out is not None:
                 return out
@@ -80,7 +80,8 @@ class Runner:
 
 def no_graph(x, module):
     """True where running ``module`` on ``x`` records no graph and nothing watches the ops."""
-    if autograd.hooks is not None or not x.backend.fast_ops or not x.backend.on_host:   # (numpy arrays here)
+    backend = x.backend
+    if autograd.hooks is not None or not backend.fast_ops or not backend.on_host:   # (numpy arrays here)
         return False
     if not is_grad_enabled():
         return True
@@ -134,17 +135,20 @@ class MultiHeadAttention(Runner):
 
     def run(self, attn, x, attn_mask=None, is_causal=False, kv_cache=None):
         if not (attn_mask is None and (is_causal or kv_cache is not None) and isinstance(x, autograd._Tensor)
-                and x.ndim == 3 and x.shape[-1] == attn.n_embd and attn.c_attn.weight.dtype == attn.c_proj.weight.dtype == x.dtype
-                and (kv_cache is None or type(kv_cache) is attention.KVCache)
-                and idle(attn.resid_dropout) and (attn.dropout == 0.0 or not attn.training)
-                and (attn.head_dropout == 0.0 or not attn.training) and no_graph(x, attn)):
+                and (kv_cache is None or type(kv_cache) is attention.KVCache) and no_graph(x, attn)):
             return None
-        B, T, C = x.shape
+        a = x.data                                                       # (B, T, C): numpy (no_graph says so)
+        if not (a.ndim == 3 and a.shape[-1] == attn.n_embd
+                and attn.c_attn.weight.data.dtype == attn.c_proj.weight.data.dtype == a.dtype
+                and idle(attn.resid_dropout) and (attn.dropout == 0.0 or not attn.training)
+                and (attn.head_dropout == 0.0 or not attn.training)):
+            return None
+        B, T, C = a.shape
         H, D = attn.n_head, C // attn.n_head
         t_k = T + (len(kv_cache) if kv_cache is not None else 0)
-        if attention.is_long(T, t_k, B * H, x.dtype.itemsize, x.backend.on_host):
+        if attention.is_long(T, t_k, B * H, a.dtype.itemsize, True):
             return None                                                  # the tiled path: op by op
-        qkv = linear_on_arrays(x.data.reshape(B * T, C), attn.c_attn).reshape(B, T, 3 * H, D)
+        qkv = linear_on_arrays(a.reshape(B * T, C), attn.c_attn).reshape(B, T, 3 * H, D)
         heads = qkv.transpose(0, 2, 1, 3)                                # (B, 3H, T, D): q's heads, k's, v's
         q, k, v = heads[:, :H], heads[:, H:2 * H], heads[:, 2 * H:]      # (B, H, T, D) each
         if kv_cache is not None:

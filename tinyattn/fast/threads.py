@@ -37,6 +37,8 @@ import warnings
 
 import numpy as np
 
+from . import layouts
+
 NUM_THREADS_ENV = "TINYATTN_NUM_THREADS"
 # Split an op only from this much work (elements it touches, or a product's n*k*m / 32): measured on
 # this machine at the first split (measure_min_work); below FLOOR nothing splits, even before that.
@@ -344,8 +346,7 @@ class CpuProducts(Products):
 
     def linear(self, x2, weight, bias=None):
         """W^T as layouts.py finds fastest (inside ta.inference_mode)."""
-        from .layouts import transposed
-        return self.matmul(x2, transposed(weight, len(x2)), add=bias)
+        return self.matmul(x2, layouts.transposed(weight, len(x2)), add=bias)
 
 
 def joined(arrays, shape, dim):

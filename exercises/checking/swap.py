@@ -187,7 +187,7 @@ def use_exercises(package="exercises", say=print):
             saved.append((owner, attr, owner.__dict__[attr]))
             setattr(owner, attr, replacement(module))
         if passing:
-            ta.set_fast(False)          # the library's fused ops would skip your pieces: its formulas call them
+            ta.set_fast(False)          # the library's formulas with your pieces in them, to compare to the bit
         say(describe(results, passing, package))
         yield passing
     finally:
@@ -205,8 +205,8 @@ def describe(results, passing, package):
     if waiting:
         lines.append("  still the library's: " + ", ".join(waiting))
     if passing:
-        lines.append("  the fast layer is off for this run (ta.set_fast(False)): the library's ops run their "
-                     "formulas, which call your pieces where a fused op would skip them")
+        lines.append("  the fast layer is off for this run (ta.set_fast(False)), so that it is the library's formulas "
+                     "with your pieces in them, to the last bit (with it on, your pieces would run too)")
     lines += [f"  {line}" for line in _where_yours_run(set(passing))]
     for name, why in NOT_SWAPPED.items():
         if name in [r.exercise.name for r in results if r.passing]:

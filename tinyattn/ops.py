@@ -45,19 +45,27 @@ def operands(t, other, op, reverse=False, true_division=False):
     number with an integer or boolean tensor gives float32, the default float dtype (ids * 0.5
     is float32, not numpy's float64), and so does true division of integers. Two tensors
     promote as ``result_dtype`` says (int64 + float32 is float32)."""
-    if op == "-" and (t.dtype.kind == "b" or (other.dtype.kind == "b" if is_tensor(other) else isinstance(other, bool))):
-        raise TypeError("-: subtraction with a bool operand is refused, as in PyTorch; "
-                        "to invert a mask use ~mask, or convert with .long() or .float() first")
-    if not is_tensor(other):
-        if t.dtype.kind != "f" and (true_division or check_operand(other, op) == "f"):
-            t = t.to("float32")
-        other = lift(t, other, op)
-    elif t.dtype != other.dtype or (true_division and t.dtype.kind != "f"):
+    dtype = t.dtype
+    if is_tensor(other):
+        if other.dtype == dtype and dtype.kind == "f":                 # (one float dtype: nothing to do)
+            return (other, t) if reverse else (t, other)
+        _refuse_bool_subtraction(op, dtype, other.dtype)
         dtype = result_dtype(t, other)
         if true_division and dtype.kind != "f":
             dtype = float32
         t, other = to_dtype(t, dtype), to_dtype(other, dtype)
+    else:
+        _refuse_bool_subtraction(op, dtype, bool if isinstance(other, bool) else None)
+        if dtype.kind != "f" and (true_division or check_operand(other, op) == "f"):
+            t = t.to("float32")
+        other = lift(t, other, op)
     return (other, t) if reverse else (t, other)
+
+
+def _refuse_bool_subtraction(op, *dtypes):
+    if op == "-" and any(d is bool or getattr(d, "kind", None) == "b" for d in dtypes):
+        raise TypeError("-: subtraction with a bool operand is refused, as in PyTorch; "
+                        "to invert a mask use ~mask, or convert with .long() or .float() first")
 
 
 def result_dtype(*tensors):
@@ -525,10 +533,11 @@ class Tril(Function):
 
 # ---------------------------------------------------------------- indexing
 def _canonical_index(index, backend):
-    """Tensors -> arrays, lists -> int arrays, boolean masks -> their nonzero positions."""
+    """Tensors -> arrays, lists -> int arrays, boolean masks -> their nonzero positions.
+    Returns (the index as a tuple, whether it is basic: no arrays)."""
     if not isinstance(index, tuple):
         index = (index,)
-    out = []
+    out, basic = [], True
     for i in index:
         if is_tensor(i):
             if i.dtype.kind not in "biu":
@@ -536,11 +545,15 @@ def _canonical_index(index, backend):
             i = i.data
         elif isinstance(i, list):
             i = backend.asarray(i)
-        if backend.is_array(i) and backend.dtype_of(i).kind == "b":
+        if not backend.is_array(i):
+            out.append(i)
+            continue
+        basic = False
+        if backend.dtype_of(i).kind == "b":
             out.extend(backend.xp.nonzero(i))
         else:
             out.append(i)
-    return tuple(out)
+    return tuple(out), basic
 
 
 def _is_basic(index, backend):
@@ -576,9 +589,11 @@ class IndexAdd(Function):
 
 
 def getitem(x, index):
-    index = _canonical_index(index, x.backend)
-    if _is_basic(index, x.backend) and not any(i is Ellipsis for i in index):
-        index = index + (Ellipsis,)             # (x[1, 2] a 0-d view, as in PyTorch, not numpy's scalar copy)
+    index, basic = _canonical_index(index, x.backend)
+    if basic:
+        if Ellipsis not in index:
+            index = index + (Ellipsis,)         # (x[1, 2] a 0-d view, as in PyTorch, not numpy's scalar copy)
+        return GetItem.apply(x, index=index)
     first, index = _ints_first(index, x.backend)
     if first is not None:
         x = GetItem.apply(x, index=first)
@@ -589,9 +604,10 @@ def _ints_first(index, backend):
     """PyTorch takes integer indices first, as plain selections, and only then the index arrays;
     numpy counts the integers among the advanced indices, which moves dims: for x (2, 3, 12, 5, 4),
     x[1, :, 3:11:2, d, 0:2] is (3, 4, len(d), 2) in PyTorch and (len(d), 3, 4, 2) in numpy. So
-    with both kinds, split the index in two: (the ints, with the rest kept whole; the rest)."""
+    with both kinds (``index`` holds arrays), split the index in two: (the ints, with the rest kept
+    whole; the rest)."""
     is_int = [isinstance(i, int) and not isinstance(i, bool) for i in index]
-    if not any(is_int) or _is_basic(index, backend):
+    if not any(is_int):
         return None, index
     first = tuple(slice(None) if backend.is_array(i) else i for i in index)
     rest = tuple(i if backend.is_array(i) or i is Ellipsis else slice(None)
@@ -628,8 +644,11 @@ def cat(tensors, dim=0):
         if t.ndim != tensors[0].ndim or any(
                 n != m for i, (n, m) in enumerate(zip(t.shape, tensors[0].shape)) if i != dim):
             raise ValueError(f"cat: shapes {tensors[0].shape} and {t.shape} differ outside dim {dim}")
-    dtype = functools.reduce(promote_types, [t.dtype for t in tensors])        # int64 with float32: float32
-    return Cat.apply(*[to_dtype(t, dtype) for t in tensors], dim=dim)
+    dtype = tensors[0].dtype
+    if any(t.dtype != dtype for t in tensors[1:]):
+        dtype = functools.reduce(promote_types, [t.dtype for t in tensors])    # int64 with float32: float32
+        tensors = [to_dtype(t, dtype) for t in tensors]
+    return Cat.apply(*tensors, dim=dim)
 
 
 def stack(tensors, dim=0):

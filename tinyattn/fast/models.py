@@ -279,12 +279,17 @@ RUNNERS_BY_CLASS = {runner.teaching: runner for runner in RUNNERS}
 def fuse(model, on=True):
     """nn.fuse: give each layer of ``model`` that is, or derives from, one the fast layer knows
     (MultiHeadAttention and the GPT's MLP, Block and GPT) a runner; with on=False take them away."""
+    root = model.__dict__.get("_fused")
+    if on and root is not None and root.fused_at == modules.changes:   # (fused, and no layer changed since)
+        return
     for module in model.modules():
         runner = next((RUNNERS_BY_CLASS[cls] for cls in type(module).__mro__ if cls in RUNNERS_BY_CLASS), None)
         if not on or runner is None:
             module.__dict__.pop("_fused", None)
         elif type(module.__dict__.get("_fused")) is not runner:      # (fused already: as it was)
             object.__setattr__(module, "_fused", runner(module))
+    if on and "_fused" in model.__dict__:
+        model.__dict__["_fused"].fused_at = modules.changes
 
 
 modules.fusers.append(fuse)

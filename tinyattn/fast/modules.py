@@ -40,6 +40,7 @@ class Runner:
         self.module = weakref.ref(module)   # (for print(model): a layer holds its runner, not the other way)
         self.decided = None                 # nn.modules.changes when ``why`` was decided
         self.why = None
+        self.fused_at = None                # (on a model's own runner) nn.modules.changes when nn.fuse walked it
 
     def __call__(self, module, args, kwargs):
         if self.decided != modules.changes:

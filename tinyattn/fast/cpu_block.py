@@ -31,8 +31,8 @@ from .threads import split
 
 
 def block_fits(x, params):
-    """True for x (B, T, C) and the block's parameters (Block.fused_parameters() in fast/models.py),
-    all float32 or all float64, of the GPT's shapes (an MLP 4 C wide)."""
+    """True for x (B, T, C) and the block's parameters (in the order of fast/models.py's
+    Block._one_op_parameters), all float32 or all float64, of the GPT's shapes (an MLP 4 C wide)."""
     if x.ndim != 3 or x.dtype.char not in "fd" or x.size == 0 or any(p.dtype != x.dtype for p in params):
         return False
     C = x.shape[2]

@@ -84,7 +84,8 @@ def _cuda_kernels():
 def _install(backend):
     """Give a backend the fast ops (while the layer is on, each while the code it stands in for is
     the library's) and its kernels (loaded on first use)."""
-    backend.fast_ops = {teaching: fast for teaching, fast in FAST_OPS.items() if checked.runs(fast.__name__)} if _on else {}
+    running = {teaching: fast for teaching, fast in FAST_OPS.items() if checked.runs(fast.__name__)}
+    backend.fast_ops = running if _on else {}
     if not hasattr(backend, "products"):            # the CPU's variant splits its products over the threads
         backend.products = (threads.CpuProducts if isinstance(backend, NumpyBackend) else threads.Products)(backend.xp)
     if isinstance(backend, NumpyBackend):

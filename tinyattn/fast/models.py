@@ -176,7 +176,8 @@ class Block(Runner):
         return f"fused: one op in training, {self.says}" if why is None else f"{text}; one op in training: off, {why}"
 
     def run(self, block, x, kv_cache=None):
-        if not (isinstance(x, autograd._Tensor) and x.data.ndim == 3 and x.data.shape[-1] == block.ln_1.weight.data.shape[0]):
+        if not (isinstance(x, autograd._Tensor) and x.data.ndim == 3
+                and x.data.shape[-1] == block.ln_1.weight.data.shape[0]):
             return None
         if kv_cache is None and is_grad_enabled():
             params = None if self.one_op is not None else self._one_op_parameters(block, x)
@@ -235,7 +236,8 @@ class GPT(Runner):
 
     def refuses(self, model):
         return first(not_library(model.wte, "wte", modules.Embedding), not_library(model.wpe, "wpe", modules.Embedding),
-                     not_library(model.drop, "drop", modules.Dropout), not_library(model.lm_head, "lm_head", modules.Linear),
+                     not_library(model.drop, "drop", modules.Dropout),
+                     not_library(model.lm_head, "lm_head", modules.Linear),
                      _layer_norm_refuses(model.ln_f, "ln_f"))
 
     def run(self, model, idx, targets=None, kv_caches=None):
@@ -243,7 +245,8 @@ class GPT(Runner):
         if not (targets is None and isinstance(idx, autograd._Tensor) and idx.backend is table.backend
                 and idle(model.drop) and no_graph(table, model)):
             return None
-        if not (idx.data.ndim == 2 and idx.data.dtype.kind in "iu" and model.lm_head.weight.data.dtype == table.data.dtype):
+        if not (idx.data.ndim == 2 and idx.data.dtype.kind in "iu"
+                and model.lm_head.weight.data.dtype == table.data.dtype):
             return None
         B, T = idx.data.shape
         start = len(kv_caches[0]) if kv_caches else 0

@@ -5,17 +5,14 @@ import numpy as np
 
 import tinyattn.nn.functional as F
 
+from . import formulas
 from .softmax import np_softmax
 from .common import (ExerciseFailure, attempt, compare, gradcheck, grads_on, keeps_float32, known_mistake, need,
                      on_strict, rand, rng_, vjp, writes_no_input)
 
 
 def np_attention(q, k, v, is_causal=False, scale=None):
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = q @ np.swapaxes(k, -1, -2) * scale
-    if is_causal:
-        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
-    return np_softmax(s) @ v
+    return formulas.attention(q, k, v, causal=is_causal, scale=scale)
 
 
 def _attention_parts(q, k, v, is_causal):

@@ -3,14 +3,13 @@ import numpy as np
 
 import tinyattn as ta
 
+from . import formulas
 from .softmax import np_softmax
 from .common import attempt, compare, gradcheck, grads_on, keeps_float32, need, on_strict, rand, rng_, writes_no_input
 
 
 def np_cross_entropy(logits, targets, ignore_index=-100):
-    logp = np.log(np_softmax(logits))
-    keep = targets != ignore_index
-    return -logp[np.arange(len(targets))[keep], targets[keep]].mean()
+    return formulas.cross_entropy(logits, targets, ignore_index)
 
 
 def _ce_grad(u, logits, targets, ignore_index=-100, count="valid", zero_ignored=True, scale=True):

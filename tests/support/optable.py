@@ -15,6 +15,8 @@ from typing import Callable
 
 import numpy as np
 
+from exercises.checking import formulas
+
 from tinyattn import ops
 from tinyattn.nn import functional as F
 
@@ -54,54 +56,12 @@ def normal(rng, *shape):
 _erf = np.vectorize(math.erf)
 
 
-def _softmax(x, axis=-1):
-    e = np.exp(x - x.max(axis, keepdims=True))
-    return e / e.sum(axis, keepdims=True)
-
-
-def _log_softmax(x, axis=-1):
-    m = x.max(axis, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis, keepdims=True))
-
-
-def _layer_norm(x, w, b, eps=1e-5):
-    mu = x.mean(-1, keepdims=True)
-    var = x.var(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + eps) * w + b
-
-
-def _cross_entropy(logits, targets, ignore_index=-100):
-    valid = targets != ignore_index
-    logp = _log_softmax(logits, 1)
-    picked = logp[np.arange(len(targets)), np.where(valid, targets, 0)]
-    return -(picked * valid).sum() / max(valid.sum(), 1)
-
-
 def _smoothed_cross_entropy(logits, targets, eps, ignore_index=-1):
     """Per row: (1 - eps) (-log p[target]) + eps mean(-log p), 0 where the target is ignored."""
     valid = targets != ignore_index
-    logp = _log_softmax(logits, 1)
+    logp = formulas.log_softmax(logits, 1)
     nll = -logp[np.arange(len(targets)), np.where(valid, targets, 0)]
     return np.where(valid, (1 - eps) * nll - eps * logp.mean(1), 0.0)
-
-
-def _gelu_tanh(x):
-    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
-
-
-def _sdpa(q, k, v, mask=None, causal=False):
-    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
-    if causal:
-        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
-    if mask is not None:
-        s = np.where(mask, s, -np.inf)
-    return _softmax(s) @ v
-
-
-def _attention(q, k, v, causal=False, scale=None):
-    """The plain formula with a chosen scale: a reference for flash attention."""
-    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    return _sdpa(q * (scale * math.sqrt(q.shape[-1])), k, v, causal=causal)
 
 
 INT_IDX = np.array([2, 0, 2, 3, 2])               # repeated ids: their gradients must add up
@@ -140,7 +100,7 @@ OPS = [
     OpSpec("Tensor.relu", lambda a: a.relu(), lambda r: [away_from_zero(r, 3, 4)], lambda a: np.maximum(a, 0)),
     OpSpec("Tensor.erf", lambda a: a.erf(), lambda r: [2 * normal(r, 3, 4)], _erf),
     OpSpec("F.gelu", lambda a: F.gelu(a), lambda r: [2 * normal(r, 3, 4)], lambda a: 0.5 * a * (1 + _erf(a / math.sqrt(2)))),
-    OpSpec("F.gelu(tanh)", lambda a: F.gelu(a, approximate="tanh"), lambda r: [2 * normal(r, 3, 4)], _gelu_tanh),
+    OpSpec("F.gelu(tanh)", lambda a: F.gelu(a, approximate="tanh"), lambda r: [2 * normal(r, 3, 4)], formulas.gelu_tanh),
     OpSpec("Tensor.clamp", lambda a: a.clamp(-0.5, 0.7), lambda r: [distinct(r, 4, 5, gap=0.05) + 0.013],
            lambda a: np.clip(a, -0.5, 0.7)),
     OpSpec("Tensor.clamp(min)", lambda a: a.clamp(min=0.1), lambda r: [distinct(r, 4, 5, gap=0.05) + 0.013],
@@ -209,15 +169,15 @@ OPS = [
     OpSpec("Tensor.tril", lambda a: a.tril(), lambda r: [normal(r, 2, 4, 4)], np.tril),
     OpSpec("Tensor.triu", lambda a: a.triu(1), lambda r: [normal(r, 3, 4)], lambda a: np.triu(a, 1)),
     # tinyattn.nn.functional
-    OpSpec("F.softmax", lambda a: F.softmax(a, -1), lambda r: [normal(r, 3, 5)], _softmax),
-    OpSpec("F.softmax(dim 0)", lambda a: F.softmax(a, 0), lambda r: [normal(r, 3, 5)], lambda a: _softmax(a, 0)),
-    OpSpec("F.log_softmax", lambda a: F.log_softmax(a, -1), lambda r: [normal(r, 2, 3, 5)], _log_softmax),
+    OpSpec("F.softmax", lambda a: F.softmax(a, -1), lambda r: [normal(r, 3, 5)], formulas.softmax),
+    OpSpec("F.softmax(dim 0)", lambda a: F.softmax(a, 0), lambda r: [normal(r, 3, 5)], lambda a: formulas.softmax(a, 0)),
+    OpSpec("F.log_softmax", lambda a: F.log_softmax(a, -1), lambda r: [normal(r, 2, 3, 5)], formulas.log_softmax),
     OpSpec("F.logsumexp", lambda a: F.logsumexp(a, 1), lambda r: [normal(r, 3, 5, 2)],
            lambda a: np.log(np.exp(a).sum(1))),
     OpSpec("F.cross_entropy", lambda a, t: F.cross_entropy(a, t), lambda r: [normal(r, 5, 4), np.array([0, 3, 1, 3, 2])],
-           _cross_entropy),
+           formulas.cross_entropy),
     OpSpec("F.cross_entropy(ignore_index)", lambda a, t: F.cross_entropy(a, t, ignore_index=-1),
-           lambda r: [normal(r, 5, 4), np.array([0, -1, 1, 3, -1])], lambda a, t: _cross_entropy(a, t, -1)),
+           lambda r: [normal(r, 5, 4), np.array([0, -1, 1, 3, -1])], lambda a, t: formulas.cross_entropy(a, t, -1)),
     OpSpec("F.cross_entropy(sum, label_smoothing)",
            lambda a, t: F.cross_entropy(a, t, ignore_index=-1, reduction="sum", label_smoothing=0.2),
            lambda r: [normal(r, 5, 4), np.array([0, -1, 1, 3, 3])], lambda a, t: _smoothed_cross_entropy(a, t, 0.2).sum()),
@@ -228,16 +188,16 @@ OPS = [
            lambda a, t: _smoothed_cross_entropy(a, t, 0.1).sum() / 4),
     OpSpec("F.cross_entropy(probabilities)", lambda a, p: F.cross_entropy(a, p, label_smoothing=0.1),
            lambda r: [normal(r, 3, 4), positive(r, 3, 4)],
-           lambda a, p: -(((1 - 0.1) * p + 0.1 / 4) * _log_softmax(a, 1)).sum(1).mean()),
+           lambda a, p: -(((1 - 0.1) * p + 0.1 / 4) * formulas.log_softmax(a, 1)).sum(1).mean()),
     OpSpec("F.embedding", lambda w, i: F.embedding(i, w), lambda r: [normal(r, 5, 3), np.array([[4, 0, 4], [1, 4, 2]])],
            lambda w, i: w[i]),
     OpSpec("F.layer_norm", lambda x, w, b: F.layer_norm(x, 4, w, b), lambda r: [normal(r, 2, 3, 4), normal(r, 4), normal(r, 4)],
-           _layer_norm, gradgrad=False),
+           formulas.layer_norm, gradgrad=False),
     OpSpec("F.layer_norm(composite)", lambda x, w, b: F.layer_norm(x, 4, w, b, fused=False),
-           lambda r: [normal(r, 2, 3, 4), normal(r, 4), normal(r, 4)], _layer_norm),
+           lambda r: [normal(r, 2, 3, 4), normal(r, 4), normal(r, 4)], formulas.layer_norm),
     OpSpec("F.layer_norm(two dims)", lambda x, w, b: F.layer_norm(x, (3, 4), w, b),
            lambda r: [normal(r, 2, 3, 4), normal(r, 3, 4), normal(r, 3, 4)],
-           lambda x, w, b: _layer_norm(x.reshape(2, 12), w.reshape(12), b.reshape(12)).reshape(2, 3, 4), gradgrad=False),
+           lambda x, w, b: formulas.layer_norm(x.reshape(2, 12), w.reshape(12), b.reshape(12)).reshape(2, 3, 4), gradgrad=False),
     OpSpec("F.linear", lambda x, w, b: F.linear(x, w, b), lambda r: [normal(r, 2, 3), normal(r, 4, 3), normal(r, 4)],
            lambda x, w, b: x @ w.T + b),
     OpSpec("F.linear(3-d, no bias)", lambda x, w: F.linear(x, w), lambda r: [normal(r, 2, 3, 4), normal(r, 5, 4)],
@@ -247,39 +207,39 @@ OPS = [
     OpSpec("F.relu", lambda a: F.relu(a), lambda r: [away_from_zero(r, 3, 4)], lambda a: np.maximum(a, 0)),
     OpSpec("F.dropout(p=0)", lambda a: F.dropout(a, 0.0), lambda r: [normal(r, 3)], lambda a: a),
     OpSpec("F.scaled_dot_product_attention", lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
-           lambda r: [normal(r, 1, 2, 3, 4), normal(r, 1, 2, 5, 4), normal(r, 1, 2, 5, 4)], _sdpa),
+           lambda r: [normal(r, 1, 2, 3, 4), normal(r, 1, 2, 5, 4), normal(r, 1, 2, 5, 4)], formulas.attention),
     OpSpec("F.scaled_dot_product_attention(causal)",
            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
            lambda r: [normal(r, 2, 1, 4, 3), normal(r, 2, 1, 4, 3), normal(r, 2, 1, 4, 3)],
-           lambda q, k, v: _sdpa(q, k, v, causal=True)),
+           lambda q, k, v: formulas.attention(q, k, v, causal=True)),
     OpSpec("F.scaled_dot_product_attention(mask)",
            lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
            lambda r: [normal(r, 1, 2, 3, 4), normal(r, 1, 2, 3, 4), normal(r, 1, 2, 3, 4),
                       np.array([[True, False, False], [False, True, False], [True, False, True]])],
-           lambda q, k, v, m: _sdpa(q, k, v, m)),
+           lambda q, k, v, m: formulas.attention(q, k, v, mask=m)),
     OpSpec("F.scaled_dot_product_attention(enable_gqa)",
            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
            lambda r: [normal(r, 1, 4, 3, 2), normal(r, 1, 2, 3, 2), normal(r, 1, 2, 3, 3)],
-           lambda q, k, v: _sdpa(q, np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1), causal=True)),
+           lambda q, k, v: formulas.attention(q, np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1), causal=True)),
     # flash attention: tiles of block_size that divide neither Tq nor Tk
     OpSpec("F.flash_attention", lambda q, k, v: F.flash_attention(q, k, v, block_size=2),
-           lambda r: [normal(r, 1, 2, 3, 4), normal(r, 1, 2, 5, 4), normal(r, 1, 2, 5, 3)], _sdpa, gradgrad=False),
+           lambda r: [normal(r, 1, 2, 3, 4), normal(r, 1, 2, 5, 4), normal(r, 1, 2, 5, 3)], formulas.attention, gradgrad=False),
     OpSpec("F.flash_attention(causal)", lambda q, k, v: F.flash_attention(q, k, v, is_causal=True, block_size=2),
            lambda r: [normal(r, 2, 1, 5, 3), normal(r, 2, 1, 7, 3), normal(r, 2, 1, 7, 3)],
-           lambda q, k, v: _sdpa(q, k, v, causal=True), gradgrad=False),
+           lambda q, k, v: formulas.attention(q, k, v, causal=True), gradgrad=False),
     OpSpec("F.flash_attention(causal, Tq > Tk, scale)",
            lambda q, k, v: F.flash_attention(q, k, v, is_causal=True, scale=0.7, block_size=3),
            lambda r: [normal(r, 1, 2, 7, 4), normal(r, 1, 2, 4, 4), normal(r, 1, 2, 4, 2)],
-           lambda q, k, v: _attention(q, k, v, causal=True, scale=0.7), gradgrad=False),
+           lambda q, k, v: formulas.attention(q, k, v, causal=True, scale=0.7), gradgrad=False),
     OpSpec("F.flash_attention(causal, bool mask, Tq < Tk)",
            lambda q, k, v, m: F.flash_attention(q, k, v, is_causal=True, attn_mask=m, block_size=2),
            lambda r: [normal(r, 1, 2, 5, 3), normal(r, 1, 2, 7, 3), normal(r, 1, 2, 7, 2),
                       np.array([[True, False, True, True, False, True, True]] * 3 + [[True, True, False] * 2 + [False]] * 2)],
-           lambda q, k, v, m: _sdpa(q, k, v, m, causal=True), gradgrad=False),
+           lambda q, k, v, m: formulas.attention(q, k, v, causal=True, mask=m), gradgrad=False),
     OpSpec("F.scaled_dot_product_attention(impl='tiled')",
            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, impl="tiled"),
            lambda r: [normal(r, 2, 1, 4, 3), normal(r, 2, 1, 4, 3), normal(r, 2, 1, 4, 3)],
-           lambda q, k, v: _sdpa(q, k, v, causal=True), gradgrad=False),
+           lambda q, k, v: formulas.attention(q, k, v, causal=True), gradgrad=False),
 ]
 
 

@@ -281,7 +281,7 @@ def test_unedited_the_fast_layer_runs_and_agrees_with_the_formulas(unedited, mon
         assert ran["block"] == 2
     assert ran["adamw"] == 1
     assert_same_runs(on, gpt_run(False))
-    np.testing.assert_array_equal(on[3], unedited[3])
+    assert_same_runs(on, unedited)         # (to float32 rounding: a product's threads and layout may differ)
 
 
 def test_a_method_replaced_after_the_model_was_built_runs(capsys):

@@ -78,6 +78,19 @@ def test_prepare_errors_are_one_line(text_file, tmp_path, capsys, argv, message)
     assert message in err and err.count("\n") == 1
 
 
+def test_prepare_refuses_a_token_folder_without_overwrite(bpe_dir, text_file, capsys):
+    before = (bpe_dir / "train.bin").read_bytes()
+    capsys.readouterr()
+    assert prep.main([str(text_file), "--tokenizer", "char", "--out_dir", str(bpe_dir)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(bpe_dir) in err and "--overwrite" in err
+    assert (bpe_dir / "train.bin").read_bytes() == before                # nothing was touched
+    assert prep.main([str(text_file), "--tokenizer", "char", "--out_dir", str(bpe_dir), "--overwrite"]) == 0
+    assert not (bpe_dir / "tokenizer.bpe").exists()                      # the old tokenizer file is gone
+    assert json.loads((bpe_dir / "meta.json").read_text())["tokenizer"] == "char"
+    assert load_data(bpe_dir).tokenizer.chars == sorted(set(TEXT))
+
+
 def test_token_dataset_opens_a_memmap_per_batch(bpe_dir, monkeypatch):
     ds = load_data(bpe_dir)
     opened = []

@@ -76,6 +76,20 @@ def test_fetch_download_checked(fake_shakespeare, tmp_path, monkeypatch):
         shakespeare_char.fetch(tmp_path / "again.txt")
 
 
+def test_fetch_keeps_a_checked_file_and_does_not_download(fake_shakespeare, tmp_path, monkeypatch, capsys):
+    def no_network(url, timeout=None):
+        raise AssertionError("downloaded again")
+    monkeypatch.setattr(shakespeare_char, "download", no_network)
+    out = tmp_path / "input.txt"
+    out.write_bytes(FAKE)
+    assert shakespeare_char.fetch(out) == out and out.read_bytes() == FAKE
+    assert shakespeare_char.main(["--out", str(out)]) == 0
+    assert "already there" in capsys.readouterr().out
+    out.write_bytes(FAKE.upper())                 # a file that does not check is fetched again
+    with pytest.raises(AssertionError, match="downloaded again"):
+        shakespeare_char.fetch(out)
+
+
 def test_fetch_network_failure(tmp_path, monkeypatch):
     def no_network(url, timeout=None):
         raise OSError("no route to host")

@@ -92,12 +92,21 @@ def dtype_for(vocab_size):
     return np.uint16 if vocab_size <= 2 ** 16 else np.uint32
 
 
+def file_mode():
+    """The mode a new file gets from the user's umask (mkstemp's own is 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_atomically(path, write):
-    """Call write(file) on a temporary file beside path, then move it into place."""
+    """Call write(file) on a temporary file beside path, then move it into place, with the
+    mode the user's umask gives a new file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
+        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -158,6 +167,7 @@ def prepare(path, tokenizer="bpe", vocab_size=None, out_dir=None, overwrite=Fals
         meta[f"{split}_bytes"] = len(part.encode("utf-8"))
     if tokenizer == "bpe":
         tok.save(out_dir / tok_file)
+        os.chmod(out_dir / tok_file, file_mode())      # BPE.save writes it as mkstemp does, 0600
     else:
         write_atomically(out_dir / tok_file, lambda f: f.write(json.dumps(tok.to_dict()).encode("utf-8")))
     write_atomically(out_dir / "meta.json", lambda f: f.write(json.dumps(meta, indent=2).encode("utf-8")))

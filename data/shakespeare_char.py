@@ -56,6 +56,9 @@ def write_atomically(path, content):
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(content)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)         # the mode a new file gets, not mkstemp's 0600
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -3,6 +3,7 @@
 No network and no real Shakespeare: every file is a small one written in tmp_path.
 """
 import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,15 @@ def test_fetch_from_file_writes_it(fake_shakespeare, tmp_path):
     assert shakespeare_char.fetch(out, source=fake_shakespeare) == out
     assert out.read_bytes() == FAKE
     assert [p.name for p in out.parent.iterdir()] == ["input.txt"]   # no temp file left
+
+
+def test_fetch_writes_with_the_umask(fake_shakespeare, tmp_path):
+    old = os.umask(0o027)
+    try:
+        out = shakespeare_char.fetch(tmp_path / "input.txt", source=fake_shakespeare)
+    finally:
+        os.umask(old)
+    assert out.stat().st_mode & 0o777 == 0o640
 
 
 def test_fetch_wrong_size(fake_shakespeare, tmp_path):

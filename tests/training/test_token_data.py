@@ -91,6 +91,20 @@ def test_prepare_refuses_a_token_folder_without_overwrite(bpe_dir, text_file, ca
     assert load_data(bpe_dir).tokenizer.chars == sorted(set(TEXT))
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077], ids=["umask022", "umask077"])
+def test_prepared_files_follow_the_umask(text_file, tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        for tokenizer in ("bpe", "char"):
+            out = tmp_path / tokenizer
+            extra = ["--vocab_size", "280"] if tokenizer == "bpe" else []
+            assert prep.main([str(text_file), "--tokenizer", tokenizer, "--out_dir", str(out)] + extra) == 0
+            modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+            assert len(modes) == 4 and set(modes.values()) == {0o666 & ~umask}, modes
+    finally:
+        os.umask(old)
+
+
 def test_token_dataset_opens_a_memmap_per_batch(bpe_dir, monkeypatch):
     ds = load_data(bpe_dir)
     opened = []

@@ -193,6 +193,9 @@ def main(argv=None):
     except (ValueError, ImportError, OSError) as e:
         print(f"python -m data.prepare: error: {e}", file=sys.stderr)
         return 1
+    if args.tokenizer == "bpe" and meta["vocab_size"] < args.vocab_size:
+        print(f"python -m data.prepare: note: the vocabulary has {meta['vocab_size']:,} ids, fewer than --vocab_size "
+              f"{args.vocab_size:,}: by then every piece of the train split is one token", file=sys.stderr)
     out = meta["out_dir"]
     print(f"wrote {out}: train.bin ({meta['train_tokens']:,} tokens), val.bin ({meta['val_tokens']:,} tokens), "
           f"{meta['tokenizer_file']} (vocab {meta['vocab_size']:,}, {meta['dtype']}), meta.json")

@@ -105,6 +105,16 @@ def test_prepared_files_follow_the_umask(text_file, tmp_path, umask):
         os.umask(old)
 
 
+def test_prepare_notes_a_vocabulary_smaller_than_asked(text_file, tmp_path, capsys):
+    assert prep.main([str(text_file), "--vocab_size", "70000", "--out_dir", str(tmp_path / "big")]) == 0
+    n = json.loads((tmp_path / "big" / "meta.json").read_text())["vocab_size"]
+    err = capsys.readouterr().err
+    assert n < 70_000 and err.count("\n") == 1
+    assert "data.prepare: note:" in err and "70,000" in err and f"{n:,}" in err
+    prep.main([str(text_file), "--vocab_size", "280", "--out_dir", str(tmp_path / "small")])
+    assert capsys.readouterr().err == ""                                # as asked: no note
+
+
 def test_token_dataset_opens_a_memmap_per_batch(bpe_dir, monkeypatch):
     ds = load_data(bpe_dir)
     opened = []

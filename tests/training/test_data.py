@@ -1,6 +1,7 @@
 """Tests for data/ (tiny Shakespeare fetch, the "it" corpus) and train/data.py.
 
-No network and no real Shakespeare: every file is a small one written in tmp_path.
+No network: every file is written in tmp_path, a small one (or, where the machine has
+a copy, the real tiny Shakespeare, copied there).
 """
 import hashlib
 import os
@@ -98,6 +99,19 @@ def test_fetch_keeps_a_checked_file_and_does_not_download(fake_shakespeare, tmp_
     out.write_bytes(FAKE.upper())                 # a file that does not check is fetched again
     with pytest.raises(AssertionError, match="downloaded again"):
         shakespeare_char.fetch(out)
+
+
+REAL_COPY = Path("/work/shared/data/tinyshakespeare.txt")      # a copy on the project's machines
+
+
+@pytest.mark.skipif(not REAL_COPY.exists(), reason="no local copy of tiny Shakespeare")
+def test_fetch_keeps_the_real_file_offline(tmp_path, monkeypatch):
+    def no_network(url, timeout=None):
+        raise OSError("no route to host")
+    monkeypatch.setattr(shakespeare_char.urllib.request, "urlopen", no_network)
+    out = tmp_path / "input.txt"
+    out.write_bytes(REAL_COPY.read_bytes())                   # the real constants check it
+    assert shakespeare_char.main(["--out", str(out)]) == 0
 
 
 def test_fetch_network_failure(tmp_path, monkeypatch):

@@ -94,8 +94,8 @@ def resuming(ckpt_path, state, max_iters):
 
 
 def announce(args, state, meta, dataset, model, ckpt_path, say):
-    """What the run is about to do, before its first step: the notes the set-up left (rank 0
-    prints them), a resumed run with nothing to train or past its schedule's end, the data
+    """What the run is about to do, before its first step: where a resumed run starts and the
+    notes the set-up left (rank 0 prints them, even under --quiet), a resumed run with nothing to train or past its schedule's end, the data
     and the model, and under mpiexec who does what."""
     world, root = dist.world_size(), dist.rank() == 0
     if args.resume and root:                    # printed under --quiet too, like the notes

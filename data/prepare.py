@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 VAL_FRACTION = 0.1
+TOKEN_FILES = ("train.bin", "val.bin", "meta.json", "tokenizer.bpe", "tokenizer.json")   # what a folder holds
 MIN_CHARS = 20   # a shorter text file is refused: both splits need a few tokens
 
 
@@ -91,20 +92,40 @@ def dtype_for(vocab_size):
     return np.uint16 if vocab_size <= 2 ** 16 else np.uint32
 
 
+def file_mode():
+    """The mode a new file gets from the user's umask (mkstemp's own is 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_atomically(path, write):
-    """Call write(file) on a temporary file beside path, then move it into place."""
+    """Call write(file) on a temporary file beside path, then move it into place, with the
+    mode the user's umask gives a new file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
+        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def prepare(path, tokenizer="bpe", vocab_size=None, out_dir=None):
-    """Write out_dir/{train.bin, val.bin, tokenizer.*, meta.json} from the text file; returns meta."""
+def refuse_to_replace(out_dir, overwrite):
+    """A token folder is never replaced without --overwrite: a ValueError in one line that
+    names the folder and the flag. -> the token and tokenizer files it holds (to delete)."""
+    found = [name for name in TOKEN_FILES if (out_dir / name).exists()]
+    if found and not overwrite:
+        raise ValueError(f"--out_dir {out_dir} already holds token files ({', '.join(found)}): "
+                         f"replace them with --overwrite, or pick another --out_dir")
+    return found
+
+
+def prepare(path, tokenizer="bpe", vocab_size=None, out_dir=None, overwrite=False):
+    """Write out_dir/{train.bin, val.bin, tokenizer.*, meta.json} from the text file; returns meta.
+    An out_dir that holds token files is refused unless overwrite is true."""
     if tokenizer not in ("bpe", "char"):
         raise ValueError(f"--tokenizer must be bpe or char, got {tokenizer!r}")
     if tokenizer == "bpe" and (vocab_size is None or vocab_size < 257):
@@ -115,6 +136,7 @@ def prepare(path, tokenizer="bpe", vocab_size=None, out_dir=None):
     out_dir = Path(out_dir) if out_dir is not None else default_out_dir(path, tokenizer, vocab_size)
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out_dir {out_dir} is a file, not a folder")
+    refuse_to_replace(out_dir, overwrite)      # before the slow part, the tokenizer's training
     n = int((1 - VAL_FRACTION) * len(text))
     splits = {"train": text[:n], "val": text[n:]}
 
@@ -126,6 +148,8 @@ def prepare(path, tokenizer="bpe", vocab_size=None, out_dir=None):
         tok = CharTokenizer(sorted(set(text)))
         tok_file = "tokenizer.json"
     dtype = dtype_for(tok.vocab_size)
+    for name in refuse_to_replace(out_dir, overwrite):   # no old tokenizer file stays beside the new one
+        (out_dir / name).unlink()
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = dict(tokenizer=tokenizer, tokenizer_file=tok_file, vocab_size=tok.vocab_size,
                 dtype=np.dtype(dtype).name, source=str(path))
@@ -143,6 +167,7 @@ def prepare(path, tokenizer="bpe", vocab_size=None, out_dir=None):
         meta[f"{split}_bytes"] = len(part.encode("utf-8"))
     if tokenizer == "bpe":
         tok.save(out_dir / tok_file)
+        os.chmod(out_dir / tok_file, file_mode())      # BPE.save writes it as mkstemp does, 0600
     else:
         write_atomically(out_dir / tok_file, lambda f: f.write(json.dumps(tok.to_dict()).encode("utf-8")))
     write_atomically(out_dir / "meta.json", lambda f: f.write(json.dumps(meta, indent=2).encode("utf-8")))
@@ -158,14 +183,19 @@ def main(argv=None):
                         help="bpe only: the number of token ids, <|endoftext|> included (e.g. 1024)")
     parser.add_argument("--out_dir", default=None,
                         help="where the files go (default: beside FILE: data/NAME/bpe1024 for data/NAME/input.txt)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the token files an --out_dir already holds (they are deleted first)")
     args = parser.parse_args(argv)
     if args.tokenizer == "bpe" and args.vocab_size is None:
         parser.error("--tokenizer bpe needs --vocab_size (e.g. --vocab_size 1024)")
     try:
-        meta = prepare(args.file, args.tokenizer, args.vocab_size, args.out_dir)
+        meta = prepare(args.file, args.tokenizer, args.vocab_size, args.out_dir, args.overwrite)
     except (ValueError, ImportError, OSError) as e:
         print(f"python -m data.prepare: error: {e}", file=sys.stderr)
         return 1
+    if args.tokenizer == "bpe" and meta["vocab_size"] < args.vocab_size:
+        print(f"python -m data.prepare: note: the vocabulary has {meta['vocab_size']:,} ids, fewer than --vocab_size "
+              f"{args.vocab_size:,}: by then every piece of the train split is one token", file=sys.stderr)
     out = meta["out_dir"]
     print(f"wrote {out}: train.bin ({meta['train_tokens']:,} tokens), val.bin ({meta['val_tokens']:,} tokens), "
           f"{meta['tokenizer_file']} (vocab {meta['vocab_size']:,}, {meta['dtype']}), meta.json")

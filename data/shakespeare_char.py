@@ -1,10 +1,11 @@
 """Get tiny Shakespeare (about 1 MB of plays) for character-level training.
 
-    python data/shakespeare_char.py                 # download it
+    python data/shakespeare_char.py                 # download it (unless it is already there)
     python data/shakespeare_char.py --from FILE     # offline: copy a local copy
 
 Either way the bytes are checked (size and sha256) before the file is written,
-so a truncated download or a different text is never used by mistake.
+so a truncated download or a different text is never used by mistake. A file already
+at the destination whose bytes check is used as it is, with no download (so it works offline).
 """
 import argparse
 import hashlib
@@ -55,18 +56,33 @@ def write_atomically(path, content):
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(content)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)         # the mode a new file gets, not mkstemp's 0600
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
+def already_there(path):
+    """Does path hold tiny Shakespeare already (the right size and sha256)?"""
+    try:
+        verify(Path(path).read_bytes(), str(path))
+    except (OSError, FetchError):
+        return False
+    return True
+
+
 def fetch(out_path=DEFAULT_OUT, source=None):
-    """Download tiny Shakespeare (or copy it from source), check it, write out_path.
+    """Download tiny Shakespeare (or copy it from source), check it, write out_path. With no
+    source, a file at out_path whose bytes check is kept, and nothing is downloaded.
 
     Returns out_path as a Path. Raises FetchError with a one-line message.
     """
     out_path = Path(out_path)
+    if source is None and already_there(out_path):
+        return out_path
     if source is None:
         content = download(URL)
         what = "the download"
@@ -100,12 +116,14 @@ def main(argv=None):
     parser.add_argument("--out", default=str(DEFAULT_OUT), metavar="PATH",
                         help="where to write it (default: data/shakespeare_char/input.txt)")
     args = parser.parse_args(argv)
+    kept = args.source is None and already_there(args.out)
     try:
-        path = fetch(args.out, source=args.source)
+        path = Path(args.out) if kept else fetch(args.out, source=args.source)
     except FetchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"wrote {shown(path)} ({EXPECTED_SIZE:,} bytes, sha256 checked)")
+    done = "is already there, not downloaded again" if kept else "written"
+    print(f"{shown(path)} {done} ({EXPECTED_SIZE:,} bytes, sha256 checked)")
     print("train on it with:")
     print(f"  python -m train --data {shown(path)}")
     return 0

@@ -103,6 +103,8 @@ def build_parser():
     p.add_argument("--init_from", metavar="PATH",
                    help="fine-tune: start a new run from a trained model (a checkpoint, or a Hugging Face GPT-2 "
                         "folder written by GPT.export_hf), with its vocabulary and a fresh optimizer")
+    p.add_argument("--compile", dest="_compile", nargs="?", const=True, type=yes_or_no,
+                   help=argparse.SUPPRESS)         # nanoGPT's flag: refused in parse_args, with what to use instead
     p.add_argument("--lora_rank", type=at_least(1), metavar="R",
                    help="with --init_from: train low-rank adapters of rank R (your LoRALinear, exercise 17) "
                         "around each block's attn.c_attn, every other weight frozen")
@@ -138,9 +140,21 @@ def build_parser():
     return p
 
 
+NANOGPT_INIT_FROM = {   # nanoGPT's --init_from values, and what tinyattn calls them
+    "resume": "--init_from resume is nanoGPT's way to continue a run; here it is --resume (it continues "
+              "--out_dir's ckpt.npz)",
+    "scratch": "--init_from scratch is nanoGPT's new model; here a run starts from scratch without --init_from",
+}
+
+
 def parse_args(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    if vars(args).pop("_compile"):
+        parser.error("--compile: tinyattn has no compiler; its fast layer runs by default instead (fused ops, "
+                     "each GPT block as one op; ta.set_fast(False) turns it off): drop --compile")
+    if args.init_from in NANOGPT_INIT_FROM and not os.path.exists(args.init_from):
+        parser.error(NANOGPT_INIT_FROM[args.init_from])
     args._given = sorted(k for k, v in vars(args).items() if v is not None and k not in ("device", "seed"))
     if args.resume and args.init_from:
         parser.error("--resume continues a run, --init_from starts a new one from a model: give one of them")

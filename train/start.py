@@ -83,11 +83,23 @@ def exercises_swapped_in(wanted):
     return use_exercises()
 
 
+def resuming(ckpt_path, state, max_iters):
+    """'resuming out/ckpt.npz at step 300 of 5000, best val loss 1.9123' (the last eval's val
+    loss when the checkpoint has no best, 'not evaluated yet' when it has no eval at all)."""
+    best, log = state["best_val_loss"], state["log"]
+    val = best if math.isfinite(best) else log[-1]["val_loss"] if log else None
+    kind = "best val loss" if math.isfinite(best) else "val loss"
+    said = f"{kind} {val:.4f}" if val is not None else "not evaluated yet"
+    return f"resuming {ckpt_path} at step {state['step']} of {max_iters}, {said}"
+
+
 def announce(args, state, meta, dataset, model, ckpt_path, say):
-    """What the run is about to do, before its first step: the notes the set-up left (rank 0
-    prints them), a resumed run with nothing to train or past its schedule's end, the data
+    """What the run is about to do, before its first step: where a resumed run starts and the
+    notes the set-up left (rank 0 prints them, even under --quiet), a resumed run with nothing to train or past its schedule's end, the data
     and the model, and under mpiexec who does what."""
     world, root = dist.world_size(), dist.rank() == 0
+    if args.resume and root:                    # printed under --quiet too, like the notes
+        print(f"python -m train: {resuming(ckpt_path, state, args.max_iters)}")
     for note in getattr(args, "_notes", ()) if root else ():
         print(f"python -m train: note: {note}")
     if args.resume and state["step"] >= args.max_iters and root:

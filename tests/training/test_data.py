@@ -1,8 +1,10 @@
 """Tests for data/ (tiny Shakespeare fetch, the "it" corpus) and train/data.py.
 
-No network and no real Shakespeare: every file is a small one written in tmp_path.
+No network: every file is written in tmp_path, a small one (or, where the machine has
+a copy, the real tiny Shakespeare, copied there).
 """
 import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +39,15 @@ def test_fetch_from_file_writes_it(fake_shakespeare, tmp_path):
     assert shakespeare_char.fetch(out, source=fake_shakespeare) == out
     assert out.read_bytes() == FAKE
     assert [p.name for p in out.parent.iterdir()] == ["input.txt"]   # no temp file left
+
+
+def test_fetch_writes_with_the_umask(fake_shakespeare, tmp_path):
+    old = os.umask(0o027)
+    try:
+        out = shakespeare_char.fetch(tmp_path / "input.txt", source=fake_shakespeare)
+    finally:
+        os.umask(old)
+    assert out.stat().st_mode & 0o777 == 0o640
 
 
 def test_fetch_wrong_size(fake_shakespeare, tmp_path):
@@ -74,6 +85,33 @@ def test_fetch_download_checked(fake_shakespeare, tmp_path, monkeypatch):
     monkeypatch.setattr(shakespeare_char, "download", lambda url: FAKE[:-1])
     with pytest.raises(shakespeare_char.FetchError):
         shakespeare_char.fetch(tmp_path / "again.txt")
+
+
+def test_fetch_keeps_a_checked_file_and_does_not_download(fake_shakespeare, tmp_path, monkeypatch, capsys):
+    def no_network(url, timeout=None):
+        raise AssertionError("downloaded again")
+    monkeypatch.setattr(shakespeare_char, "download", no_network)
+    out = tmp_path / "input.txt"
+    out.write_bytes(FAKE)
+    assert shakespeare_char.fetch(out) == out and out.read_bytes() == FAKE
+    assert shakespeare_char.main(["--out", str(out)]) == 0
+    assert "already there" in capsys.readouterr().out
+    out.write_bytes(FAKE.upper())                 # a file that does not check is fetched again
+    with pytest.raises(AssertionError, match="downloaded again"):
+        shakespeare_char.fetch(out)
+
+
+REAL_COPY = Path("/work/shared/data/tinyshakespeare.txt")      # a copy on the project's machines
+
+
+@pytest.mark.skipif(not REAL_COPY.exists(), reason="no local copy of tiny Shakespeare")
+def test_fetch_keeps_the_real_file_offline(tmp_path, monkeypatch):
+    def no_network(url, timeout=None):
+        raise OSError("no route to host")
+    monkeypatch.setattr(shakespeare_char.urllib.request, "urlopen", no_network)
+    out = tmp_path / "input.txt"
+    out.write_bytes(REAL_COPY.read_bytes())                   # the real constants check it
+    assert shakespeare_char.main(["--out", str(out)]) == 0
 
 
 def test_fetch_network_failure(tmp_path, monkeypatch):

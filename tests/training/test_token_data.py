@@ -78,6 +78,43 @@ def test_prepare_errors_are_one_line(text_file, tmp_path, capsys, argv, message)
     assert message in err and err.count("\n") == 1
 
 
+def test_prepare_refuses_a_token_folder_without_overwrite(bpe_dir, text_file, capsys):
+    before = (bpe_dir / "train.bin").read_bytes()
+    capsys.readouterr()
+    assert prep.main([str(text_file), "--tokenizer", "char", "--out_dir", str(bpe_dir)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(bpe_dir) in err and "--overwrite" in err
+    assert (bpe_dir / "train.bin").read_bytes() == before                # nothing was touched
+    assert prep.main([str(text_file), "--tokenizer", "char", "--out_dir", str(bpe_dir), "--overwrite"]) == 0
+    assert not (bpe_dir / "tokenizer.bpe").exists()                      # the old tokenizer file is gone
+    assert json.loads((bpe_dir / "meta.json").read_text())["tokenizer"] == "char"
+    assert load_data(bpe_dir).tokenizer.chars == sorted(set(TEXT))
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077], ids=["umask022", "umask077"])
+def test_prepared_files_follow_the_umask(text_file, tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        for tokenizer in ("bpe", "char"):
+            out = tmp_path / tokenizer
+            extra = ["--vocab_size", "280"] if tokenizer == "bpe" else []
+            assert prep.main([str(text_file), "--tokenizer", tokenizer, "--out_dir", str(out)] + extra) == 0
+            modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+            assert len(modes) == 4 and set(modes.values()) == {0o666 & ~umask}, modes
+    finally:
+        os.umask(old)
+
+
+def test_prepare_notes_a_vocabulary_smaller_than_asked(text_file, tmp_path, capsys):
+    assert prep.main([str(text_file), "--vocab_size", "70000", "--out_dir", str(tmp_path / "big")]) == 0
+    n = json.loads((tmp_path / "big" / "meta.json").read_text())["vocab_size"]
+    err = capsys.readouterr().err
+    assert n < 70_000 and err.count("\n") == 1
+    assert "data.prepare: note:" in err and "70,000" in err and f"{n:,}" in err
+    prep.main([str(text_file), "--vocab_size", "280", "--out_dir", str(tmp_path / "small")])
+    assert capsys.readouterr().err == ""                                # as asked: no note
+
+
 def test_token_dataset_opens_a_memmap_per_batch(bpe_dir, monkeypatch):
     ds = load_data(bpe_dir)
     opened = []

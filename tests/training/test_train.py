@@ -41,6 +41,24 @@ def test_tiny_run_lowers_val_loss_and_writes_its_files(text_file, tmp_path):
     assert (out / "ckpt.npz").exists()
 
 
+def test_a_resumed_run_says_where_it_starts_even_when_quiet(text_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    run(text_file, out, "--max_iters", "15", "--eval_interval", "10")           # TINY has --quiet
+    assert "resuming" not in capsys.readouterr().out
+    best = checkpoint.read_meta(str(out / "ckpt.npz"))["best_val_loss"]
+    run(text_file, out, "--max_iters", "20", "--eval_interval", "10", "--resume")
+    lines = [line for line in capsys.readouterr().out.splitlines() if "resuming" in line]
+    assert lines == [f"python -m train: resuming {out / 'ckpt.npz'} at step 15 of 20, best val loss {best:.4f}"]
+
+
+def test_the_resume_line_without_a_best_val_loss():
+    from train.start import resuming
+    state = dict(step=7, best_val_loss=float("inf"), log=[dict(step=5, val_loss=2.5)])
+    assert resuming("out/ckpt.npz", state, 50) == "resuming out/ckpt.npz at step 7 of 50, val loss 2.5000"
+    state["log"] = []
+    assert resuming("out/ckpt.npz", state, 50) == "resuming out/ckpt.npz at step 7 of 50, not evaluated yet"
+
+
 def test_checkpoint_loads_without_pickle_and_round_trips(text_file, tmp_path):
     out = tmp_path / "run"
     run(text_file, out, "--max_iters", "10", "--eval_interval", "10")

@@ -49,6 +49,22 @@ def test_flags_are_never_abbreviated(capsys, argv, said):
     assert line.startswith("python -m train: error: " + said), line
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["--init_from=resume"], "--init_from resume is nanoGPT's way to continue a run; here it is --resume"),
+    (["--init_from", "scratch"], "here a run starts from scratch without --init_from"),
+    (["--compile"], "--compile: tinyattn has no compiler; its fast layer runs by default"),
+    (["--compile=True", "--max_iters", "5"], "ta.set_fast(False)"),
+])
+def test_nanogpt_flags_say_what_tinyattn_has(capsys, argv, said):
+    line = refused(capsys, argv)
+    assert line.startswith("python -m train: error: ") and said in line, line
+
+
+def test_compile_false_is_what_runs_anyway():
+    args = parse_args(["--compile=False", "--max_iters", "5"])
+    assert not hasattr(args, "_compile") and "_compile" not in args._given
+
+
 def test_a_file_given_without_data_is_pointed_at(capsys, text_file):
     assert f"(did you mean --data {text_file}?)" in refused(capsys, [text_file])
 

@@ -192,20 +192,18 @@ def check(names=None):
         _watch_modules()
         names = None
     keys = set()
-    for group in STANDS_IN_FOR.values():
-        for name in group:
-            if names is None or any(name == n or name.startswith(n + ".") or n.startswith(name + ".")
-                                    for n in names):
-                for key, fn in functions(name).items():
-                    keys.add(key)
-                    stored = FINGERPRINTS.get(key)
-                    if fn is not None and stored is not None and fingerprint(fn) == stored:
-                        _state.differ.pop(key, None)
-                    else:
-                        _state.differ[key] = "is not the library's" if fn is None else "differs from the library's"
-        if names is None:
-            for key in set(FINGERPRINTS) - keys:     # a stored function no longer there
-                _state.differ[key] = "is gone"
+    for name in _NAMES:                              # (each name once, however many paths name it)
+        if names is None or any(name == n or name.startswith(n + ".") or n.startswith(name + ".") for n in names):
+            for key, fn in functions(name).items():
+                keys.add(key)
+                stored = FINGERPRINTS.get(key)
+                if fn is not None and stored is not None and fingerprint(fn) == stored:
+                    _state.differ.pop(key, None)
+                else:
+                    _state.differ[key] = "is not the library's" if fn is None else "differs from the library's"
+    if names is None:
+        for key in set(FINGERPRINTS) - keys:         # a stored function no longer there
+            _state.differ[key] = "is gone"
     off = {path for path, group in STANDS_IN_FOR.items() if any(_covers(group, key) for key in _state.differ)}
     global OFF
     changed = off != OFF or not _state.checked
@@ -231,11 +229,11 @@ def _say(keys):
     for home, same in groups.items():
         paths = [describe(p) for p, group in STANDS_IN_FOR.items() if any(_covers(group, key) for key in same)]
         if paths:
-            print(f"tinyattn: {_where(home)} {_state.differ[same[0]]}; {', '.join(paths)} "
+            print(f"tinyattn: {where(home)} {_state.differ[same[0]]}; {', '.join(paths)} "
                   f"step{'s' * (len(paths) == 1)} aside, and your code runs", file=sys.stderr)
 
 
-def _where(key):
+def where(key):
     """'tinyattn.models.gpt:Block.forward' -> 'models/gpt.py Block.forward' (the file, from tinyattn/)."""
     module, _, qualname = key.partition(":")
     package = Path(sys.modules["tinyattn"].__file__).parent

@@ -34,7 +34,7 @@ class Tensor:
     def _make(cls, data, backend, requires_grad=False):
         """Wrap an array already on ``backend``: no copy, no conversion."""
         t = cls.__new__(cls)
-        t.data, t._backend, t.requires_grad = data, backend, requires_grad
+        t.data, t._backend, t.requires_grad = data, backend, requires_grad     # (_init's body: every op makes one)
         t.grad = t.grad_fn = None
         t.retains_grad = False
         return t

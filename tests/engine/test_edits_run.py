@@ -258,7 +258,7 @@ def test_an_edit_runs_with_the_fast_layer_on_as_with_it_off(name, unedited, caps
     assert_same_runs(on, off)
     assert far(on, unedited) > 1e-3, "the edit changes nothing: it does not test anything"
     key = f"{owner.__module__}:{owner.__qualname__}.{attr}" if isinstance(owner, type) else f"{owner.__name__}:{attr}"
-    assert err.count("\n") == 1 and err.startswith(f"tinyattn: {checked._where(key)} differs from the library's"), err
+    assert err.count("\n") == 1 and err.startswith(f"tinyattn: {checked.where(key)} differs from the library's"), err
 
 
 def test_unedited_the_fast_layer_runs_and_agrees_with_the_formulas(unedited, monkeypatch):

@@ -15,4 +15,4 @@ if parser.parse_args().write:
 else:
     for path, differ in checked.status().items():
         print(f"{checked.describe(path)}: " + ("runs" if not differ else
-                                                "steps aside: " + ", ".join(map(checked._where, differ))))
+                                                "steps aside: " + ", ".join(map(checked.where, differ))))

@@ -55,8 +55,9 @@ class MLP(Runner):
 
 
 def _layer_norm_refuses(layer, name):
-    if not_library(layer, name, modules.LayerNorm) is not None:
-        return not_library(layer, name, modules.LayerNorm)
+    why = not_library(layer, name, modules.LayerNorm)
+    if why is not None:
+        return why
     if len(layer.normalized_shape) != 1:
         return f"{name} normalizes over {len(layer.normalized_shape)} dims"
     return f"{name} has no bias" if layer.bias is None else None
@@ -168,7 +169,7 @@ class Block(Runner):
         if text.startswith("fused: off"):
             return text
         if not checked.runs("fused block"):
-            return f"{text}; one op in training: off, {checked._where(checked.status()['fused block'][0])} " \
+            return f"{text}; one op in training: off, {checked.where(checked.status()['fused block'][0])} " \
                    "is not the library's"
         why = self.one_op
         if why is None and block.ln_1.weight.backend.kernel("block") is None:

@@ -43,13 +43,17 @@ class Runner:
         self.fused_at = None                # (on a model's own runner) nn.modules.changes when nn.fuse walked it
 
     def __call__(self, module, args, kwargs):
-        if self.decided != modules.changes:
-            self.why, self.decided = self.check(module), modules.changes
+        self._decide(module)
         if self.why is None and self.path not in checked.OFF:            # (checked at import: fast/__init__.py)
             out = self.run(module, *args, **kwargs)
             if out is not None:
                 return out
         return module.forward(*args, **kwargs)
+
+    def _decide(self, module):
+        """``why`` (check), decided again if a layer's attribute was set since."""
+        if self.decided != modules.changes:
+            self.why, self.decided = self.check(module), modules.changes
 
     def check(self, module):
         """Why ``module`` cannot run fast (its class, or a forward set on it, or refuses), or None."""
@@ -71,11 +75,10 @@ class Runner:
 
     def describe(self, module):
         """What print(model) shows: how this layer runs."""
-        if self.decided != modules.changes:
-            self.why, self.decided = self.check(module), modules.changes
+        self._decide(module)
         differ = checked.status()[self.path]
         if self.why is None and differ:
-            return f"fused: off, {checked._where(differ[0])} is not the library's"
+            return f"fused: off, {checked.where(differ[0])} is not the library's"
         return f"fused: {self.says}" if self.why is None else f"fused: off, {self.why}"
 
 

@@ -16,10 +16,9 @@ the arithmetic that defines it. This package holds what makes them fast:
     allocator.py     glibc's malloc thresholds, for steady step times (the training program's)
 
 While the layer is on, each backend's ``fast_ops`` table maps a teaching op
-to its fast subclass, and ``Function.apply`` runs that instead. A fast op calls
-the teaching op's ``super()`` whenever a graph of its backward is recorded, and
-falls back to the formula whenever its kernel declines, so the numbers agree
-either way (to float32 rounding). Layers run fast only in a model given to
+to its fast subclass, and ``Function.apply`` runs that instead. A fast op runs
+the teaching op's formula whenever a graph of its backward is recorded or its
+kernel declines (ops.FastOp), so the numbers agree either way (to float32 rounding). Layers run fast only in a model given to
 ``nn.fuse`` (the training program and ``GPT.generate`` do), and AdamW's flat step
 only for ``AdamW(..., fused=True)``. Every one of them runs only while the code
 it stands in for is the library's own (checked.py): edit a formula, or replace a
@@ -84,8 +83,8 @@ def _cuda_kernels():
 def _install(backend):
     """Give a backend the fast ops (while the layer is on, each while the code it stands in for is
     the library's) and its kernels (loaded on first use)."""
-    running = {teaching: fast for teaching, fast in FAST_OPS.items() if checked.runs(fast.__name__)}
-    backend.fast_ops = running if _on else {}
+    backend.fast_ops = {teaching: fast for teaching, fast in FAST_OPS.items()
+                        if checked.runs(fast.__name__)} if _on else {}     # (off: nothing to check, or say)
     if not hasattr(backend, "products"):            # the CPU's variant splits its products over the threads
         backend.products = (threads.CpuProducts if isinstance(backend, NumpyBackend) else threads.Products)(backend.xp)
     if isinstance(backend, NumpyBackend):

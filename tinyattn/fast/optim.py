@@ -20,12 +20,12 @@ def fused_step(opt):
     The parameters and both moments then live in one flat array each (each parameter's ``.data``
     and state are views into them), so a group's update is a few whole-array passes with no
     temporaries, or one pass of the ``adamw_`` kernel; the numbers are bit for bit the loop's."""
-    cls = type(opt)
-    if not (checked.runs("AdamW") and cls.step is optim.AdamW.step and cls.update is optim.AdamW.update):
-        return False
     params = opt.parameters()
     backend = params[0].backend
     if not (backend.on_host and backend.ufunc_out and backend.fast_ops):
+        return False
+    cls = type(opt)
+    if not (checked.runs("AdamW") and cls.step is optim.AdamW.step and cls.update is optim.AdamW.update):
         return False
     if any(p.grad is None or p.backend is not backend or p.dtype != params[0].dtype for p in params):
         return False

@@ -10,9 +10,9 @@ import tinyattn as ta
 from tinyattn import distributed as dist
 from tinyattn.fast import tune_host_allocator
 
-from . import parallel
+from . import interrupts, parallel
 from .config import parse_args
-from .loop import Diverged, Interrupted, train
+from .loop import Diverged, Interrupted, Stopped, train
 from .start import exercises_swapped_in
 
 
@@ -30,7 +30,8 @@ def main(argv=None):
         if dist.launched()[1] == 0:
             print(f"python -m train: error: {e}", file=sys.stderr)
         return 1
-    return parallel.run_or_abort(lambda: run(argv))
+    with interrupts.keep_writing():              # a closed pipe or terminal never stops a save
+        return parallel.run_or_abort(lambda: run(argv))
 
 
 def run(argv=None):
@@ -50,6 +51,9 @@ def run(argv=None):
     except Interrupted as e:
         print(f"python -m train: {e}", file=sys.stderr)
         return 130
+    except Stopped as e:                         # a signal: the run saved, then stopped
+        print(f"python -m train: {e}", file=sys.stderr)
+        return e.code
     except (parallel.Stopped, Diverged) as e:   # every process stopped here together
         if dist.rank() == 0:
             print(f"python -m train: error: {e}", file=sys.stderr)
@@ -65,9 +69,12 @@ def run(argv=None):
         print(f"python -m train: error: out of memory: {str(e).splitlines()[0] if str(e) else 'MemoryError'} "
               f"(lower --batch_size or --block_size, or the model's --n_embd or --n_layer)", file=sys.stderr)
         return 1
-    if summary is None:
-        return 130
     if dist.rank() != 0:
+        return 0
+    if args.eval_only:
+        bpb = f", {summary['val_bpb']:.4f} val bits per byte" if "val_bpb" in summary else ""
+        print(f"eval at step {summary['step']}: train loss {summary['train_loss']:.4f}, val loss "
+              f"{summary['val_loss']:.4f} (perplexity {summary['val_perplexity']:.2f}){bpb}")
         return 0
     extra = ""
     if "heldout_accuracy" in summary:

@@ -31,7 +31,8 @@ PRESETS = {
 DEFAULT_SEED = 1337
 PROFILE_STEPS = range(1, 6)   # --profile: step 0 warms up, these five are timed
 COMMON = dict(dropout=0.0, head_dropout=0.0, init="gpt2", weight_decay=0.1, beta1=0.9, beta2=0.99, grad_clip=1.0,
-              gradient_accumulation_steps=1, bias=True, log_interval=10, sample_tokens=200, shared_batches=False)
+              gradient_accumulation_steps=1, bias=True, log_interval=10, sample_tokens=200, shared_batches=False,
+              always_save_checkpoint=False, save_interval_s=0.0)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -129,6 +130,14 @@ def build_parser():
     p.add_argument("--shared_batches", action="store_true", default=None,
                    help="under mpiexec: every process draws the whole batch from --seed's stream and trains on "
                         "its slice, so N processes see exactly the batches of one (a check; see train/parallel.py)")
+    p.add_argument("--always_save_checkpoint", action="store_true", default=None,
+                   help="write ckpt.npz at every evaluation, not only when the val loss improved (best.npz "
+                        "still keeps the best)")
+    p.add_argument("--save_interval_s", type=at_least(0.0, float), metavar="S",
+                   help="also write ckpt.npz every S seconds between evaluations (for long runs)")
+    p.add_argument("--eval_only", action="store_true",
+                   help="evaluate the model the run would start from (--resume: out_dir's checkpoint; "
+                        "--init_from PATH) and print its losses; nothing is written")
     p.add_argument("--quiet", action="store_true", help="no progress bar or samples")
     p.add_argument("--use_exercises", action="store_true",
                    help="run with every passing piece of exercises/ (EXERCISES.md, part two) swapped into the library")
@@ -304,7 +313,7 @@ def same_data(args, meta, dataset, where):
 
 RESUMED_FLAGS = ("seed", "layout", "max_iters", "batch_size", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay",
                  "beta1", "beta2", "grad_clip", "gradient_accumulation_steps", "eval_interval", "eval_iters",
-                 "log_interval", "sample_tokens", "shared_batches")
+                 "log_interval", "sample_tokens", "shared_batches", "always_save_checkpoint", "save_interval_s")
 
 
 def resumed_settings(out_dir):

@@ -13,6 +13,7 @@ loss.png, the profile), checkpoint.py, and command.py (``main``, which
 import contextlib
 import math
 import os
+import sys
 import time
 
 import numpy as np
@@ -30,166 +31,243 @@ from .start import announce, setup
 
 
 def train(args):
-    """The training run; returns the summary dict (None after Ctrl-C). Under mpiexec every
-    process runs it (train/parallel.py says who does what)."""
-    with interrupts.Interrupts(tqdm.write if dist.rank() == 0 else (lambda msg: None)):
-        return _train(args)
-
-
-def _train(args):
+    """The training run -> its summary dict. Ctrl-C, SIGTERM or SIGHUP stop it after a step: it
+    saves, then raises Stopped. Under mpiexec every process runs it (train/parallel.py says who
+    does what)."""
     with parallel.together():                   # under mpiexec: an error in any process stops them all
         dataset, model, optimizer, state, meta = setup(args)
-    ckpt_path = os.path.join(args.out_dir, "ckpt.npz")
-    device_backend = ta.backend.get_backend(args.device)
-    config = model.config
-    world, root = dist.world_size(), dist.rank() == 0
-    parallel.split_streams(args, state, device_backend, meta)
+    device = ta.backend.get_backend(args.device)
+    parallel.split_streams(args, state, device, meta)
     dist.broadcast_parameters(model.parameters())          # every process starts from rank 0's weights
-    averager = dist.GradAverager(model.parameters()) if world > 1 else None
-    say = (lambda msg: None) if args.quiet or not root else tqdm.write
-    announce(args, state, meta, dataset, model, ckpt_path, say)
-    tokens_per_step = args.batch_size * args.block_size * args.gradient_accumulation_steps
-    train_time, steps_timed, interrupted = 0.0, 0, False
-    start_wall = time.time()
-    clock = lambda: state["time_before"] + time.time() - start_wall      # noqa: E731  (continues over --resume)
-    bar = tqdm(total=args.max_iters, initial=state["step"], disable=args.quiet or not root, dynamic_ncols=True,
-               desc="train")
+    average_grads = dist.GradAverager(model.parameters()).average if dist.world_size() > 1 else None
+    run = Run(args, dataset, model, optimizer, state, device)
+    announce(args, state, meta, dataset, model, run.ckpt_path, run.say)
+    if args.eval_only:
+        return run.evaluate_only()
+    profiler = ta.profile() if args.profile and run.root else None
+    parallel.leave_signals_to_root()
 
-    def evaluate(step):
-        losses = estimate_loss(model, dataset, args)
+    with interrupts.Stop(run.note) as stop:     # a signal: finish the step, stop, save (train/interrupts.py)
+        with tqdm(total=args.max_iters, initial=state["step"], desc="train", dynamic_ncols=True,
+                  disable=args.quiet or not run.root) as bar:
+            while state["step"] < args.max_iters:
+                step = state["step"]
+                if step % args.eval_interval == 0 and step != run.last_eval_step:
+                    run.evaluate(step)          # log.csv; ckpt.npz and best.npz when val improved
+                if stop.requested:
+                    break
+                lr = warmup_cosine(step, args.learning_rate, args.min_lr, args.warmup_iters, args.lr_decay_iters)
+                set_lr(optimizer, lr)
+                t0 = time.time()
+                with stop.step(state, device, optimizer):     # a second Ctrl-C: back to a step boundary
+                    batches = [to_device(parallel.local_batch(dataset, args, state["data_rng"]), args.device)
+                               for _ in range(args.gradient_accumulation_steps)]
+                    with profiler if profiler and step in PROFILE_STEPS else contextlib.nullcontext():
+                        loss = train_step(model, optimizer, batches, args.grad_clip, average_grads)
+                    with interrupts.uninterrupted():
+                        run.pending.append(loss)         # read every log_interval steps: reading waits
+                        state["step"] = step + 1         # for the device
+                run.time_step(time.time() - t0)
+                bar.update(1)
+                if step % args.log_interval == 0:
+                    loss_value = run.read_losses()
+                    bar.set_postfix(loss=f"{loss_value:.4f}", ppl=f"{perplexity(loss_value):.2f}", lr=f"{lr:.2e}")
+                if run.save_due():                       # --save_interval_s
+                    run.save_latest()
+        if profiler:
+            report_profile(profiler, args.out_dir)
+        if not stop.requested:
+            return run.finish()                  # the final evaluation, ckpt.npz, log, plot and summary
+    run.stopped(stop)                            # saves all the steps made, then raises Stopped
+
+
+class Run:
+    """What the loop keeps and reports: the step losses, the evaluations, the checkpoints,
+    log.csv, loss.png and summary.json. Under mpiexec every process calls these methods at the
+    same points (some hold a collective); rank 0 alone evaluates, prints and writes."""
+
+    def __init__(self, args, dataset, model, optimizer, state, device):
+        self.args, self.dataset, self.model, self.optimizer, self.state = args, dataset, model, optimizer, state
+        self.device = device
+        self.root = dist.rank() == 0
+        self.ckpt_path = os.path.join(args.out_dir, "ckpt.npz")
+        self.pending = []                        # the step losses still on the device
+        self.train_time, self.steps_timed = 0.0, 0
+        self.started = self.saved_at = time.time()
+
+    def say(self, message):
+        """A line of progress (stdout), on rank 0 and without --quiet."""
+        if self.root and not self.args.quiet:
+            tqdm.write(message)
+
+    def note(self, message):
+        """A note (stderr), on rank 0, even with --quiet."""
+        if self.root:
+            tqdm.write(f"python -m train: {message}", file=sys.stderr)
+
+    def clock(self):
+        """The run's seconds, over every --resume."""
+        return self.state["time_before"] + time.time() - self.started
+
+    def time_step(self, seconds):
+        self.train_time += seconds
+        self.steps_timed += 1
+
+    @property
+    def last_eval_step(self):
+        return self.state["log"][-1]["step"] if self.state["log"] else None
+
+    # ------------------------------------------------------------------ the losses
+    def read_losses(self):
+        """Move the step losses still on the device into state["train_losses"] (one device read, a
+        mean over the processes), and stop at the first non-finite one. -> the newest loss, or None."""
+        if not self.pending:
+            return None
+        values = dist.all_reduce(ta.stack(self.pending), "mean").numpy().astype(float).tolist()
+        self.pending.clear()
+        losses = self.state["train_losses"]
+        start = len(losses)
+        losses.extend(values)
+        for i, v in enumerate(values):
+            if not math.isfinite(v):
+                del losses[start + i + 1:]
+                raise Diverged(f"the training loss is {v} at step {start + i}; stopped: {last_saved(self.state)}")
+        return values[-1]
+
+    def evaluate(self, step):
+        """The losses at ``step`` into log.csv; ckpt.npz and best.npz when the val loss improved
+        (ckpt.npz at every evaluation with --always_save_checkpoint). -> the losses."""
+        self.read_losses()
+        parallel.gather_streams(self.state, self.device)
+        return parallel.on_root(self._evaluate, step)
+
+    def _evaluate(self, step, save=True):
+        args, state = self.args, self.state
+        losses = estimate_loss(self.model, self.dataset, args)
         row = dict(step=step, train_loss=round(losses["train"], 6), val_loss=round(losses["val"], 6),
                    train_perplexity=round(perplexity(losses["train"]), 4),
                    val_perplexity=round(perplexity(losses["val"]), 4),
                    lr=warmup_cosine(step, args.learning_rate, args.min_lr, args.warmup_iters, args.lr_decay_iters),
-                   time=round(clock(), 3))
-        bpb = dataset.bits_per_byte(losses["val"])      # val bits per byte: comparable across tokenizers
+                   time=round(self.clock(), 3))
+        bpb = self.dataset.bits_per_byte(losses["val"])      # val bits per byte: comparable across tokenizers
         if bpb is not None:
             row["val_bpb"] = round(bpb, 6)
         if not all(math.isfinite(v) for v in losses.values()):
             raise Diverged(f"the eval loss is train {losses['train']}, val {losses['val']} at step {step}; "
                            f"stopped: {last_saved(state)}")
-        if not state["log"] or state["log"][-1]["step"] != step:
+        if not save:                                  # --eval_only: the command prints the losses
+            return losses
+        self.say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
+                 f"(perplexity {perplexity(losses['val']):.2f}" +
+                 ("" if bpb is None else f", {bpb:.4f} bits per byte") + ")")
+        if self.last_eval_step != step:
             state["log"].append(row)
             write_log(state["log"], args.out_dir)      # up to date, whatever stops the run
-        say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
-            f"(perplexity {perplexity(losses['val']):.2f}" + ("" if bpb is None else f", {bpb:.4f} bits per byte") + ")")
         if args.sample_tokens and not args.quiet:
-            say("  sample: " + repr(sample_text(model, dataset, args, args.sample_tokens)[:300]))
-        if losses["val"] < state["best_val_loss"]:
-            with interrupts.uninterrupted():         # best_val_loss and best.npz change together
+            self.say("  sample: " + repr(sample_text(self.model, self.dataset, args, args.sample_tokens)[:300]))
+        improved = losses["val"] < state["best_val_loss"]
+        with interrupts.uninterrupted():              # best_val_loss and best.npz change together
+            if improved:
                 state["best_val_loss"] = losses["val"]
-                if step > 0:                         # ckpt.npz: the latest state, for --resume
-                    save(ckpt_path)
-                    save(os.path.join(args.out_dir, "best.npz"))
+            if step > 0 and (improved or args.always_save_checkpoint):
+                self.save(self.ckpt_path)              # the latest state, for --resume
+            if step > 0 and improved:
+                self.save(os.path.join(args.out_dir, "best.npz"))
         return losses
 
-    def stopped():
-        """After Ctrl-C: ckpt.npz, and log.csv, loss.png and summary.json as far as the run went."""
-        save(ckpt_path)
-        last = state["log"][-1] if state["log"] else {}
-        best = state["best_val_loss"] if math.isfinite(state["best_val_loss"]) else None
-        summary = dict(interrupted=True, iters=state["step"], best_val_loss=best and round(best, 6),
-                       last_eval_step=last.get("step"), val_loss=last.get("val_loss"),
-                       train_loss=last.get("train_loss"), **run_facts())
-        write_results(args.out_dir, state["log"], state["train_losses"], summary, say)
+    def evaluate_only(self):
+        """--eval_only: the losses of the model the run starts from, printed; nothing is written."""
+        losses = parallel.on_root(self._evaluate, self.state["step"], False)
+        bpb = self.dataset.bits_per_byte(losses["val"])
+        result = dict(eval_only=True, step=self.state["step"], train_loss=round(losses["train"], 6),
+                      val_loss=round(losses["val"], 6), val_perplexity=round(perplexity(losses["val"]), 4))
+        if bpb is not None:
+            result["val_bpb"] = round(bpb, 6)
+        return result
 
-    def run_facts():
-        """What every summary.json says of the run: the data, its speed and wall time, the model."""
-        return dict(dataset=dataset.name, wall_s=round(time.time() - start_wall, 2),
-                    tokens_per_s=round(tokens_per_step * steps_timed / train_time, 1) if train_time else None,
-                    parameters=model.num_parameters(), device=args.device, config=config.to_dict())
-
-    def save(path):
+    # ------------------------------------------------------------------ saving
+    def save(self, path):
         with interrupts.uninterrupted():
-            state["elapsed"] = clock()
-            checkpoint.save_run(path, model, optimizer, state, args, dataset)
-            state["saved_step"] = state["step"]
+            self.state["elapsed"] = self.clock()
+            checkpoint.save_run(path, self.model, self.optimizer, self.state, self.args, self.dataset)
+            self.state["saved_step"] = self.state["step"]
+            self.saved_at = time.time()
 
-    pending = []                                     # this step's losses, still on the device
-    profiler = ta.profile() if args.profile and root else None
-    parallel.leave_interrupts_to_root()
-    guard = interrupts.active().arm()                # Ctrl-C from here on: stop between two steps
-    started = None                                   # the state at the start of the step under way
-    try:
-        while state["step"] < args.max_iters:
-            step = state["step"]
-            if step % args.eval_interval == 0 and (not state["log"] or state["log"][-1]["step"] != step):
-                read_losses(pending, state)
-                parallel.gather_streams(state, device_backend)
-                parallel.on_root(evaluate, step)
-            if guard.requested:                          # Ctrl-C: stop here, between two steps
-                raise KeyboardInterrupt
-            lr = warmup_cosine(step, args.learning_rate, args.min_lr, args.warmup_iters, args.lr_decay_iters)
-            set_lr(optimizer, lr)
-            t0 = time.time()
-            started = interrupts.StepStart(state, device_backend, guard)
-            batches = [to_device(parallel.local_batch(dataset, args, state["data_rng"]), args.device)
-                       for _ in range(args.gradient_accumulation_steps)]
-            with profiler if profiler and step in PROFILE_STEPS else contextlib.nullcontext():
-                pending.append(train_step(model, optimizer, batches, args.grad_clip,
-                                          None if averager is None else averager.average))
-            with interrupts.uninterrupted():
-                state["step"] = step + 1
-                started = None
-                if step % args.log_interval == 0:      # reading the losses waits for the device: not every step
-                    loss_value = read_losses(pending, state)
-                    bar.set_postfix(loss=f"{loss_value:.4f}", ppl=f"{perplexity(loss_value):.2f}", lr=f"{lr:.2e}")
-            train_time += time.time() - t0
-            steps_timed += 1
-            bar.update(1)
-    except KeyboardInterrupt:
-        interrupted = True
-        cut = started and started.undo(state, device_backend, guard, optimizer)   # back to the step's start
-        if cut:
-            bar.close()
-            kept = "no checkpoint was written" if state["saved_step"] is None else \
-                f"{ckpt_path} keeps step {state['saved_step']}"
-            raise Interrupted(f"interrupted {cut}: not saved; {kept}") from None
-        say(f"interrupted at step {state['step']}: saving {ckpt_path}")
-    finally:
-        bar.close()
-    with interrupts.uninterrupted():                 # from here Ctrl-C waits for the results to be written
-        if interrupted and world > 1:                # rank 0 alone is here: no collective, and the
-            pending.clear()                          # unread losses stay unknown (None) in the checkpoint
-            state["rank_rngs"] = None                # the other ranks' streams have moved on since
-            stopped()
-            dist.abort(f"python -m train: interrupted at step {state['step']}: saved {ckpt_path}; "
-                       f"ending the other processes", 130)
-        read_losses(pending, state)
-        if profiler:
-            report_profile(profiler, args.out_dir)
-        if interrupted:
-            stopped()
-            return None
-        parallel.gather_streams(state, device_backend)
+    def save_due(self):
+        """--save_interval_s: has it been that long since ckpt.npz was written? (rank 0's clock decides)"""
+        if not self.args.save_interval_s:
+            return False
+        return parallel.on_root(lambda: time.time() - self.saved_at >= self.args.save_interval_s)
 
-    def finish():
-        final = evaluate(state["step"])
-        save(ckpt_path)
+    def save_latest(self):
+        """ckpt.npz, as the run stands between two steps."""
+        self.read_losses()
+        parallel.gather_streams(self.state, self.device)
+        parallel.on_root(self.save, self.ckpt_path)
 
+    def run_facts(self):
+        """What every summary.json says of the run: the data, its speed and wall time, the model."""
+        args = self.args
+        tokens_per_step = args.batch_size * args.block_size * args.gradient_accumulation_steps
+        return dict(dataset=self.dataset.name, wall_s=round(time.time() - self.started, 2),
+                    tokens_per_s=round(tokens_per_step * self.steps_timed / self.train_time, 1)
+                    if self.train_time else None,
+                    parameters=self.model.num_parameters(), device=args.device, config=self.model.config.to_dict())
+
+    def finish(self):
+        """After the last step: the final evaluation, ckpt.npz, and log.csv, loss.png, summary.json."""
+        self.read_losses()
+        parallel.gather_streams(self.state, self.device)
+        return parallel.on_root(self._finish)        # every process gets the summary
+
+    def _finish(self):
+        state, dataset = self.state, self.dataset
+        final = self._evaluate(state["step"])
+        if state["saved_step"] != state["step"]:       # (the evaluation may have saved it)
+            self.save(self.ckpt_path)
         summary = dict(best_val_loss=round(state["best_val_loss"], 6), val_loss=round(final["val"], 6),
                        best_val_perplexity=round(perplexity(state["best_val_loss"]), 4),
                        val_perplexity=round(perplexity(final["val"]), 4),
-                       train_loss=round(final["train"], 6), iters=state["step"], **run_facts())
+                       train_loss=round(final["train"], 6), iters=state["step"], **self.run_facts())
         if dataset.text_bytes:
             summary.update(best_val_bpb=round(dataset.bits_per_byte(state["best_val_loss"]), 6),
                            val_bpb=round(dataset.bits_per_byte(final["val"]), 6))
-        if world > 1:
-            summary["processes"] = world
+        if dist.world_size() > 1:
+            summary["processes"] = dist.world_size()
         if dataset.name == "coref":
             from . import lesson
-            summary.update(lesson.report(model, dataset, args.out_dir, args.device, say))
-            summary["wall_s"] = round(time.time() - start_wall, 2)
-        write_results(args.out_dir, state["log"], state["train_losses"], summary, say)
+            summary.update(lesson.report(self.model, dataset, self.args.out_dir, self.args.device, self.say))
+            summary["wall_s"] = round(time.time() - self.started, 2)
+        write_results(self.args.out_dir, state["log"], state["train_losses"], summary, self.say)
         return summary
 
-    try:
-        return parallel.on_root(finish)          # rank 0 evaluates and writes; every process gets the summary
-    except KeyboardInterrupt:                    # a second Ctrl-C in the final evaluation: all steps are done
-        say(f"interrupted at step {state['step']}: saving {ckpt_path}")
-        with interrupts.uninterrupted():
-            stopped()
-        return None
+    def stopped(self, stop):
+        """After a signal: ckpt.npz, and log.csv, loss.png and summary.json as far as the run went,
+        then Stopped (the exit status is 128 + the signal's number). Under mpiexec rank 0 alone
+        is here (the others ignore the signals): it saves and ends the other processes."""
+        state, step = self.state, self.state["step"]
+        if stop.cut:
+            kept = "no checkpoint was written" if state["saved_step"] is None else \
+                f"{self.ckpt_path} keeps step {state['saved_step']}"
+            raise Interrupted(f"interrupted inside the optimizer's update (the weights are half updated): "
+                              f"not saved; {kept}")
+        with interrupts.uninterrupted():         # from here on a Ctrl-C waits for the files to be written
+            if dist.world_size() > 1:            # no collective: the unread losses stay unknown (None) in
+                self.pending.clear()             # the checkpoint, and the other ranks' streams have moved
+                state["rank_rngs"] = None        # on since the last evaluation
+            else:
+                self.read_losses()
+            self.save(self.ckpt_path)
+            last = state["log"][-1] if state["log"] else {}
+            best = state["best_val_loss"] if math.isfinite(state["best_val_loss"]) else None
+            summary = dict(interrupted=True, signal=stop.name, iters=step, best_val_loss=best and round(best, 6),
+                           last_eval_step=last.get("step"), val_loss=last.get("val_loss"),
+                           train_loss=last.get("train_loss"), **self.run_facts())
+            write_results(self.args.out_dir, state["log"], state["train_losses"], summary, self.say)
+        message = f"stopped by {stop.name} at step {step}: saved {self.ckpt_path} (continue with --resume)"
+        if dist.world_size() > 1:
+            dist.abort(f"python -m train: {message}; ending the other processes", stop.exit_code)
+        raise Stopped(message, stop.exit_code)
 
 
 # ---------------------------------------------------------------------------
@@ -224,13 +302,15 @@ def estimate_loss(model, dataset, args):
     model.eval()
     rng = np.random.default_rng(args.seed + 1)
     out = {}
-    for split in ("train", "val"):
-        losses = []
-        for _ in range(args.eval_iters):
-            x, y = to_device(dataset.get_batch(split, args.batch_size, args.block_size, rng), args.device)
-            losses.append(model(x, y)[1])
-        out[split] = (sum(losses[1:], losses[0]) * (1.0 / len(losses))).item()   # one read of the device
-    model.train()
+    try:
+        for split in ("train", "val"):
+            losses = []
+            for _ in range(args.eval_iters):
+                x, y = to_device(dataset.get_batch(split, args.batch_size, args.block_size, rng), args.device)
+                losses.append(model(x, y)[1])
+            out[split] = (sum(losses[1:], losses[0]) * (1.0 / len(losses))).item()   # one read of the device
+    finally:
+        model.train()
     return out
 
 
@@ -253,22 +333,6 @@ def sample_text(model, dataset, args, n_tokens):
         host.set_rng_state(saved)
 
 
-def read_losses(pending, state):
-    """Move the step losses still on the device into state["train_losses"] (one device read),
-    and stop at the first non-finite one. -> the newest loss, or None."""
-    if not pending:
-        return None
-    values = dist.all_reduce(ta.stack(pending), "mean").numpy().astype(float).tolist()   # the global batch's
-    pending.clear()
-    start = len(state["train_losses"])
-    state["train_losses"].extend(values)
-    for i, v in enumerate(values):
-        if not math.isfinite(v):
-            del state["train_losses"][start + i + 1:]
-            raise Diverged(f"the training loss is {v} at step {start + i}; stopped: {last_saved(state)}")
-    return values[-1]
-
-
 def last_saved(state):
     """Where the last finite state is: a checkpoint is only ever written from one."""
     saved = state.get("saved_step")
@@ -283,3 +347,11 @@ class Diverged(RuntimeError):
 
 class Interrupted(RuntimeError):
     """A Ctrl-C that left no state to save (the optimizer's update was cut in two)."""
+
+
+class Stopped(Exception):
+    """A signal stopped the run after it saved: ``code`` is the exit status (128 + the signal)."""
+
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.code = code

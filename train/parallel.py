@@ -130,12 +130,14 @@ def on_root(fn, *args):
     return result
 
 
-def leave_interrupts_to_root():
-    """Under mpiexec Ctrl-C reaches every process. Only rank 0 acts on it: it saves a
-    checkpoint and ends the job (a rank that left in the middle of a step would leave the
-    others waiting in a collective)."""
+def leave_signals_to_root():
+    """Under mpiexec Ctrl-C reaches every process, and mpiexec passes SIGTERM and SIGHUP on to
+    every process. Only rank 0 acts on them: it saves a checkpoint and ends the job (a rank that
+    left in the middle of a step would leave the others waiting in a collective)."""
     if dist.world_size() > 1 and dist.rank() != 0:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), signal.SIG_IGN)
 
 
 def run_or_abort(fn):

@@ -3,6 +3,7 @@ another model, or as a checkpoint left them), and the learner's pieces for --use
 import contextlib
 import math
 import os
+import sys
 
 import numpy as np
 
@@ -23,7 +24,8 @@ def setup(args):
     if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
         raise ValueError(f"--out_dir {args.out_dir} is a file, not a folder")
     pretrained = finetune.load_pretrained(args) if args.init_from else None   # (refuses its own out_dir first)
-    replaced = None if args.resume else checkpoint.refuse_to_replace(args.out_dir, args.overwrite)
+    writes = not args.resume and not args.eval_only           # a new run, into out_dir
+    replaced = checkpoint.refuse_to_replace(args.out_dir, args.overwrite) if writes else None
     tokenizer = pretrained.tokenizer if pretrained else finetune.resumed_tokenizer(ckpt_path) if args.resume else None
     dataset = load_data(args.data, tokenizer) if args.data else load_coref(seed=0, layout=args.layout)
     if pretrained:
@@ -68,7 +70,8 @@ def setup(args):
     if replaced and dist.rank() == 0:
         checkpoint.remove_run(args.out_dir)
         args._notes = [*getattr(args, "_notes", ()), replaced]
-    os.makedirs(args.out_dir, exist_ok=True)
+    if not args.eval_only:
+        os.makedirs(args.out_dir, exist_ok=True)
     return dataset, model, optimizer, state, meta
 
 
@@ -98,18 +101,23 @@ def announce(args, state, meta, dataset, model, ckpt_path, say):
     notes the set-up left (rank 0 prints them, even under --quiet), a resumed run with nothing to train or past its schedule's end, the data
     and the model, and under mpiexec who does what."""
     world, root = dist.world_size(), dist.rank() == 0
-    if args.resume and root:                    # printed under --quiet too, like the notes
-        print(f"python -m train: {resuming(ckpt_path, state, args.max_iters)}")
-    for note in getattr(args, "_notes", ()) if root else ():
-        print(f"python -m train: note: {note}")
-    if args.resume and state["step"] >= args.max_iters and root:
-        print(f"python -m train: note: {ckpt_path} is at step {state['step']}, not below --max_iters "
-              f"{args.max_iters}: nothing to train (raise --max_iters to continue)")
-    elif args.resume and root and schedule_ended(args, state["step"], meta):
-        flat_from = max(state["step"], args.lr_decay_iters)
-        print(f"python -m train: note: the learning rate schedule ends at --lr_decay_iters {args.lr_decay_iters}: "
-              f"steps {flat_from} to {args.max_iters - 1} {'all ' if flat_from == state['step'] else ''}run at "
-              f"--min_lr {args.min_lr:g} (pass --lr_decay_iters {args.max_iters} for a schedule that ends at --max_iters)")
+    def note(message):                          # stderr, and under --quiet too
+        print(f"python -m train: {message}", file=sys.stderr, flush=True)
+    if args.resume and root:
+        said = resuming(ckpt_path, state, args.max_iters)
+        note(said.replace("resuming", "evaluating", 1) if args.eval_only else said)
+    for message in getattr(args, "_notes", ()) if root else ():
+        note(f"note: {message}")
+    if args.resume and root and not args.eval_only:
+        if state["step"] >= args.max_iters:
+            note(f"note: {ckpt_path} is at step {state['step']}, not below --max_iters "
+                 f"{args.max_iters}: nothing to train (raise --max_iters to continue)")
+        elif schedule_ended(args, state["step"], meta):
+            flat_from = max(state["step"], args.lr_decay_iters)
+            note(f"note: the learning rate schedule ends at --lr_decay_iters {args.lr_decay_iters}: "
+                 f"steps {flat_from} to {args.max_iters - 1} {'all ' if flat_from == state['step'] else ''}run "
+                 f"at --min_lr {args.min_lr:g} (pass --lr_decay_iters {args.max_iters} for a schedule that ends "
+                 "at --max_iters)")
     say(f"{dataset.name}: {len(dataset.train):,} train / {len(dataset.val):,} val tokens, vocab "
         f"{model.config.vocab_size}; model {model.num_parameters() / 1e6:.2f}M parameters on {args.device}")
     pids = dist.gather_object(os.getpid())      # a process that dies is named by its pid (mpiexec says which)

@@ -1,4 +1,5 @@
 """scaled_dot_product_attention's two paths: which one runs, and that the tiled one does all the naive one does."""
+import contextlib
 import tracemalloc
 import warnings
 
@@ -221,16 +222,27 @@ def test_tiled_gradcheck(causal, mask, cpu_kernels):
                         (q, k, v))
 
 
+@contextlib.contextmanager
+def num_threads(n):
+    """ta.set_num_threads(n) for a block, put back after."""
+    before = ta.get_num_threads()
+    ta.set_num_threads(n)
+    try:
+        yield
+    finally:
+        ta.set_num_threads(before)
+
+
 def test_threads_and_no_threadpoolctl_give_the_same_numbers(rng, monkeypatch):
     """One head per piece of work over 1 or 2 threads, and in order without threadpoolctl: identical results."""
     q, k, v, u = _tensors(rng, 2, 3, 40, 40)
-    run = lambda threads: [F.flash_attention(q, k, v, is_causal=True, block_size=16, threads=threads)]  # noqa: E731
     one = _run(q, k, v, u, is_causal=True, impl="tiled")
     for threads in (1, 2, 3):
         for t in (q, k, v):
             t.grad = None
-        out = run(threads)[0]
-        out.backward(u)
+        with num_threads(threads):
+            out = F.flash_attention(q, k, v, is_causal=True, block_size=16)
+            out.backward(u)
         got = [out.numpy()] + [t.grad.numpy() for t in (q, k, v)]
         for a, b in zip(got, one):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
@@ -247,15 +259,16 @@ def test_without_threadpoolctl_a_warning_says_so_once(rng, monkeypatch):
     q, k, v, u = _tensors(rng, 1, 3, 20, 20)
     monkeypatch.setattr(fast_threads, "_blas", ())
     monkeypatch.setattr(fast_threads, "_warned", False)
-    with pytest.warns(RuntimeWarning, match=r"runs its 3 heads one after another.*pip install threadpoolctl"):
-        F.flash_attention(q, k, v, threads=2).backward(u)
-    with warnings.catch_warnings():
+    with num_threads(2), pytest.warns(RuntimeWarning, match=r"runs its 3 heads one after another.*pip install "
+                                                            "threadpoolctl"):
+        F.flash_attention(q, k, v).backward(u)
+    with num_threads(2), warnings.catch_warnings():
         warnings.simplefilter("error")
-        F.flash_attention(q, k, v, threads=2)                     # said once is enough
+        F.flash_attention(q, k, v)                                # said once is enough
     monkeypatch.setattr(fast_threads, "_warned", False)
-    with warnings.catch_warnings():
+    with num_threads(1), warnings.catch_warnings():
         warnings.simplefilter("error")
-        F.flash_attention(q, k, v, threads=1)                     # one thread asked for: nothing is lost
+        F.flash_attention(q, k, v)                                # one thread asked for: nothing is lost
 
 
 def test_stand_in_device_runs_the_tiled_path(count_tiled):
@@ -400,7 +413,8 @@ def test_a_forked_child_runs_the_threaded_path():
     """After fork the parent's pool threads are gone; the child must not wait on them forever."""
     import multiprocessing
     q = ta.randn(1, 4, 300, 8)
-    F.flash_attention(q, q, q, threads=2)                         # the parent's pool exists now
+    with num_threads(2):
+        F.flash_attention(q, q, q)                                # the parent's pool exists now
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(1) as pool:
         result = pool.apply_async(_tiled_sum, (q.numpy(),))
@@ -409,7 +423,8 @@ def test_a_forked_child_runs_the_threaded_path():
 
 def _tiled_sum(array):
     x = ta.tensor(array)
-    return float(F.flash_attention(x, x, x, threads=2).sum().item())
+    with num_threads(2):
+        return float(F.flash_attention(x, x, x).sum().item())
 
 
 def test_gpt_with_dropout_trains_through_the_tiled_path(count_tiled, monkeypatch):

@@ -7,3 +7,10 @@ TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
 TINY = ["--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--block_size", "16", "--batch_size", "8",
         "--eval_iters", "2", "--warmup_iters", "5", "--lr_decay_iters", "40", "--learning_rate", "3e-3",
         "--quiet", "--sample_tokens", "0"]
+
+
+def error_lines(err):
+    """The lines of python -m train's stderr that are not notes or the resume line (they say what
+    the run adapted or where it starts; an error stands alone in the lines left)."""
+    return [line for line in err.strip().splitlines()
+            if not line.startswith(("python -m train: note: ", "python -m train: resuming "))]

@@ -7,8 +7,10 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -219,6 +221,31 @@ def test_a_killed_rank_ends_the_job_and_resume_carries_on(text_file, tmp_path):
     assert checkpoint.read_meta(str(tmp_path / "ckpt.npz"))["step"] == 5
     train_cmd(2, text_file, tmp_path, "--resume", "--max_iters", "10")
     assert len(step_losses(tmp_path)) == 10
+
+
+@needs_mpi
+def test_sigterm_to_mpiexec_saves_the_step_reached(text_file, tmp_path):
+    """kill -TERM to mpiexec (what Slurm and timeout send): mpiexec passes it on, rank 0 finishes
+    the step, saves as Ctrl-C does, and ends the job with 143; --resume carries on."""
+    job = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, "-m", "train", "--data", text_file, "--out_dir",
+                            str(tmp_path), *TINY, "--batch_size", "8", "--max_iters", "100000", "--eval_interval", "5"],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + TIMEOUT
+        while not (tmp_path / "ckpt.npz").exists() and time.time() < deadline:     # the eval at step 5 saved
+            time.sleep(0.05)
+        job.send_signal(signal.SIGTERM)
+        out, err = job.communicate(timeout=TIMEOUT)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 143, out + err
+    step = checkpoint.read_meta(str(tmp_path / "ckpt.npz"))["step"]
+    assert 5 <= step < 100000 and f"python -m train: stopped by SIGTERM at step {step}: saved" in err, err
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["signal"] == "SIGTERM" and summary["iters"] == step
+    train_cmd(2, text_file, tmp_path, "--resume", "--max_iters", str(step + 5))
+    assert len(step_losses(tmp_path)) == step + 5
 
 
 def test_processes_on_one_machine_share_its_cores_unless_told():

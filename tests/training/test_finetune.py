@@ -15,6 +15,8 @@ from train.command import main
 from train.loop import estimate_loss
 from train.sample import load_model
 
+from training_data import error_lines
+
 FIRST = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
          "All:\nSpeak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than to famish?\n\n") * 40
 # the second text uses some of the first one's characters only (no '?', no 'F', ...)
@@ -105,7 +107,7 @@ def test_resume_of_a_fine_tuned_run_is_exact(texts, trained, tmp_path):
 
 def one_line_error(capsys, code, returned):
     assert returned == code
-    err = capsys.readouterr().err.strip()
+    err = "\n".join(error_lines(capsys.readouterr().err))
     assert "\n" not in err and "Traceback" not in err
     return err
 
@@ -185,6 +187,7 @@ def test_a_vocabulary_larger_than_the_model_is_refused(texts, trained, tmp_path,
 def test_a_word_model_is_not_fine_tuned_on_characters(texts, tmp_path, capsys):
     assert main(["--out_dir", str(tmp_path / "coref"), "--max_iters", "2", "--eval_interval", "2", "--eval_iters", "1",
                  "--n_layer", "1", "--n_embd", "16", "--quiet", "--sample_tokens", "0"]) == 0
+    capsys.readouterr()
     code = main(["--data", texts["second"], "--out_dir", str(tmp_path / "x"), "--init_from", str(tmp_path / "coref"),
                  "--quiet"])
     assert "the model reads words" in one_line_error(capsys, 1, code)
@@ -203,7 +206,7 @@ def reference_lora(monkeypatch):
 def test_lora_trains_only_the_adapters_and_saves_a_plain_gpt(texts, trained, tmp_path, reference_lora, capsys):
     out = tmp_path / "lora"
     assert finetune(texts, trained / "ckpt.npz", out, "--lora_rank", "2", "--lora_alpha", "4") == 0
-    assert "--lora_rank 2: 128 adapter parameters train" in capsys.readouterr().out   # 2 * (16 + 48) a block
+    assert "--lora_rank 2: 128 adapter parameters train" in capsys.readouterr().err   # 2 * (16 + 48) a block
     before, _, _ = checkpoint.load(str(trained / "ckpt.npz"))
     after, _, meta = checkpoint.load(str(out / "ckpt.npz"))
     assert set(after) == set(before)                     # a plain GPT's names: sample, explore, export read it

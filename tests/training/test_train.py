@@ -44,10 +44,10 @@ def test_tiny_run_lowers_val_loss_and_writes_its_files(text_file, tmp_path):
 def test_a_resumed_run_says_where_it_starts_even_when_quiet(text_file, tmp_path, capsys):
     out = tmp_path / "run"
     run(text_file, out, "--max_iters", "15", "--eval_interval", "10")           # TINY has --quiet
-    assert "resuming" not in capsys.readouterr().out
+    assert "resuming" not in capsys.readouterr().err
     best = checkpoint.read_meta(str(out / "ckpt.npz"))["best_val_loss"]
     run(text_file, out, "--max_iters", "20", "--eval_interval", "10", "--resume")
-    lines = [line for line in capsys.readouterr().out.splitlines() if "resuming" in line]
+    lines = [line for line in capsys.readouterr().err.splitlines() if "resuming" in line]
     assert lines == [f"python -m train: resuming {out / 'ckpt.npz'} at step 15 of 20, best val loss {best:.4f}"]
 
 

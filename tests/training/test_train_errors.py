@@ -13,7 +13,7 @@ from train import checkpoint, report
 from train.command import main
 from train.config import PRESETS, parse_args
 
-from training_data import TEXT, TINY      # the tiny text and model the training tests use
+from training_data import TEXT, TINY, error_lines      # the tiny text and model the training tests use
 
 
 @pytest.fixture
@@ -129,8 +129,8 @@ def test_the_notes_are_printed_as_one_line_each(text_file, tmp_path, capsys):
     no_schedule = [a for i, a in enumerate(TINY) if "_iters" not in a and "_iters" not in TINY[i - 1]]
     assert main(["--data", text_file, "--out_dir", str(tmp_path), *no_schedule, "--eval_iters", "2",
                  "--max_iters", "4", "--eval_interval", "4"]) == 0
-    out = capsys.readouterr().out
-    assert "python -m train: note: --lr_decay_iters set to 4 to fit --max_iters (the preset's was 2000)" in out
+    err = capsys.readouterr().err
+    assert "python -m train: note: --lr_decay_iters set to 4 to fit --max_iters (the preset's was 2000)" in err
 
 
 # ---------------------------------------------------------------- resume
@@ -200,9 +200,9 @@ def test_resume_continues_with_the_runs_own_settings(text_run, text_file, capsys
     assert main(["--data", text_file, "--out_dir", str(text_run), "--resume", "--max_iters", "12"]) == 0
     ran = checkpoint.read_meta(str(text_run / "ckpt.npz"))["args"]
     assert (ran["learning_rate"], ran["batch_size"], ran["lr_decay_iters"], ran["eval_iters"]) == (3e-3, 8, 40, 2)
-    assert "note: --lr_decay_iters 40 is past --max_iters 12" in capsys.readouterr().out
+    assert "note: --lr_decay_iters 40 is past --max_iters 12" in capsys.readouterr().err
     assert main(["--data", text_file, "--out_dir", str(text_run), "--resume"]) == 0       # its own max_iters: 12
-    assert "is at step 12, not below --max_iters 12: nothing to train" in capsys.readouterr().out
+    assert "is at step 12, not below --max_iters 12: nothing to train" in capsys.readouterr().err
 
 
 def test_resume_a_lesson_checkpoint_with_data(tmp_path, text_file, capsys):
@@ -241,7 +241,7 @@ def test_no_checkpoint_ever_holds_nan_or_inf(text_file, tmp_path, monkeypatch, c
     argv = ["--data", text_file, "--out_dir", str(out), *TINY, "--max_iters", "60", "--eval_interval", "5",
             "--learning_rate", "1e9", "--grad_clip", "0", "--resume", "--log_interval", "3"]
     assert main(argv) == 1
-    err = capsys.readouterr().err.strip().splitlines()
+    err = error_lines(capsys.readouterr().err)
     assert len(err) == 1 and "stopped: ckpt.npz (step 10) and best.npz keep their last finite state" in err[0], err
     assert err[0].startswith("python -m train: error: the training loss is nan at step ") or \
         err[0].startswith("python -m train: error: the eval loss is")
@@ -262,7 +262,7 @@ def test_the_first_non_finite_training_loss_names_its_step(text_file, tmp_path, 
     out = tmp_path / "run"
     assert main(["--data", text_file, "--out_dir", str(out), *TINY, "--max_iters", "20", "--eval_interval", "5",
                  "--log_interval", "4"]) == 1
-    err = capsys.readouterr().err.strip()
+    err = "\n".join(error_lines(capsys.readouterr().err))
     assert err == ("python -m train: error: the training loss is inf at step 7; stopped: ckpt.npz (step 5) and "
                    "best.npz keep their last finite state (try a lower --learning_rate, or --grad_clip)")
     assert checkpoint.load(str(out / "ckpt.npz"))[2]["step"] == 5

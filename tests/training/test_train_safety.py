@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from tinyattn.models import GPT, GPTConfig
 from train import checkpoint, start
 from train.command import main
 
-from training_data import REPO, TEXT, TINY      # the tiny text and model the training tests use
+from training_data import REPO, TEXT, TINY, error_lines      # the tiny text and model the training tests use
 
 
 @pytest.fixture
@@ -35,7 +36,7 @@ def main_caught(argv):
 
 
 def one_error_line(capsys):
-    err = capsys.readouterr().err.strip().splitlines()
+    err = error_lines(capsys.readouterr().err)
     assert len(err) == 1, err
     return err[0]
 
@@ -62,7 +63,7 @@ def test_overwrite_replaces_the_run_and_its_best_checkpoint(text_file, tmp_path,
     capsys.readouterr()
     assert main(["--data", text_file, "--out_dir", str(out), *TINY, "--max_iters", "3", "--eval_interval", "5",
                  "--overwrite"]) == 0
-    assert f"note: --overwrite: the run in {out} (ckpt.npz at step 10, best val loss" in capsys.readouterr().out
+    assert f"note: --overwrite: the run in {out} (ckpt.npz at step 10, best val loss" in capsys.readouterr().err
     assert checkpoint.read_meta(str(out / "ckpt.npz"))["step"] == 3
     assert checkpoint.read_meta(str(out / "best.npz"))["step"] == 3
     # a run with no step writes no best.npz: the old run's must not stay as if it were the new one's
@@ -118,11 +119,16 @@ def uninterrupted(text_file, tmp_path_factory):
     return final_state(out)
 
 
+SIGNALS = {"signal": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGHUP": signal.SIGHUP}
+EXIT = {"signal": 130, "raise": 130, "SIGTERM": 143, "SIGHUP": 129}       # 128 + the signal's number
+
+
 def ctrl_c(how):
-    """What the patched call does at its chosen call: a real SIGINT (as Ctrl-C sends), or a
+    """What the patched call does at its chosen call: a real signal (SIGINT as Ctrl-C sends it,
+    SIGTERM as kill and timeout send it, SIGHUP as a closed terminal sends it), or a
     KeyboardInterrupt raised right there (as a second Ctrl-C would be)."""
-    if how == "signal":
-        os.kill(os.getpid(), signal.SIGINT)
+    if how in SIGNALS:
+        os.kill(os.getpid(), SIGNALS[how])
     else:
         raise KeyboardInterrupt
 
@@ -134,6 +140,8 @@ INTERRUPTS = [
     ("batch", 2, "signal"), ("batch", 9, "signal"), ("eval", 2, "signal"), ("save", 1, "signal"), ("save", 2, "signal"),
     ("forward", 6, "raise"), ("forward", 17, "raise"), ("backward", 9, "raise"), ("batch", 6, "raise"),
     ("eval", 3, "raise"),
+    ("backward", 3, "SIGTERM"), ("optimizer", 11, "SIGTERM"), ("eval", 2, "SIGTERM"),
+    ("forward", 7, "SIGHUP"), ("save", 2, "SIGHUP"),
 ]
 def running_adamw():
     """The AdamW class the training program makes (its step runs the fast layer's flat step, where
@@ -161,9 +169,14 @@ def test_resume_after_ctrl_c_is_exact_wherever_it_lands(text_file, tmp_path, uni
     out = tmp_path / "run"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(owner, name, patched)
-        assert main_caught(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 130
+        assert main_caught(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == EXIT[how]
     stopped = checkpoint.read_meta(str(out / "ckpt.npz"))["step"]
     assert 0 < stopped < 12
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["iters"] == stopped
+    assert summary["signal"] == {"SIGTERM": "SIGTERM", "SIGHUP": "SIGHUP"}.get(how, "Ctrl-C")
+    assert f"python -m train: stopped by {summary['signal']} at step {stopped}: saved {out / 'ckpt.npz'}" in \
+        capsys.readouterr().err
     assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "12"]) == 0
     model, optim, losses, evals, step = final_state(out)
     want_model, want_optim, want_losses, want_evals, want_step = uninterrupted
@@ -187,10 +200,59 @@ def test_ctrl_c_says_it_stops_after_the_step(text_file, tmp_path, capsys, monkey
         return real(*args, **kwargs)
     monkeypatch.setattr(ta.Tensor, "backward", patched)
     assert main_caught(["--data", text_file, "--out_dir", str(tmp_path / "run"), *RUN, "--max_iters", "12"]) == 130
-    out = capsys.readouterr().out
-    assert "Ctrl-C: stopping after this step, then saving (Ctrl-C again to stop at once)" in out
+    err = capsys.readouterr().err
+    assert "Ctrl-C: stopping after this step, then saving (Ctrl-C again to stop at once)" in err
     assert checkpoint.read_meta(str(tmp_path / "run" / "ckpt.npz"))["step"] == 3      # step 2 finished
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler               # put back
+
+
+def test_ctrl_c_of_a_tee_pipeline_saves_and_resumes_exactly(text_file, tmp_path):
+    """python -m train ... | tee log, and Ctrl-C: the terminal sends SIGINT to the whole pipeline,
+    tee ends, and the run's next line meets a closed pipe. The run still saves, and --resume
+    continues to the bit."""
+    out, log = tmp_path / "run", tmp_path / "log.txt"
+    flags = [*RUN, "--max_iters", "400", "--sample_tokens", "0"]
+    shown = [f for f in flags if f != "--quiet"]              # the eval lines go down the pipe
+    command = f"{sys.executable} -m train --data {text_file} --out_dir {out} {' '.join(shown)} | tee {log}"
+    pipeline = subprocess.Popen(["bash", "-c", command], cwd=REPO, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while "step 10:" not in (log.read_text() if log.exists() else "") and time.time() < deadline:
+            time.sleep(0.01)
+        os.killpg(pipeline.pid, signal.SIGINT)                # Ctrl-C in a terminal: every process of the job
+        err = pipeline.communicate(timeout=120)[1]
+    finally:
+        if pipeline.poll() is None:
+            os.killpg(pipeline.pid, signal.SIGKILL)
+    assert "Traceback" not in err and "Broken pipe" not in err, err
+    stopped = checkpoint.read_meta(str(out / "ckpt.npz"))["step"]
+    assert 10 <= stopped < 400, err
+    assert json.loads((out / "summary.json").read_text())["iters"] == stopped
+    assert f"stopped by Ctrl-C at step {stopped}" in err
+
+    assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--quiet"]) == 0
+    straight = tmp_path / "straight"
+    assert main(["--data", text_file, "--out_dir", str(straight), *flags]) == 0
+    resumed, uninterrupted = final_state(out), final_state(straight)
+    assert resumed[2] == uninterrupted[2] and resumed[3] == uninterrupted[3]     # every loss, every eval
+    for got, want in zip(resumed[:2], uninterrupted[:2]):
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def test_a_closed_stream_never_stops_a_save():
+    from train.interrupts import SafeStream
+
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+    stream = SafeStream(ClosedPipe())
+    assert stream.write("saving\n") == 7 and stream.closed_reader
+    stream.flush()                                            # and nothing is tried again
 
 
 def test_an_update_cut_in_two_is_never_saved(text_file, tmp_path, capsys, monkeypatch):
@@ -274,7 +336,7 @@ def test_an_older_checkpoint_without_its_data_is_resumed_with_a_note(text_file, 
     capsys.readouterr()
     assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "8"]) == 0
     assert (f"python -m train: note: {out / 'ckpt.npz'} does not say which data it was trained on (an older "
-            f"checkpoint): {text_file} is taken as that data, unchecked beyond its vocabulary") in capsys.readouterr().out
+            f"checkpoint): {text_file} is taken as that data, unchecked beyond its vocabulary") in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- a schedule that ended
@@ -287,10 +349,10 @@ def test_a_resume_past_the_schedules_end_says_so(text_file, tmp_path, capsys):
     capsys.readouterr()
     assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "20"]) == 0
     assert ("python -m train: note: the learning rate schedule ends at --lr_decay_iters 10: steps 10 to 19 all run "
-            "at --min_lr 0.0001 (pass --lr_decay_iters 20 for a schedule that ends at --max_iters)") in capsys.readouterr().out
+            "at --min_lr 0.0001 (pass --lr_decay_iters 20 for a schedule that ends at --max_iters)") in capsys.readouterr().err
     assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "30",
                  "--lr_decay_iters", "30"]) == 0
-    assert "schedule ends" not in capsys.readouterr().out
+    assert "schedule ends" not in capsys.readouterr().err
 
 
 def test_a_resume_that_outgrows_a_fitted_schedule_says_so(text_file, tmp_path, capsys, monkeypatch):
@@ -312,7 +374,7 @@ def test_a_resume_that_outgrows_a_fitted_schedule_says_so(text_file, tmp_path, c
     capsys.readouterr()
     assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "20"]) == 0
     assert ("python -m train: note: the learning rate schedule ends at --lr_decay_iters 10: steps 10 to 19 run "
-            "at --min_lr 0.0001 (pass --lr_decay_iters 20") in capsys.readouterr().out
+            "at --min_lr 0.0001 (pass --lr_decay_iters 20") in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- too large for memory
@@ -432,7 +494,7 @@ def test_a_device_whose_generator_cannot_be_saved_says_resume_is_not_exact(text_
     capsys.readouterr()
     assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "6"]) == 0
     assert ("python -m train: note: the dropout generator's state was not saved (cpu cannot export it): the resumed "
-            "run draws its masks from a new stream") in capsys.readouterr().out
+            "run draws its masks from a new stream") in capsys.readouterr().err
 
 
 def test_resume_keeps_the_lesson_corpus_layout(tmp_path):
@@ -482,3 +544,73 @@ def test_log_and_summary_are_written_atomically(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         checkpoint.write_text(str(path), "step\n0\n5\n")
     assert path.read_text() == "step\n0\n" and [p.name for p in tmp_path.iterdir()] == ["log.csv"]
+
+
+# ---------------------------------------------------------------- saving more often
+def saved_steps(monkeypatch):
+    """The step of every ckpt.npz written from here on."""
+    steps, real = [], checkpoint.save_run
+
+    def recorded(path, model, optimizer, state, *args):
+        if os.path.basename(path) == "ckpt.npz":
+            steps.append(state["step"])
+        return real(path, model, optimizer, state, *args)
+    monkeypatch.setattr(checkpoint, "save_run", recorded)
+    return steps
+
+
+def worse_every_time(monkeypatch):
+    """Evaluations whose val loss rises: only the first one is ever the best."""
+    real, calls = program.estimate_loss, []
+
+    def rising(*args, **kwargs):
+        calls.append(1)
+        losses = real(*args, **kwargs)
+        return dict(losses, val=losses["val"] + len(calls))
+    monkeypatch.setattr(program, "estimate_loss", rising)
+
+
+@pytest.mark.parametrize("always", [False, True])
+def test_always_save_checkpoint_writes_ckpt_at_every_evaluation(text_file, tmp_path, monkeypatch, always):
+    worse_every_time(monkeypatch)
+    steps = saved_steps(monkeypatch)
+    flags = ["--always_save_checkpoint"] if always else []
+    assert main(["--data", text_file, "--out_dir", str(tmp_path), *TINY, "--max_iters", "12", "--eval_interval", "4",
+                 *flags]) == 0
+    assert steps == ([4, 8, 12] if always else [12])      # step 0 is never saved; 12 is the end of the run
+    assert not (tmp_path / "best.npz").exists()           # no evaluation after step 0 was the best
+
+
+def test_save_interval_s_writes_ckpt_between_evaluations(text_file, tmp_path, monkeypatch):
+    steps = saved_steps(monkeypatch)
+    flags = ["--data", text_file, "--out_dir", str(tmp_path), *TINY, "--max_iters", "10", "--eval_interval", "100"]
+    assert main([*flags, "--save_interval_s", "1e-9"]) == 0
+    assert steps[:10] == list(range(1, 11))               # after every step, then after the final evaluation
+    steps.clear()
+    clock = iter(range(0, 100_000, 3))                    # every reading of the clock 3 s after the one before
+    monkeypatch.setattr(program.time, "time", lambda: float(next(clock)))
+    assert main([*flags, "--save_interval_s", "30", "--overwrite"]) == 0
+    assert 1 < len(steps) - 1 < 9 and steps == sorted(set(steps)) and steps[-1] == 10, steps
+    steps.clear()
+    assert main([*flags, "--overwrite"]) == 0
+    assert steps == [10]
+
+
+def test_eval_only_prints_the_losses_and_writes_nothing(text_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["--data", text_file, "--out_dir", str(out), *TINY, "--max_iters", "6", "--eval_interval", "3"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    last = json.loads((out / "summary.json").read_text())
+    capsys.readouterr()
+    assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--eval_only"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip().splitlines()[-1] == (f"eval at step 6: train loss {last['train_loss']:.4f}, val loss "
+                                    f"{last['val_loss']:.4f} (perplexity {last['val_perplexity']:.2f}), "
+                                    f"{last['val_bpb']:.4f} val bits per byte")
+    assert f"python -m train: evaluating {out / 'ckpt.npz'} at step 6 of " in captured.err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    fresh = tmp_path / "fresh"                            # a new model: the loss at initialisation, nothing written
+    assert main(["--data", text_file, "--out_dir", str(fresh), *TINY, "--eval_only"]) == 0
+    line = capsys.readouterr().out
+    assert line.startswith("eval at step 0: train loss ") and not fresh.exists()
+    assert float(line.split("val loss ")[1].split()[0]) == pytest.approx(np.log(33), abs=0.1)    # vocab 33

@@ -33,7 +33,7 @@ FINGERPRINTS = {
     'tinyattn.nn.flash:FlashAttention._tile': '4505254dbc00f9c9',
     'tinyattn.nn.flash:FlashAttention.backward': '2b6e25294338f291',
     'tinyattn.nn.flash:FlashAttention.for_each_item': '363f359c9a03ea21',
-    'tinyattn.nn.flash:FlashAttention.forward': '3b9e632703380cec',
+    'tinyattn.nn.flash:FlashAttention.forward': '4b419af28e9e1672',
     'tinyattn.nn.flash:_blocks': '424a09b503af6018',
     'tinyattn.nn.flash:_mask_tile': '369049ca77abb5f7',
     'tinyattn.nn.flash:_parts': '4a97cb13d85d4e3f',

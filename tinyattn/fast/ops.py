@@ -428,7 +428,7 @@ class FlashAttention(FastOp, flash.FlashAttention):
 
     def for_each_item(self, fn):
         items = self.items
-        n = threads.get_num_threads() if self.threads is None else self.threads
+        n = threads.get_num_threads()
         if not self.backend.on_host or len(items) < 2 or n < 2:
             return super().for_each_item(fn)
         threads.warn_without_threadpoolctl(len(items), n)

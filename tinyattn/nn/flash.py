@@ -68,7 +68,7 @@ class FlashAttention(Function):
 
     differentiable_backward = False      # backward works on raw arrays: use the naive path for that
 
-    def forward(self, q, k, v, mask, scale, is_causal, block_size, threads, dropout_p=0.0, seed=0):
+    def forward(self, q, k, v, mask, scale, is_causal, block_size, dropout_p=0.0, seed=0):
         backend = self.backend
         B, H, t_q, _ = q.shape
         self.scale, self.is_causal, self.block_size = scale, is_causal, block_size
@@ -79,7 +79,6 @@ class FlashAttention(Function):
         # numpy: one head per piece of work, shared over threads; elsewhere all heads at once, in order
         on_cpu = backend.on_host
         self.items = [(b, h, ...) for b in range(B) for h in range(H)] if on_cpu else [ALL_HEADS]
-        self.threads = threads                                     # (the fast layer shares the heads out)
         out = backend.zeros((B, H, t_q, v.shape[-1]), backend.dtype_of(q))   # (B, H, Tq, Dv)
         lse = backend.zeros((B, H, t_q), backend.dtype_of(q))      # (B, H, Tq) logsumexp per row
         self.for_each_item(lambda item: self._forward_heads(*_parts(item, q, k, v, out, lse), mask, item))
@@ -219,8 +218,7 @@ def _parts(item, *arrays):
     return arrays if item is ALL_HEADS else tuple(a[item] for a in arrays)
 
 
-def flash_attention(q, k, v, is_causal=False, scale=None, block_size=None, attn_mask=None, dropout_p=0.0,
-                    threads=None):
+def flash_attention(q, k, v, is_causal=False, scale=None, block_size=None, attn_mask=None, dropout_p=0.0):
     """softmax(q k^T * scale + mask) v, computed in (block_size, block_size) tiles (default 256).
 
     q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) -> (B, H, Tq, Dv).
@@ -230,8 +228,6 @@ def flash_attention(q, k, v, is_causal=False, scale=None, block_size=None, attn_
     attn_mask: boolean (True = may attend) or float (added to the scores),
     broadcastable to (B, H, Tq, Tk), with no gradient. dropout_p: dropout
     on the weights, each tile's mask drawn again in backward from a seed.
-    threads: how many threads share the heads on the CPU, with the fast layer on (default:
-    ta.get_num_threads()).
     Its backward is fused: it cannot be differentiated twice.
     """
     if (q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or q.shape[:2] != k.shape[:2]
@@ -254,11 +250,10 @@ def flash_attention(q, k, v, is_causal=False, scale=None, block_size=None, attn_
                              f"(B, H, Tq, Tk) = {full}")
         mask = attn_mask.xp.reshape(attn_mask.data, shape)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    threads = None if threads is None else max(1, int(threads))
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"flash_attention: dropout_p must be in [0, 1), got {dropout_p}")
     seed = 0
     if dropout_p > 0.0:                                            # from the device's generator (ta.manual_seed)
         seed = int(q.backend.to_numpy(q.backend.uniform((1,), "float64"))[0] * 2 ** 53)
     return FlashAttention.apply(q, k, v, mask=mask, scale=scale, is_causal=bool(is_causal),
-                                block_size=int(block_size), threads=threads, dropout_p=float(dropout_p), seed=seed)
+                                block_size=int(block_size), dropout_p=float(dropout_p), seed=seed)

@@ -1,9 +1,12 @@
 """python -m train's settings: the flags (named as nanoGPT names them), the presets they
 override, their checks, and what --resume carries over and refuses."""
 import argparse
+import ast
 import difflib
 import math
 import os
+import sys
+from pathlib import Path
 
 from tinyattn import distributed as dist
 from tinyattn.models import GPTConfig
@@ -12,27 +15,17 @@ from tinyattn.models.gpt import INITS
 from . import checkpoint
 from .data import tokenizer_from_json, tokenizer_to_json
 
-# Defaults per dataset, like nanoGPT's config files. Flags override them.
-PRESETS = {
-    # the lesson's corpus, one sentence per sequence (18 tokens at most). 4 heads of 16 channels:
-    # with one head per layer the exact answer failed at some seeds. Head dropout (a head is dropped
-    # for a whole sentence a quarter of the time) makes a head that handles one kind of noun only,
-    # and leaves the other kind to another head, a bad bet: one head learns to choose for both.
-    # PyTorch's default init (not GPT-2's) made that head appear at more seeds. Over seeds:
-    # bench/BENCHMARKS.md, python -m train.experiments.seeds.
-    "coref": dict(layout="sentence", n_layer=2, n_head=4, n_embd=64, block_size=20, batch_size=64, max_iters=1500,
-                  learning_rate=3e-3, min_lr=3e-4, warmup_iters=100, lr_decay_iters=1500, eval_interval=200,
-                  eval_iters=10, out_dir="out-coref", init="default", head_dropout=0.25),
-    # nanoGPT's CPU "baby" Shakespeare config
-    "text": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, max_iters=2000,
-                 learning_rate=1e-3, min_lr=1e-4, warmup_iters=100, lr_decay_iters=2000, eval_interval=250,
-                 eval_iters=20, out_dir="out"),
-}
+# Defaults per dataset, like nanoGPT's config files: config/coref.py (the lesson corpus) and
+# config/text.py (--data), read into PRESETS below build_parser. Flags, and a config file given
+# first, override them. The config folder installs beside this package, so the same path works
+# in a checkout and in an installed copy.
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"
 DEFAULT_SEED = 1337
 PROFILE_STEPS = range(1, 6)   # --profile: step 0 warms up, these five are timed
 COMMON = dict(dropout=0.0, head_dropout=0.0, init="gpt2", weight_decay=0.1, beta1=0.9, beta2=0.99, grad_clip=1.0,
               gradient_accumulation_steps=1, bias=True, log_interval=10, sample_tokens=200, shared_batches=False,
-              always_save_checkpoint=False, save_interval_s=0.0)
+              always_save_checkpoint=False, save_interval_s=0.0,
+              dtype="float32")   # the defaults under both presets (nanoGPT's train.py holds its own too)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -61,6 +54,7 @@ def at_least(lo, kind=int):
             raise argparse.ArgumentTypeError(f"must be at least {lo}, got {text}")
         return value
     parse.__name__ = kind.__name__               # argparse's "invalid int value" message
+    parse.kind = kind                            # what a config file's value must be
     return parse
 
 
@@ -73,29 +67,55 @@ def yes_or_no(text):
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+DTYPES = ("float32", "float64")
+
+
+def float_dtype(text):
+    """An argparse type for --dtype: float32 or float64. nanoGPT's float16 and bfloat16 (its
+    mixed precision on a GPU) are refused by name."""
+    if text in DTYPES:
+        return text
+    if text in ("float16", "bfloat16", "half"):
+        raise argparse.ArgumentTypeError(f"{text} is not available: the CPU build computes in float32 or float64 "
+                                         "(nanoGPT's float16 and bfloat16 are mixed precision on a GPU)")
+    raise argparse.ArgumentTypeError(f"expected float32 or float64, got {text!r}")
+
+
 ALIASES = {"--lr": "--learning_rate", "--epochs": "--max_iters", "--steps": "--max_iters", "--iters": "--max_iters",
            "--bs": "--batch_size", "--context": "--block_size", "--layers": "--n_layer", "--heads": "--n_head"}
 
 
-def unknown_argument_message(parser, extras):
-    """One line about the first argument argparse did not know, with a suggestion."""
+def close_flags(parser, name):
+    """The flags most like ``name`` (a mistyped flag, or a config file's unknown setting)."""
     flags = [f for action in parser._actions for f in action.option_strings if f.startswith("--")]
-    first = next((e for e in extras if e.startswith("-")), extras[0])
-    if not first.startswith("-"):
-        hint = f" (did you mean --data {first}?)" if os.path.isfile(first) else ""
-        return f"unexpected argument {first!r}: every value follows its flag, as in --max_iters 100{hint}"
-    name = first.split("=", 1)[0]
     full = "--" + name.lstrip("-")                           # -lr and --lr alike
     close = [ALIASES[full]] if full in ALIASES else [full] if full in flags else []
     close += [f for f in flags if f.startswith(full) and len(full) > 3 and f not in close]
     if not close:
         close = difflib.get_close_matches(full, flags, n=3, cutoff=0.6)
-    hint = f" (did you mean {' or '.join(close[:3])}?)" if close else ""
+    return close[:3]
+
+
+def unknown_argument_message(parser, extras):
+    """One line about the first argument argparse did not know, with a suggestion."""
+    first = next((e for e in extras if e.startswith("-")), extras[0])
+    if not first.startswith("-"):
+        if first.endswith(".py"):
+            return (f"unexpected argument {first!r}: a config file comes first, as in "
+                    f"python -m train {first} --max_iters 100")
+        hint = f" (did you mean --data {first}?)" if os.path.isfile(first) else ""
+        return f"unexpected argument {first!r}: every value follows its flag, as in --max_iters 100{hint}"
+    name = first.split("=", 1)[0]
+    close = close_flags(parser, name)
+    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
     return f"unknown flag {name}{hint}; flags are never abbreviated"
 
 
 def build_parser():
-    p = OneLineParser(prog="python -m train", description=__doc__,
+    p = OneLineParser(prog="python -m train", description=__doc__, usage="%(prog)s [CONFIG.py] [flags]",
+                      epilog="CONFIG.py: a Python file of NAME = value lines, named as the flags are (the\n"
+                             "presets are config/coref.py and config/text.py, to copy); its settings count as\n"
+                             "flags given, and flags after it override them.",
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="a UTF-8 text file for character-level training, or a folder of token files "
                                    "from python -m data.prepare (default: the lesson corpus)")
@@ -121,6 +141,9 @@ def build_parser():
         p.add_argument(f"--{name}", type=int)
     for name in ("learning_rate", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip", "dropout", "head_dropout"):
         p.add_argument(f"--{name}", type=float)
+    p.add_argument("--dtype", type=float_dtype, metavar="float32|float64",
+                   help="float32 (the default) or float64: the parameters, the activations and AdamW's state "
+                        "(--resume: the run's own)")
     p.add_argument("--bias", type=yes_or_no, help="biases in Linear and LayerNorm (true or false)")
     p.add_argument("--init", choices=INITS, help="weight init: gpt2 (nanoGPT's N(0, 0.02)) or default (each "
                                                  "layer's own, as in PyTorch: Embedding N(0, 1), Linear uniform)")
@@ -156,8 +179,89 @@ NANOGPT_INIT_FROM = {   # nanoGPT's --init_from values, and what tinyattn calls 
 }
 
 
+def setting_value(action, value):
+    """A config file's value for a flag's setting, checked as the flag checks its text.
+    -> the value (an int for a float setting becomes a float); raises ValueError with the reason."""
+    takes_bool = isinstance(action, argparse._StoreTrueAction) or action.type is yes_or_no
+    kind = bool if takes_bool else getattr(action.type, "kind", action.type) or str
+    if kind is bool:
+        ok, expected = isinstance(value, bool), "True or False"
+    elif kind is int:
+        ok, expected = isinstance(value, int) and not isinstance(value, bool), "a whole number"
+    elif kind is float:
+        ok, expected = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+    else:
+        ok, expected = isinstance(value, str), "a string in quotes"
+    if not ok:
+        raise ValueError(f"expected {expected}, got {type(value).__name__}")
+    if kind is float:
+        value = float(value)
+    if action.choices is not None and value not in action.choices:
+        raise ValueError(f"expected one of {', '.join(map(repr, action.choices))}")
+    if action.type is not None and not takes_bool:
+        try:
+            action.type(str(value))              # the flag's own checks: a range, a refused dtype
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(str(e)) from None
+    return value
+
+
+def read_config_file(path, parser):
+    """The settings of a config file, as nanoGPT's config files give them: one ``name = value``
+    line per setting, named as the flags are (``max_iters = 100`` is ``--max_iters 100``).
+    -> {flag's dest: value}. Raises ValueError, one line naming the file (and the line).
+
+    The file is read, not run: each value is a literal (a number, a string, True or False), taken
+    by ast.literal_eval. nanoGPT exec()s its config files, so they may import and compute; here a
+    config file is data, so it cannot run code, and each value has a type to check against its
+    flag's before anything starts. Comments and a docstring are fine; anything else is refused."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+        tree = ast.parse(source, filename=str(path))
+    except OSError as e:
+        raise ValueError(f"config file {path}: {e.strerror or e}") from None
+    except (SyntaxError, UnicodeDecodeError, ValueError) as e:
+        where = f" line {e.lineno}" if getattr(e, "lineno", None) else ""
+        raise ValueError(f"config file {path}{where}: not Python that reads ({type(e).__name__})") from None
+    actions = {a.dest.lstrip("_"): a for a in parser._actions if a.dest != "help"}   # compile is _compile
+    settings = {}
+    for i, node in enumerate(tree.body):
+        where = f"config file {path} line {node.lineno}"
+        if i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
+                and isinstance(node.value.value, str):
+            continue                             # a docstring
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            raise ValueError(f"{where}: only NAME = value lines are read (a number, a string, True or False)")
+        name = node.targets[0].id
+        if name not in actions:
+            close = [f.lstrip("-") for f in close_flags(parser, name)]
+            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+            raise ValueError(f"{where}: unknown setting {name}{hint}; the settings are the flags of python -m train")
+        try:
+            value = ast.literal_eval(node.value)
+        except ValueError:
+            raise ValueError(f"{where}: {name} = {ast.get_source_segment(source, node.value)}: "
+                             "a value here is a number, a string, True or False, not an expression") from None
+        try:
+            settings[actions[name].dest] = setting_value(actions[name], value)
+        except ValueError as e:
+            raise ValueError(f"{where}: {name} = {value!r}: {e}") from None
+    return settings
+
+
+# the presets, read once; read_config_file checks them as it would check a user's copy
+PRESETS = {name: read_config_file(CONFIG_DIR / f"{name}.py", build_parser()) for name in ("coref", "text")}
+
+
 def parse_args(argv=None):
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0].endswith(".py") and not argv[0].startswith("-"):
+        try:                                     # its settings are flags given; flags after it override them
+            parser.set_defaults(**read_config_file(argv.pop(0), parser))
+        except ValueError as e:
+            parser.error(str(e))
     args = parser.parse_args(argv)
     if vars(args).pop("_compile"):
         parser.error("--compile: tinyattn has no compiler; its fast layer runs by default instead (fused ops, "
@@ -285,6 +389,11 @@ def check_resume(args, meta, dataset):
         raise ValueError(f"--resume: --seed {args.seed} (the run in {where} has --seed {ran_seed}): a resumed run "
                          f"continues its own random streams; drop --seed, or use another --out_dir for a new run")
     config, given = meta["config"], set(args._given)
+    ran_dtype = (meta.get("args") or {}).get("dtype") or "float32"     # older checkpoints were all float32
+    if "dtype" in given and args.dtype != ran_dtype:
+        raise ValueError(f"--resume: --dtype {args.dtype} (the run in {where} computes in {ran_dtype}): a resumed "
+                         f"run continues in its own dtype; drop --dtype, or use another --out_dir for a new run")
+    args.dtype = ran_dtype
     config = {k: config.get(k, getattr(GPTConfig, k)) for k in MODEL_FLAGS}    # older ones lack init, head_dropout
     conflicts = [f"--{k} {getattr(args, k)} (the checkpoint has {config[k]})" for k in MODEL_FLAGS
                  if k in given and getattr(args, k) != config[k]]

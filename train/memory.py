@@ -56,13 +56,13 @@ def available_bytes():
     return min(found) if found else None
 
 
-def check_fits(config, batch_rows, tokens_per_row):
+def check_fits(config, batch_rows, tokens_per_row, itemsize=4):
     """Raise a ValueError (one line, with the sizes) when a training step cannot fit in the
-    memory available on the host."""
+    memory available on the host (itemsize: 4 for float32, 8 for float64)."""
     available = available_bytes()
     if available is None:
         return
-    state, activations = training_bytes(config, batch_rows, tokens_per_row)
+    state, activations = training_bytes(config, batch_rows, tokens_per_row, itemsize)
     if state + activations <= available:
         return
     lower = "--n_embd or --n_layer" if state >= activations else "--batch_size or --block_size"

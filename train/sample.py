@@ -57,7 +57,7 @@ def load_model(out_dir, device="cpu", which="ckpt"):
     if finetune.is_hf_folder(out_dir):
         return GPT.from_hf(out_dir).to(device).eval(), finetune.hf_tokenizer(out_dir)
     model_state, _, meta = checkpoint.load(f"{out_dir}/{which}.npz")
-    model = GPT(GPTConfig(**meta["config"]))
+    model = GPT(GPTConfig(**meta["config"])).to((meta.get("args") or {}).get("dtype") or "float32")   # the run's
     model.load_state_dict(model_state)
     return model.to(device).eval(), tokenizer_from_json(meta["tokenizer"])
 

@@ -45,13 +45,13 @@ def setup(args):
         config = GPTConfig(**meta["config"])
     if device_backend.on_host:                  # refused before it is allocated, in one line
         tokens_per_row = dataset.rows["train"].shape[1] - 1 if dataset.rows is not None else config.block_size
-        memory.check_fits(config, args.batch_size // dist.world_size(), tokens_per_row)
+        memory.check_fits(config, args.batch_size // dist.world_size(), tokens_per_row, np.dtype(args.dtype).itemsize)
     model = pretrained.model if pretrained else GPT(config)
     if args.lora_rank:                          # only the adapters train: your LoRALinear (train/lora.py)
         trained = lora.adapt(model, lora.lora_linear(), args.lora_rank, args.lora_alpha)
         args._notes = [*getattr(args, "_notes", ()), f"--lora_rank {args.lora_rank}: {trained:,} adapter "
                        f"parameters train, the model's {model.num_parameters() - trained:,} are frozen"]
-    model = ta.nn.fuse(model.to(args.device))  # each block one op in training, where the fast layer can
+    model = ta.nn.fuse(model.to(args.dtype).to(args.device))  # each block one op in training, where the fast layer can
     optimizer = model.configure_optimizer(args.weight_decay, args.learning_rate, (args.beta1, args.beta2))
     if args.resume:
         model.load_state_dict(model_state)
@@ -119,7 +119,8 @@ def announce(args, state, meta, dataset, model, ckpt_path, say):
                  f"at --min_lr {args.min_lr:g} (pass --lr_decay_iters {args.max_iters} for a schedule that ends "
                  "at --max_iters)")
     say(f"{dataset.name}: {len(dataset.train):,} train / {len(dataset.val):,} val tokens, vocab "
-        f"{model.config.vocab_size}; model {model.num_parameters() / 1e6:.2f}M parameters on {args.device}")
+        f"{model.config.vocab_size}; model {model.num_parameters() / 1e6:.2f}M parameters on {args.device}"
+        f"{'' if args.dtype == 'float32' else ', in ' + args.dtype}")
     pids = dist.gather_object(os.getpid())      # a process that dies is named by its pid (mpiexec says which)
     if world > 1 and root:
         threads = f" (OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']})" if "OMP_NUM_THREADS" in os.environ else ""

@@ -323,10 +323,10 @@ def test_a_forward_set_on_one_layer_runs_for_that_layer():
 # ---------------------------------------------------------------- an edited file, a fresh process
 @pytest.fixture(scope="module")
 def edited_package(tmp_path_factory):
-    """A copy of the package (and the training program) whose models/gpt.py Block.forward halves
-    the attention branch."""
+    """A copy of the package (and the training program, with its presets in config/) whose
+    models/gpt.py Block.forward halves the attention branch."""
     root = tmp_path_factory.mktemp("edited")
-    for folder in ("tinyattn", "train", "data"):
+    for folder in ("tinyattn", "train", "config", "data"):
         shutil.copytree(ROOT / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
     path = root / "tinyattn" / "models" / "gpt.py"
     source = path.read_text()

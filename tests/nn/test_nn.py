@@ -294,3 +294,20 @@ def test_warmup_cosine_schedule():
     assert abs(lr[55] - 0.55) < 1e-12
     assert all(abs(x - 0.1) < 1e-12 for x in lr[101:])
     assert all(a >= b for a, b in zip(lr[10:101], lr[11:101]))
+
+
+def test_module_to_a_dtype_casts_the_float_parameters_in_place():
+    model = nn.Linear(3, 2)
+    model.register_buffer("counts", ta.tensor([1, 2]))          # an integer buffer keeps its dtype
+    weight = model.weight
+    model(ta.randn(4, 3)).sum().backward()
+    assert model.to(ta.float64) is model and model.weight is weight      # the same Parameter: optimizers keep it
+    assert {p.dtype for p in model.parameters()} == {np.dtype("float64")} and weight.grad is None
+    assert model.counts.dtype == np.dtype("int64") and weight.requires_grad and weight.is_leaf
+    assert model(ta.randn(4, 3, dtype="float64")).dtype == np.dtype("float64")
+    back = model.to("float32").weight.numpy()
+    assert back.dtype == np.float32
+    with pytest.raises(ValueError, match="cast to a float dtype"):
+        model.to("int64")
+    with pytest.raises(ValueError, match="unknown device 'gpu'"):
+        model.to("gpu")

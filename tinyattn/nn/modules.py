@@ -4,9 +4,17 @@ from collections import OrderedDict
 
 from .. import autograd as _engine
 from ..tensor import Tensor, ones, rand, randn, tensor, zeros
-from ..backend import get_backend
+from ..backend import dtype_of_host, get_backend, is_device
 from ..watch import Watched
 from . import functional as F
+
+
+def _dtype_or_none(target):
+    """``target`` as a dtype, or None when it names none (then it may be a device)."""
+    try:
+        return dtype_of_host(target)
+    except TypeError:
+        return None
 
 
 class Parameter(Tensor):
@@ -162,14 +170,23 @@ class Module(metaclass=Watched):
     def eval(self):
         return self.train(False)
 
-    def to(self, device):
-        """Move every parameter and buffer to ``device``, in place."""
-        get_backend(device)                     # an unknown device name is an error that says so
+    def to(self, target):
+        """Move every parameter and buffer to a device (``model.to("cuda")``), or cast the float
+        ones to a float dtype (``model.to(ta.float64)``; integer and bool buffers keep theirs, as
+        in PyTorch), in place. Gradients are dropped: they belonged to the old arrays."""
+        dtype = None if isinstance(target, str) and is_device(target) else _dtype_or_none(target)
+        if dtype is None:
+            get_backend(target)                 # an unknown device name is an error that says so
+        elif dtype.kind != "f":
+            raise ValueError(f"Module.to: parameters are cast to a float dtype (float32, float64), not {dtype}")
         for _, t in list(self.named_parameters()) + list(self.named_buffers()):
-            if t.device != device:
-                moved = t.to(device)
-                t.set_(moved)
-                t.grad = None
+            if dtype is None and t.device != target:
+                t.set_(t.to(target))
+            elif dtype is not None and t.dtype.kind == "f" and t.dtype != dtype:
+                t.set_(t.detach().to(dtype))
+            else:
+                continue
+            t.grad = None
         return self
 
     def zero_grad(self):

@@ -36,14 +36,14 @@ def main(argv=None):
 
 def run(argv=None):
     """The command, in one process (of one or of many: then rank 0 alone prints)."""
-    args = parse_args(argv)
+    args, notes = parse_args(argv)
     try:
         dist.init(args.device)                   # --device cuda over several processes: a GPU each, and NCCL
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"), \
                 exercises_swapped_in(args.use_exercises), \
                 ta.detect_anomaly() if args.detect_anomaly else contextlib.nullcontext():
             # a blow-up is reported once, below
-            summary = train(args)
+            summary = train(args, notes)
     except KeyboardInterrupt:                    # before the training loop began: nothing to save
         if dist.rank() == 0:
             print("python -m train: interrupted before training began: nothing was saved", file=sys.stderr)

@@ -255,6 +255,8 @@ PRESETS = {name: read_config_file(CONFIG_DIR / f"{name}.py", build_parser()) for
 
 
 def parse_args(argv=None):
+    """The command line -> (args, notes): the flags with the presets filled in, and what was
+    adapted to fit (printed when the run starts)."""
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0].endswith(".py") and not argv[0].startswith("-"):
@@ -279,10 +281,10 @@ def parse_args(argv=None):
     for key, value in preset.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    problems, args._notes = validate_args(args)
+    problems, notes = validate_args(args)
     if problems:
         parser.error("; ".join(problems))
-    return args
+    return args, notes
 
 
 AT_LEAST_1 = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "eval_interval", "eval_iters",
@@ -362,7 +364,7 @@ def validate_args(args):
     return problems, notes
 
 
-def check_resume(args, meta, dataset):
+def check_resume(args, meta, dataset, notes):
     """--resume continues the checkpoint's run: the same data, vocabulary and model.
 
     Raises a ValueError naming every conflict. Model flags that were not given take the
@@ -383,7 +385,7 @@ def check_resume(args, meta, dataset):
         n_theirs = tokenizer_from_json(meta["tokenizer"]).vocab_size
         raise ValueError(f"--resume: the vocabulary of {args.data or dataset.name} ({dataset.tokenizer.vocab_size} "
                          f"tokens) differs from the one {where} was trained with ({n_theirs} tokens)")
-    same_data(args, meta, dataset, where)
+    same_data(args, meta, dataset, where, notes)
     ran_seed = (meta.get("args") or {}).get("seed")
     if ran_seed is not None and args.seed != ran_seed:       # it draws the evaluation's batches: they would change
         raise ValueError(f"--resume: --seed {args.seed} (the run in {where} has --seed {ran_seed}): a resumed run "
@@ -404,14 +406,14 @@ def check_resume(args, meta, dataset):
         setattr(args, k, config[k])
 
 
-def same_data(args, meta, dataset, where):
+def same_data(args, meta, dataset, where, notes):
     """--resume: the text (or corpus) is the one the checkpoint was trained on, byte for byte
     (its size and SHA-256). A checkpoint from before they were kept: a note, and it goes on."""
     theirs, ours = meta.get("data_source"), dataset.source
     what = args.data or "the lesson corpus"
     if theirs is None:
-        args._notes = [*getattr(args, "_notes", ()), f"{where} does not say which data it was trained on (an older "
-                       f"checkpoint): {what} is taken as that data, unchecked beyond its vocabulary"]
+        notes.append(f"{where} does not say which data it was trained on (an older checkpoint): {what} is taken "
+                     "as that data, unchecked beyond its vocabulary")
     elif theirs != ours:
         def described(source):
             return f"{source['bytes']:,} bytes, sha256 {source['sha256'][:12]}"

@@ -30,18 +30,19 @@ from .report import perplexity, report_profile, write_log, write_results
 from .start import announce, setup
 
 
-def train(args):
-    """The training run -> its summary dict. Ctrl-C, SIGTERM or SIGHUP stop it after a step: it
-    saves, then raises Stopped. Under mpiexec every process runs it (train/parallel.py says who
-    does what)."""
+def train(args, notes=()):
+    """The training run -> its summary dict. ``notes``: what parse_args adapted, printed with the
+    set-up's own. Ctrl-C, SIGTERM or SIGHUP stop it after a step: it saves, then raises Stopped.
+    Under mpiexec every process runs it (train/parallel.py says who does what)."""
+    notes = list(notes)
     with parallel.together():                   # under mpiexec: an error in any process stops them all
-        dataset, model, optimizer, state, meta = setup(args)
+        dataset, model, optimizer, state, meta = setup(args, notes)
     device = ta.backend.get_backend(args.device)
     parallel.split_streams(args, state, device, meta)
     dist.broadcast_parameters(model.parameters())          # every process starts from rank 0's weights
     average_grads = dist.GradAverager(model.parameters()).average if dist.world_size() > 1 else None
     run = Run(args, dataset, model, optimizer, state, device)
-    announce(args, state, meta, dataset, model, run.ckpt_path, run.say)
+    announce(args, notes, state, meta, dataset, model, run.ckpt_path, run.say)
     if args.eval_only:
         return run.evaluate_only()
     profiler = ta.profile() if args.profile and run.root else None

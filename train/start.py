@@ -16,10 +16,10 @@ from .config import check_resume, schedule_ended
 from .data import load_coref, load_data
 
 
-def setup(args):
+def setup(args, notes):
     """The data, the model and its optimizer, and the run's state: new, or as out_dir/ckpt.npz
     left them with --resume. -> (dataset, model, optimizer, state, meta); meta is the
-    checkpoint's (None for a new run)."""
+    checkpoint's (None for a new run). What the run should know goes into the list ``notes``."""
     ckpt_path = os.path.join(args.out_dir, "ckpt.npz")
     if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
         raise ValueError(f"--out_dir {args.out_dir} is a file, not a folder")
@@ -29,7 +29,7 @@ def setup(args):
     tokenizer = pretrained.tokenizer if pretrained else finetune.resumed_tokenizer(ckpt_path) if args.resume else None
     dataset = load_data(args.data, tokenizer) if args.data else load_coref(seed=0, layout=args.layout)
     if pretrained:
-        args._notes = [*getattr(args, "_notes", []), finetune.fit_args(args, pretrained, dataset)]
+        notes.append(finetune.fit_args(args, pretrained, dataset))
     device_backend = ta.backend.get_backend(args.device)      # a clear error when CUDA is missing
     ta.manual_seed(args.seed)
 
@@ -41,7 +41,7 @@ def setup(args):
     meta = None
     if args.resume:
         model_state, optim_state, meta = checkpoint.load(ckpt_path)
-        check_resume(args, meta, dataset)
+        check_resume(args, meta, dataset, notes)
         config = GPTConfig(**meta["config"])
     if device_backend.on_host:                  # refused before it is allocated, in one line
         tokens_per_row = dataset.rows["train"].shape[1] - 1 if dataset.rows is not None else config.block_size
@@ -49,8 +49,8 @@ def setup(args):
     model = pretrained.model if pretrained else GPT(config)
     if args.lora_rank:                          # only the adapters train: your LoRALinear (train/lora.py)
         trained = lora.adapt(model, lora.lora_linear(), args.lora_rank, args.lora_alpha)
-        args._notes = [*getattr(args, "_notes", ()), f"--lora_rank {args.lora_rank}: {trained:,} adapter "
-                       f"parameters train, the model's {model.num_parameters() - trained:,} are frozen"]
+        notes.append(f"--lora_rank {args.lora_rank}: {trained:,} adapter parameters train, the model's "
+                     f"{model.num_parameters() - trained:,} are frozen")
     model = ta.nn.fuse(model.to(args.dtype).to(args.device))  # each block one op in training, where the fast layer can
     optimizer = model.configure_optimizer(args.weight_decay, args.learning_rate, (args.beta1, args.beta2))
     if args.resume:
@@ -64,12 +64,12 @@ def setup(args):
         if (meta.get("device_rng") is None or device_backend.get_rng_state() is None) and \
                 (config.dropout or config.head_dropout):
             device_backend.seed(parallel.device_seed(args.seed, 0, state["step"]))     # not the first steps' masks again
-            args._notes = [*getattr(args, "_notes", ()), f"the dropout generator's state was not saved ({args.device} "
-                           "cannot export it): the resumed run draws its masks from a new stream, so it is not the "
-                           "uninterrupted run to the bit (that needs --dropout 0 and --head_dropout 0 there)"]
+            notes.append(f"the dropout generator's state was not saved ({args.device} cannot export it): the "
+                         "resumed run draws its masks from a new stream, so it is not the uninterrupted run to the "
+                         "bit (that needs --dropout 0 and --head_dropout 0 there)")
     if replaced and dist.rank() == 0:
         checkpoint.remove_run(args.out_dir)
-        args._notes = [*getattr(args, "_notes", ()), replaced]
+        notes.append(replaced)
     if not args.eval_only:
         os.makedirs(args.out_dir, exist_ok=True)
     return dataset, model, optimizer, state, meta
@@ -96,7 +96,7 @@ def resuming(ckpt_path, state, max_iters):
     return f"resuming {ckpt_path} at step {state['step']} of {max_iters}, {said}"
 
 
-def announce(args, state, meta, dataset, model, ckpt_path, say):
+def announce(args, notes, state, meta, dataset, model, ckpt_path, say):
     """What the run is about to do, before its first step: where a resumed run starts and the
     notes the set-up left (rank 0 prints them, even under --quiet), a resumed run with nothing to train or past its schedule's end, the data
     and the model, and under mpiexec who does what."""
@@ -106,7 +106,7 @@ def announce(args, state, meta, dataset, model, ckpt_path, say):
     if args.resume and root:
         said = resuming(ckpt_path, state, args.max_iters)
         note(said.replace("resuming", "evaluating", 1) if args.eval_only else said)
-    for message in getattr(args, "_notes", ()) if root else ():
+    for message in notes if root else ():
         note(f"note: {message}")
     if args.resume and root and not args.eval_only:
         if state["step"] >= args.max_iters:

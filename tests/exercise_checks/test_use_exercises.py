@@ -35,7 +35,7 @@ def text_file(tmp_path):
 
 
 def short_run(text_file, out_dir):
-    return train(parse_args(["--data", text_file, "--out_dir", str(out_dir), *TINY, *SHORT]))
+    return train(*parse_args(["--data", text_file, "--out_dir", str(out_dir), *TINY, *SHORT]))
 
 
 def counting(calls, name, fn):

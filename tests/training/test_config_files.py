@@ -16,7 +16,7 @@ from train.command import main
 from train.sample import load_model
 from train.config import COMMON, CONFIG_DIR, PRESETS, build_parser, parse_args, read_config_file
 
-from training_data import REPO, TEXT, TINY      # the tiny text and model the training tests use
+from training_data import REPO, TEXT, TINY, error_lines      # the tiny text and model the training tests use
 
 
 @pytest.fixture
@@ -46,17 +46,17 @@ def refused(capsys, argv):
 def test_a_config_files_settings_count_as_flags_given_and_flags_after_it_win(tmp_path):
     path = config_file(tmp_path, '"""A docstring is fine."""\n# and comments\nn_layer = 1\nmax_iters = 20\n'
                                  'lr_decay_iters = 100\nlearning_rate = 1\nbias = False\nout_dir = "elsewhere"\n')
-    args = parse_args([path, "--max_iters", "30"])
+    args, notes = parse_args([path, "--max_iters", "30"])
     assert (args.n_layer, args.max_iters, args.bias, args.out_dir) == (1, 30, False, "elsewhere")
     assert args.learning_rate == 1.0 and isinstance(args.learning_rate, float)   # an int for a float setting
     assert {"n_layer", "max_iters", "lr_decay_iters", "learning_rate", "bias", "out_dir"} <= set(args._given)
     # as typed: lr_decay_iters is kept past max_iters (a note says so), not fitted as a preset's would be
-    assert args.lr_decay_iters == 100 and any("--lr_decay_iters 100 is past --max_iters 30" in n for n in args._notes)
+    assert args.lr_decay_iters == 100 and any("--lr_decay_iters 100 is past --max_iters 30" in n for n in notes)
     assert args.n_head == PRESETS["coref"]["n_head"]            # what the file does not set: the preset's
 
 
 def test_data_in_a_config_file_takes_the_text_preset(tmp_path, text_file):
-    args = parse_args([config_file(tmp_path, f"data = {text_file!r}\n")])
+    args, _ = parse_args([config_file(tmp_path, f"data = {text_file!r}\n")])
     assert args.data == text_file
     for key, value in PRESETS["text"].items():
         assert getattr(args, key) == value, key
@@ -67,7 +67,7 @@ def test_the_presets_are_the_config_files():
     config/ reads as a config file (the example included)."""
     for name, flags in (("coref", []), ("text", ["--data", os.path.join(REPO, "README.md")])):
         assert PRESETS[name] == read_config_file(CONFIG_DIR / f"{name}.py", build_parser())
-        with_file, without = parse_args([str(CONFIG_DIR / f"{name}.py"), *flags]), parse_args(flags)
+        with_file, without = parse_args([str(CONFIG_DIR / f"{name}.py"), *flags])[0], parse_args(flags)[0]
         assert {k: getattr(with_file, k) for k in PRESETS[name]} == {k: getattr(without, k) for k in PRESETS[name]}
     assert not set(PRESETS["coref"]) & {"data", "resume"} and "dtype" in COMMON
     files = sorted(CONFIG_DIR.glob("*.py"))
@@ -173,7 +173,7 @@ def test_resume_keeps_the_runs_dtype_and_refuses_another(text_file, tmp_path, ca
     run(text_file, out, "--max_iters", "6", "--eval_interval", "3", "--dtype", "float64")
     assert main(["--data", text_file, "--out_dir", str(out), *TINY, "--max_iters", "8", "--resume",
                  "--dtype", "float32"]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
+    err = error_lines(capsys.readouterr().err)
     assert len(err) == 1 and "--dtype float32 (the run in" in err[0] and "computes in float64" in err[0], err
     run(text_file, out, "--max_iters", "9", "--eval_interval", "3", "--resume")     # not given: the run's own
     model_state, _, meta = checkpoint.load(str(out / "ckpt.npz"))

@@ -61,7 +61,7 @@ def test_nanogpt_flags_say_what_tinyattn_has(capsys, argv, said):
 
 
 def test_compile_false_is_what_runs_anyway():
-    args = parse_args(["--compile=False", "--max_iters", "5"])
+    args, _ = parse_args(["--compile=False", "--max_iters", "5"])
     assert not hasattr(args, "_compile") and "_compile" not in args._given
 
 
@@ -71,7 +71,7 @@ def test_a_file_given_without_data_is_pointed_at(capsys, text_file):
 
 def test_the_lr_abbreviation_no_longer_sets_lr_decay_iters():
     """argparse used to expand --lr to --lr_decay_iters; the full name still works."""
-    args = parse_args(["--lr_decay_iters", "100", "--learning_rate", "1e-3"])
+    args, notes = parse_args(["--lr_decay_iters", "100", "--learning_rate", "1e-3"])
     assert args.lr_decay_iters == 100 and args.learning_rate == 1e-3
 
 
@@ -97,31 +97,31 @@ def test_every_numeric_flag_is_range_checked(capsys, flag, value, said):
 def test_min_lr_above_learning_rate(capsys):
     assert "--min_lr 0.1 must not exceed --learning_rate 0.01" in refused(
         capsys, ["--learning_rate", "1e-2", "--min_lr", "0.1"])
-    args = parse_args(["--learning_rate", "1e-4"])           # the preset's min_lr is 3e-4: adapted
-    assert args.min_lr == pytest.approx(1e-5) and any("--min_lr set to 1e-05" in n for n in args._notes)
+    args, notes = parse_args(["--learning_rate", "1e-4"])           # the preset's min_lr is 3e-4: adapted
+    assert args.min_lr == pytest.approx(1e-5) and any("--min_lr set to 1e-05" in n for n in notes)
 
 
 # ---------------------------------------------------------------- schedules
 def test_a_preset_schedule_is_fitted_to_max_iters_and_says_so():
-    args = parse_args(["--max_iters", "20"])
+    args, notes = parse_args(["--max_iters", "20"])
     assert (args.lr_decay_iters, args.warmup_iters) == (20, 2)
     preset = PRESETS["coref"]
-    assert f"--lr_decay_iters set to 20 to fit --max_iters (the preset's was {preset['lr_decay_iters']})" in args._notes
-    assert f"--warmup_iters set to 2 to fit --max_iters (the preset's was {preset['warmup_iters']})" in args._notes
-    assert parse_args([])._notes == []                        # the presets fit themselves
+    assert f"--lr_decay_iters set to 20 to fit --max_iters (the preset's was {preset['lr_decay_iters']})" in notes
+    assert f"--warmup_iters set to 2 to fit --max_iters (the preset's was {preset['warmup_iters']})" in notes
+    assert parse_args([])[1] == []                        # the presets fit themselves
 
 
 def test_a_given_schedule_is_kept_and_explained():
-    args = parse_args(["--max_iters", "20", "--lr_decay_iters", "100", "--warmup_iters", "30"])
+    args, notes = parse_args(["--max_iters", "20", "--lr_decay_iters", "100", "--warmup_iters", "30"])
     assert (args.lr_decay_iters, args.warmup_iters) == (100, 30)
-    assert any("--lr_decay_iters 100 is past --max_iters 20" in n for n in args._notes)
-    assert any("--warmup_iters 30 is not below --max_iters 20: the whole run is warmup" in n for n in args._notes)
+    assert any("--lr_decay_iters 100 is past --max_iters 20" in n for n in notes)
+    assert any("--warmup_iters 30 is not below --max_iters 20: the whole run is warmup" in n for n in notes)
 
 
 def test_warmup_past_decay(capsys):
     assert "--warmup_iters 90 must not exceed --lr_decay_iters 50" in refused(
         capsys, ["--warmup_iters", "90", "--lr_decay_iters", "50"])
-    args = parse_args(["--lr_decay_iters", "10"])             # the preset's warmup of 50 is adapted
+    args, notes = parse_args(["--lr_decay_iters", "10"])             # the preset's warmup of 50 is adapted
     assert args.warmup_iters == 1
 
 
@@ -372,7 +372,7 @@ def test_sample_flags(capsys, argv, said):
 # ---------------------------------------------------------------- more probes
 def test_bias_takes_true_or_false(capsys):
     assert "argument --bias: expected true or false, got 'maybe'" in refused(capsys, ["--bias", "maybe"])
-    assert parse_args(["--bias", "false"]).bias is False and parse_args(["--bias", "1"]).bias is True
+    assert parse_args(["--bias", "false"])[0].bias is False and parse_args(["--bias", "1"])[0].bias is True
 
 
 def test_a_single_dash_flag_is_pointed_at_its_full_name(capsys):

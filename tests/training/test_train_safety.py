@@ -73,8 +73,8 @@ def test_overwrite_replaces_the_run_and_its_best_checkpoint(text_file, tmp_path,
     # and the old run's summary is not left behind when the new run stops before writing its own
     real_setup = program.setup
 
-    def setup_then_crash(args):
-        real_setup(args)
+    def setup_then_crash(args, notes):
+        real_setup(args, notes)
         raise OSError("disk failure")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(program, "setup", setup_then_crash)

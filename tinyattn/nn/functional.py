@@ -1,5 +1,6 @@
-"""Functional ops for networks: cross-entropy, embedding, layer norm, linear,
-dropout, GELU and attention; the softmax family comes from ``tinyattn/ops.py``.
+"""Functional ops for networks: cross-entropy, token log-probabilities, embedding,
+layer norm, linear, dropout, GELU and attention; the softmax family, logsigmoid
+and softplus come from ``tinyattn/ops.py``.
 
 Cross-entropy, layer norm, linear and attention are each one Function with
 its backward written by hand, in Tensor ops, so it can be differentiated
@@ -10,10 +11,10 @@ import math
 
 from ..autograd import Function, is_tensor
 from ..ops import (constant, gelu as _gelu, softmax, log_softmax, logsumexp,  # noqa: F401 (softmax family: F.*)
-                   stable_exp, check_float, check_same_dtype, where)
+                   logsigmoid, softplus, stable_exp, check_float, check_same_dtype, where)
 
-__all__ = ["softmax", "log_softmax", "logsumexp", "cross_entropy", "embedding", "layer_norm",
-           "dropout", "gelu", "relu", "linear", "scaled_dot_product_attention",
+__all__ = ["softmax", "log_softmax", "logsumexp", "logsigmoid", "softplus", "cross_entropy", "token_logprobs",
+           "embedding", "layer_norm", "dropout", "gelu", "relu", "linear", "scaled_dot_product_attention",
            "flash_attention"]
 
 
@@ -51,20 +52,33 @@ def cross_entropy(logits, targets, ignore_index=-100, reduction="mean", label_sm
     probabilities (float targets, each row summing to 1).
 
     Rows whose target is ``ignore_index`` count for nothing. ``reduction``: "mean" (over
-    the rows that count), "sum" or "none" (one loss per row). ``label_smoothing`` ε mixes
-    each target with the uniform distribution: (1 - ε) target + ε / C. As in nanoGPT,
-    flatten (B, T, C) logits with ``logits.view(-1, C)`` first.
+    the rows that count), "sum" or "none" (one loss per target, shaped like the targets;
+    0 where ignored). ``label_smoothing`` ε mixes each target with the uniform
+    distribution: (1 - ε) target + ε / C.
+
+    The other shapes PyTorch takes work too: (C,) logits with a 0-d target, and
+    (N, C, d1, ...) logits with (N, d1, ...) targets, the classes along dim 1. So
+    (B, T, C) logits from a language model are flattened first, as in nanoGPT:
+    ``cross_entropy(logits.view(-1, C), targets.view(-1))``.
     """
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    if logits.ndim != 2:
+        rows = _as_rows(logits, targets)                                   # (N * d1 * ..., C) and their targets
+        if rows is not None:
+            loss = cross_entropy(*rows, ignore_index, reduction, label_smoothing)
+            return loss.reshape(logits.shape[:1] + logits.shape[2:] if logits.ndim > 1 else ()) \
+                if reduction == "none" else loss
     if is_tensor(targets) and targets.dtype.kind == "f":
         return _cross_entropy_probabilities(logits, targets, reduction, label_smoothing)
     check_ids("cross_entropy", "targets", targets)
     if logits.ndim != 2 or targets.shape != logits.shape[:1]:
-        raise ValueError(f"cross_entropy: expected logits (N, C) and targets (N,), "
-                         f"got logits {logits.shape} and targets {targets.shape}")
+        raise ValueError(f"cross_entropy: expected logits (N, C) with targets (N,), (C,) with a 0-d target, or "
+                         f"(N, C, d1, ...) with targets (N, d1, ...), the classes along dim 1 as in PyTorch "
+                         f"(flatten (B, T, C) logits: logits.view(-1, C)), got logits {logits.shape} "
+                         f"and targets {targets.shape}")
     check_float("cross_entropy", logits)
     _check_id_range("cross_entropy", "targets", targets, logits.shape[1], ignore_index)
     if reduction == "mean" and not label_smoothing:
@@ -83,6 +97,44 @@ def cross_entropy(logits, targets, ignore_index=-100, reduction="mean", label_sm
     if reduction == "sum":
         return loss.sum()
     return loss.sum() / valid.to(loss.dtype).sum().clamp(min=1.0)          # as CrossEntropy: 0 if none counts
+
+
+def _as_rows(logits, targets):
+    """(C,) or (N, C, d1, ...) logits as (rows, C), the classes last, with their targets as
+    (rows,) class indices or (rows, C) probabilities; None where the shapes do not fit."""
+    if not is_tensor(targets) or logits.ndim == 0:
+        return None
+    C = logits.shape[0] if logits.ndim == 1 else logits.shape[1]
+    probabilities = targets.dtype.kind == "f"
+    if targets.shape != (logits.shape if probabilities else logits.shape[:1] + logits.shape[2:] if logits.ndim > 1
+                         else ()):
+        return None
+    if logits.ndim == 1:                                                   # one row
+        return logits.reshape(1, C), targets.reshape(1, C) if probabilities else targets.reshape(1)
+    classes_last = (0,) + tuple(range(2, logits.ndim)) + (1,)              # (N, d1, ..., C)
+    logits = logits.permute(*classes_last).reshape(-1, C)
+    return logits, targets.permute(*classes_last).reshape(-1, C) if probabilities else targets.reshape(-1)
+
+
+def token_logprobs(logits, targets, ignore_index=None):
+    """log p(target) at each position: (..., V) logits and (...) integer targets -> (...).
+
+    PyTorch users write ``log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)``,
+    and this is that. It is -cross_entropy(reduction="none") without the flattening. Sum over
+    T for the log-probability of a whole sequence (DPO and RL compare those). With
+    ``ignore_index``, positions whose target is it (a prompt, padding) give 0.
+    """
+    check_ids("token_logprobs", "targets", targets)
+    if logits.ndim < 1 or targets.shape != logits.shape[:-1]:
+        raise ValueError(f"token_logprobs: expected logits (..., V) and targets (...), "
+                         f"got logits {logits.shape} and targets {targets.shape}")
+    check_float("token_logprobs", logits)
+    _check_id_range("token_logprobs", "targets", targets, logits.shape[-1], ignore_index)
+    if ignore_index is None:
+        return log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    valid = targets != ignore_index                                        # (...)
+    picked = log_softmax(logits, -1).gather(-1, where(valid, targets, 0).unsqueeze(-1)).squeeze(-1)
+    return where(valid, picked, 0.0)
 
 
 def _cross_entropy_probabilities(logits, targets, reduction, label_smoothing):

@@ -45,6 +45,10 @@ REFUSED = {
     "cross_entropy with a bad reduction": (lambda m, x, t: m.F.cross_entropy(x, t, reduction="avg"), [f64(3, 4), np.array([0, 1, 2])]),
     "cross_entropy with (B, T, C) logits and (B, T) targets": (lambda m, x, t: m.F.cross_entropy(x, t),
                                                               [f64(2, 3, 4), np.array([[0, 1, 2], [3, 0, 1]])]),
+    "cross_entropy with a weight per row, not per class": (lambda m, x, t: m.F.cross_entropy(x, t, weight=x[:, 0].detach()),
+                                                           [f64(3, 4), np.array([0, 1, 2])]),
+    "cross_entropy with float32 weights for float64 logits": (
+        lambda m, x, t: m.F.cross_entropy(x, t, weight=m.ones(4, dtype=m.float32)), [f64(3, 4), np.array([0, 1, 2])]),
     "gather with an index out of range": (lambda m, x, i: m.gather(x, 1, i), [f64(2, 3), np.array([[0, 3]])]),
     "gather with a negative index": (lambda m, x, i: m.gather(x, 1, i), [f64(2, 3), np.array([[0, -1]])]),
     "gather with an index of other dims": (lambda m, x, i: m.gather(x, 1, i), [f64(2, 3), np.array([0, 1])]),

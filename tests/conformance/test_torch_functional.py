@@ -25,7 +25,9 @@ CE_CASES = {
     "mean": {}, "sum": {"reduction": "sum"}, "none": {"reduction": "none"},
     "ignore_index": {"ignore_index": 2}, "label_smoothing": {"label_smoothing": 0.2},
     "none, smoothing, ignore": {"reduction": "none", "label_smoothing": 0.1, "ignore_index": 0},
+    "mean, smoothing, ignore": {"label_smoothing": 0.1, "ignore_index": 0},
 }
+CLASS_WEIGHTS = np.array([0.5, 2.0, 1.0, 0.25])
 
 
 @pytest.mark.parametrize("case", CE_CASES)
@@ -39,6 +41,19 @@ def test_cross_entropy_with_class_probabilities(case):
     kw = CE_CASES[case]
     p = np.random.default_rng(1).random((5, 4))
     check(lambda m, x, t: m.F.cross_entropy(x, t, **kw), [normal(5, 4), p / p.sum(1, keepdims=True)])
+
+
+@pytest.mark.parametrize("case", CE_CASES)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_cross_entropy_with_class_weights(case, dtype):
+    """weight: each class's terms scaled, and "mean" divided by the weights of the targets."""
+    kw = CE_CASES[case]
+    with_weights = lambda m, x, t: m.F.cross_entropy(x, t, weight=m.tensor(CLASS_WEIGHTS, dtype=x.dtype), **kw)  # noqa: E731
+    check(with_weights, [normal(6, 4, dtype=dtype), np.array([0, 3, 2, 1, 2, 0])])
+    check(with_weights, [normal(2, 4, 3, dtype=dtype), np.array([[0, 3, 2], [1, 2, 2]])])
+    if "ignore_index" not in kw:
+        p = np.random.default_rng(1).random((5, 4))
+        check(with_weights, [normal(5, 4, dtype=dtype), (p / p.sum(1, keepdims=True)).astype(dtype)])
 
 
 @pytest.mark.parametrize("case", CE_CASES)

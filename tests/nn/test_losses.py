@@ -59,9 +59,11 @@ def test_only_the_default_reduction_runs_the_fast_cross_entropy(fast, rng):
     mean = F.cross_entropy(x, ta.tensor(targets), ignore_index=-1)
     assert isinstance(mean.grad_fn, F.CrossEntropy)
     assert isinstance(mean.grad_fn, fast_ops.CrossEntropy) == fast
-    for reduction in ("sum", "none"):
-        out = F.cross_entropy(x, ta.tensor(targets), ignore_index=-1, reduction=reduction)
+    for kw in ({"reduction": "sum"}, {"reduction": "none"}, {"weight": ta.ones(65)}, {"label_smoothing": 0.1}):
+        out = F.cross_entropy(x, ta.tensor(targets), ignore_index=-1, **kw)
         assert not isinstance(out.grad_fn, F.CrossEntropy)
+    same = F.cross_entropy(x, ta.tensor(targets), ignore_index=-1, weight=ta.ones(65))   # the composed mean
+    np.testing.assert_allclose(same.item(), mean.item(), rtol=1e-6)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

@@ -64,6 +64,16 @@ def _smoothed_cross_entropy(logits, targets, eps, ignore_index=-1):
     return np.where(valid, (1 - eps) * nll - eps * logp.mean(1), 0.0)
 
 
+def _weighted_cross_entropy(logits, targets, w, eps=0.0, ignore_index=-1):
+    """Per row, with class weights w as PyTorch weighs them: (1 - eps) w[target] (-log p[target])
+    + eps mean(-w log p), 0 where the target is ignored."""
+    valid = targets != ignore_index
+    logp = formulas.log_softmax(logits, 1)
+    safe = np.where(valid, targets, 0)
+    nll = -logp[np.arange(len(targets)), safe] * w[safe]
+    return np.where(valid, (1 - eps) * nll - eps * (w * logp).mean(1), 0.0)
+
+
 INT_IDX = np.array([2, 0, 2, 3, 2])               # repeated ids: their gradients must add up
 BOOL_MASK = np.array([[True, False, True, True], [False, False, True, False], [True, True, False, True]])
 
@@ -210,6 +220,16 @@ OPS = [
     OpSpec("F.token_logprobs(ignore_index)", lambda a, t: F.token_logprobs(a, t, ignore_index=-1),
            lambda r: [normal(r, 2, 4, 3), np.array([[-1, -1, 2, 0], [1, 2, 2, -1]])],
            lambda a, t: np.where(t >= 0, np.take_along_axis(formulas.log_softmax(a, -1), np.maximum(t, 0)[..., None], -1)[..., 0], 0)),
+    OpSpec("F.cross_entropy(weight, ignore_index)", lambda a, t, w: F.cross_entropy(a, t, weight=w, ignore_index=-1),
+           lambda r: [normal(r, 5, 4), np.array([0, -1, 1, 3, 3]), positive(r, 4)],        # mean: over the weights
+           lambda a, t, w: _weighted_cross_entropy(a, t, w).sum() / w[[0, 1, 3, 3]].sum()),
+    OpSpec("F.cross_entropy(weight, none, label_smoothing)",
+           lambda a, t, w: F.cross_entropy(a, t, weight=w, ignore_index=-1, reduction="none", label_smoothing=0.2),
+           lambda r: [normal(r, 5, 4), np.array([2, -1, 1, 3, 0]), positive(r, 4)],
+           lambda a, t, w: _weighted_cross_entropy(a, t, w, 0.2)),
+    OpSpec("F.cross_entropy(probabilities, weight)", lambda a, p, w: F.cross_entropy(a, p, weight=w),
+           lambda r: [normal(r, 3, 4), positive(r, 3, 4), positive(r, 4)],
+           lambda a, p, w: -(w * p * formulas.log_softmax(a, 1)).sum(1).mean()),
     OpSpec("F.embedding", lambda w, i: F.embedding(i, w), lambda r: [normal(r, 5, 3), np.array([[4, 0, 4], [1, 4, 2]])],
            lambda w, i: w[i]),
     OpSpec("F.layer_norm", lambda x, w, b: F.layer_norm(x, 4, w, b), lambda r: [normal(r, 2, 3, 4), normal(r, 4), normal(r, 4)],

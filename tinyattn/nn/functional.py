@@ -9,7 +9,7 @@ twice. As in ops.py, each is only its formula: the fast layer
 """
 import math
 
-from ..autograd import Function, is_tensor
+from ..autograd import Function, describe, is_tensor
 from ..ops import (constant, gelu as _gelu, softmax, log_softmax, logsumexp,  # noqa: F401 (softmax family: F.*)
                    logsigmoid, softplus, stable_exp, check_float, check_same_dtype, where)
 
@@ -47,14 +47,16 @@ class CrossEntropy(Function):
         return g * self.constant(xp.reshape(weight, (-1, 1))) * (softmax(logits, 1) - self.constant(onehot)), None
 
 
-def cross_entropy(logits, targets, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+def cross_entropy(logits, targets, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
     """Cross-entropy of (N, C) logits against (N,) integer targets, or against (N, C) class
     probabilities (float targets, each row summing to 1).
 
     Rows whose target is ``ignore_index`` count for nothing. ``reduction``: "mean" (over
     the rows that count), "sum" or "none" (one loss per target, shaped like the targets;
     0 where ignored). ``label_smoothing`` ε mixes each target with the uniform
-    distribution: (1 - ε) target + ε / C.
+    distribution: (1 - ε) target + ε / C. ``weight``, a (C,) tensor, scales each class's
+    terms, and then "mean" divides by the weights of the rows' targets, not their count
+    (as in PyTorch; with probability targets, by the count of rows).
 
     The other shapes PyTorch takes work too: (C,) logits with a 0-d target, and
     (N, C, d1, ...) logits with (N, d1, ...) targets, the classes along dim 1. So
@@ -65,14 +67,17 @@ def cross_entropy(logits, targets, ignore_index=-100, reduction="mean", label_sm
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    if weight is not None:
+        _check_class_weight(logits, weight)
     if logits.ndim != 2:
         rows = _as_rows(logits, targets)                                   # (N * d1 * ..., C) and their targets
         if rows is not None:
-            loss = cross_entropy(*rows, ignore_index, reduction, label_smoothing)
+            loss = cross_entropy(*rows, weight=weight, ignore_index=ignore_index, reduction=reduction,
+                                 label_smoothing=label_smoothing)
             return loss.reshape(logits.shape[:1] + logits.shape[2:] if logits.ndim > 1 else ()) \
                 if reduction == "none" else loss
     if is_tensor(targets) and targets.dtype.kind == "f":
-        return _cross_entropy_probabilities(logits, targets, reduction, label_smoothing)
+        return _cross_entropy_probabilities(logits, targets, weight, reduction, label_smoothing)
     check_ids("cross_entropy", "targets", targets)
     if logits.ndim != 2 or targets.shape != logits.shape[:1]:
         raise ValueError(f"cross_entropy: expected logits (N, C) with targets (N,), (C,) with a 0-d target, or "
@@ -81,22 +86,40 @@ def cross_entropy(logits, targets, ignore_index=-100, reduction="mean", label_sm
                          f"and targets {targets.shape}")
     check_float("cross_entropy", logits)
     _check_id_range("cross_entropy", "targets", targets, logits.shape[1], ignore_index)
-    if reduction == "mean" and not label_smoothing:
+    if reduction == "mean" and not label_smoothing and weight is None:
         return CrossEntropy.apply(logits, targets, ignore_index=ignore_index)
-    # the other reductions and label smoothing, composed from log_softmax (so twice differentiable)
+    # the other reductions, label smoothing and class weights, composed from log_softmax
+    # (so twice differentiable)
     logp = log_softmax(logits, 1)                                          # (N, C)
     valid = targets != ignore_index                                        # (N,)
     safe = where(valid, targets, 0)
     rows = constant(logits, logits.backend.arange(logits.shape[0]))
     loss = -logp[rows, safe]                                               # (N,), -log p[target]
+    if weight is not None:
+        loss = loss * weight[safe]
     if label_smoothing:
-        loss = loss * (1.0 - label_smoothing) - logp.mean(1) * label_smoothing
+        spread = logp if weight is None else logp * weight                 # (N, C)
+        loss = loss * (1.0 - label_smoothing) - spread.mean(1) * label_smoothing
     loss = where(valid, loss, 0.0)
     if reduction == "none":
         return loss
     if reduction == "sum":
         return loss.sum()
-    return loss.sum() / valid.to(loss.dtype).sum().clamp(min=1.0)          # as CrossEntropy: 0 if none counts
+    if weight is None:
+        return loss.sum() / valid.to(loss.dtype).sum().clamp(min=1.0)      # as CrossEntropy: 0 if none counts
+    total = where(valid, weight[safe], 0.0).sum()                          # the weights of the rows that count
+    return loss.sum() / where(total > 0, total, 1.0)
+
+
+def _check_class_weight(logits, weight):
+    """cross_entropy's weight: a tensor of one weight per class, (C,), in the logits' dtype."""
+    if not is_tensor(weight):
+        raise TypeError(f"cross_entropy: weight must be a Tensor of one weight per class, got {describe(weight)}")
+    classes = logits.shape[1] if logits.ndim > 1 else logits.shape[0] if logits.ndim else None
+    if weight.shape != (classes,):
+        raise ValueError(f"cross_entropy: weight must hold one weight per class, ({classes},) for logits "
+                         f"{logits.shape}, got {weight.shape}")
+    check_same_dtype("cross_entropy", logits, weight)
 
 
 def _as_rows(logits, targets):
@@ -137,8 +160,8 @@ def token_logprobs(logits, targets, ignore_index=None):
     return where(valid, picked, 0.0)
 
 
-def _cross_entropy_probabilities(logits, targets, reduction, label_smoothing):
-    """cross_entropy against (N, C) class probabilities: -sum(p log softmax(logits)) per row."""
+def _cross_entropy_probabilities(logits, targets, weight, reduction, label_smoothing):
+    """cross_entropy against (N, C) class probabilities: -sum(w p log softmax(logits)) per row."""
     if targets.ndim == 1:                                   # class indices, as floats by mistake
         raise TypeError(f"cross_entropy: targets must be integers, got {targets.dtype} (convert with .long()), "
                         f"or class probabilities shaped like the logits {logits.shape}")
@@ -149,6 +172,8 @@ def _cross_entropy_probabilities(logits, targets, reduction, label_smoothing):
     check_same_dtype("cross_entropy", logits, targets)
     if label_smoothing:
         targets = targets * (1.0 - label_smoothing) + label_smoothing / logits.shape[1]
+    if weight is not None:
+        targets = targets * weight
     loss = -(targets * log_softmax(logits, 1)).sum(1)                      # (N,)
     if reduction == "none":
         return loss

@@ -67,15 +67,13 @@ def cross_entropy(logits, targets, weight=None, ignore_index=-100, reduction="me
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
-    if weight is not None:
-        _check_class_weight(logits, weight)
     if logits.ndim != 2:
-        rows = _as_rows(logits, targets)                                   # (N * d1 * ..., C) and their targets
-        if rows is not None:
-            loss = cross_entropy(*rows, weight=weight, ignore_index=ignore_index, reduction=reduction,
-                                 label_smoothing=label_smoothing)
-            return loss.reshape(logits.shape[:1] + logits.shape[2:] if logits.ndim > 1 else ()) \
-                if reduction == "none" else loss
+        rows = _as_rows(logits, targets)
+        if rows is not None:                                               # (N * d1 * ..., C), their targets
+            flat_logits, flat_targets, shape = rows
+            loss = cross_entropy(flat_logits, flat_targets, weight=weight, ignore_index=ignore_index,
+                                 reduction=reduction, label_smoothing=label_smoothing)
+            return loss.reshape(shape) if reduction == "none" else loss
     if is_tensor(targets) and targets.dtype.kind == "f":
         return _cross_entropy_probabilities(logits, targets, weight, reduction, label_smoothing)
     check_ids("cross_entropy", "targets", targets)
@@ -86,6 +84,8 @@ def cross_entropy(logits, targets, weight=None, ignore_index=-100, reduction="me
                          f"and targets {targets.shape}")
     check_float("cross_entropy", logits)
     _check_id_range("cross_entropy", "targets", targets, logits.shape[1], ignore_index)
+    if weight is not None:
+        _check_class_weight(logits, weight)
     if reduction == "mean" and not label_smoothing and weight is None:
         return CrossEntropy.apply(logits, targets, ignore_index=ignore_index)
     # the other reductions, label smoothing and class weights, composed from log_softmax
@@ -112,31 +112,31 @@ def cross_entropy(logits, targets, weight=None, ignore_index=-100, reduction="me
 
 
 def _check_class_weight(logits, weight):
-    """cross_entropy's weight: a tensor of one weight per class, (C,), in the logits' dtype."""
+    """cross_entropy's weight for (N, C) logits: a tensor of one weight per class, (C,), in their dtype."""
     if not is_tensor(weight):
         raise TypeError(f"cross_entropy: weight must be a Tensor of one weight per class, got {describe(weight)}")
-    classes = logits.shape[1] if logits.ndim > 1 else logits.shape[0] if logits.ndim else None
-    if weight.shape != (classes,):
-        raise ValueError(f"cross_entropy: weight must hold one weight per class, ({classes},) for logits "
-                         f"{logits.shape}, got {weight.shape}")
+    if weight.shape != logits.shape[1:]:
+        raise ValueError(f"cross_entropy: weight must hold one weight per class, {logits.shape[1:]}, "
+                         f"got {weight.shape}")
     check_same_dtype("cross_entropy", logits, weight)
 
 
 def _as_rows(logits, targets):
-    """(C,) or (N, C, d1, ...) logits as (rows, C), the classes last, with their targets as
-    (rows,) class indices or (rows, C) probabilities; None where the shapes do not fit."""
+    """(C,) or (N, C, d1, ...) logits as (rows, C), the classes last; their targets as (rows,)
+    class indices or (rows, C) probabilities; and the shape of one loss per target, (N, d1, ...)
+    or (). None where the shapes do not fit."""
     if not is_tensor(targets) or logits.ndim == 0:
         return None
     C = logits.shape[0] if logits.ndim == 1 else logits.shape[1]
+    per_target = logits.shape[:1] + logits.shape[2:] if logits.ndim > 1 else ()
     probabilities = targets.dtype.kind == "f"
-    if targets.shape != (logits.shape if probabilities else logits.shape[:1] + logits.shape[2:] if logits.ndim > 1
-                         else ()):
+    if targets.shape != (logits.shape if probabilities else per_target):
         return None
     if logits.ndim == 1:                                                   # one row
-        return logits.reshape(1, C), targets.reshape(1, C) if probabilities else targets.reshape(1)
+        return logits.reshape(1, C), targets.reshape(1, C) if probabilities else targets.reshape(1), per_target
     classes_last = (0,) + tuple(range(2, logits.ndim)) + (1,)              # (N, d1, ..., C)
-    logits = logits.permute(*classes_last).reshape(-1, C)
-    return logits, targets.permute(*classes_last).reshape(-1, C) if probabilities else targets.reshape(-1)
+    flat = targets.permute(*classes_last).reshape(-1, C) if probabilities else targets.reshape(-1)
+    return logits.permute(*classes_last).reshape(-1, C), flat, per_target
 
 
 def token_logprobs(logits, targets, ignore_index=None):
@@ -170,6 +170,8 @@ def _cross_entropy_probabilities(logits, targets, weight, reduction, label_smoot
                          f"got logits {logits.shape} and targets {targets.shape}")
     check_float("cross_entropy", logits)
     check_same_dtype("cross_entropy", logits, targets)
+    if weight is not None:
+        _check_class_weight(logits, weight)
     if label_smoothing:
         targets = targets * (1.0 - label_smoothing) + label_smoothing / logits.shape[1]
     if weight is not None:

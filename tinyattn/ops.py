@@ -676,6 +676,9 @@ def gather(x, dim, index):
     x's number of dims, and is no longer than x along the others."""
     if not is_tensor(index) or index.dtype.kind not in "iu":
         raise TypeError(f"gather: index must be a Tensor of integers, got {describe(index)}")
+    if x.ndim == 0 or index.ndim == 0:                        # a 0-d tensor counts as 1-d, as in PyTorch
+        return gather(x.reshape(1) if x.ndim == 0 else x, dim, index.reshape(1) if index.ndim == 0 else index
+                      ).reshape(index.shape)
     dim = normalize_dim(dim, x.ndim, "gather")
     if index.ndim != x.ndim or any(m > n for d, (m, n) in enumerate(zip(index.shape, x.shape)) if d != dim):
         raise ValueError(f"gather: index {index.shape} does not fit input {x.shape} along dim {dim} (same number "

@@ -53,6 +53,8 @@ REFUSED = {
     "gather with a negative index": (lambda m, x, i: m.gather(x, 1, i), [f64(2, 3), np.array([[0, -1]])]),
     "gather with an index of other dims": (lambda m, x, i: m.gather(x, 1, i), [f64(2, 3), np.array([0, 1])]),
     "gather with an index longer than the input": (lambda m, x, i: m.gather(x, 1, i), [f64(2, 3), np.zeros((3, 1), int)]),
+    "gather from a 0-d tensor at 1": (lambda m, x, i: m.gather(x, 0, i), [f64(), np.array(1)]),
+    "gather with a 0-d index from 2-d": (lambda m, x, i: m.gather(x, 0, i), [f64(2, 3), np.array(1)]),
     "gather with a float index": (lambda m, x, i: m.gather(x, 0, i), [f64(2, 3), np.zeros((1, 3))]),
     "logsigmoid of integers": (lambda m, a: m.F.logsigmoid(a), [np.array([1, 2])]),
     "embedding with float ids": (lambda m, w, i: m.F.embedding(i, w), [f64(5, 3), np.array([0.0, 1.0])]),

@@ -112,6 +112,13 @@ def test_gather(dim):
     check(lambda m, a, i: a.gather(dim, i), [x, index])
 
 
+def test_gather_with_0_d_tensors_and_an_empty_index():
+    check(lambda m, a, i: m.gather(a, 0, i), [np.array(2.0), np.array(0)])
+    check(lambda m, a, i: m.gather(a, -1, i), [normal(3), np.array(1)])
+    check(lambda m, a, i: m.gather(a, 0, i), [normal(3), np.array([2, 2, 0, 1])])
+    check(lambda m, a, i: m.gather(a, 1, i), [normal(3, 4), np.zeros((0, 2), dtype=np.int64)])
+
+
 def test_token_logprobs_is_log_softmax_gathered():
     """F.token_logprobs against what a PyTorch user writes (PyTorch has no such function)."""
     def logprobs(m, x, t):

@@ -3,7 +3,7 @@ from .backend import float16, float32, float64, int32, int64, bool_, cuda_is_ava
 from .autograd import Function, no_grad, enable_grad, inference_mode, set_grad_enabled, is_grad_enabled, grad
 from .tensor import (Tensor, tensor, zeros, ones, full, arange, randn, rand,
                      zeros_like, ones_like, full_like, randn_like, rand_like, manual_seed)
-from .ops import matmul, cat, stack, split, where, sum_to
+from .ops import matmul, cat, stack, split, where, sum_to, gather
 
 __version__ = "0.1.0"
 

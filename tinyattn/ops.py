@@ -337,6 +337,33 @@ class Sigmoid(Function):
         return g * y * (1.0 - y)
 
 
+class LogSigmoid(Function):
+    """log sigmoid(a) = min(a, 0) - log(1 + exp(-|a|)): exp never overflows, so
+    logsigmoid(-100) is -100, not log(0) = -inf. Its slope is sigmoid(-a) =
+    exp(logsigmoid(-a)), written with this op again, so it differentiates twice."""
+
+    def forward(self, a):
+        xp = self.xp
+        return xp.minimum(a, 0.0) - xp.log1p(xp.exp(-xp.abs(a)))
+
+    def backward(self, g):
+        return g * LogSigmoid.apply(-self.parents[0]).exp()
+
+
+def logsigmoid(x):
+    check_float("logsigmoid", x)
+    return LogSigmoid.apply(x)
+
+
+def softplus(x, beta=1.0, threshold=20.0):
+    """log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (as in PyTorch).
+
+    log(1 + exp(u)) = -logsigmoid(-u), which stays finite for any u."""
+    check_float("softplus", x)
+    bx = x * beta
+    return where(bx > threshold, x, -logsigmoid(-bx) / beta)
+
+
 class Relu(Function):
     """max(a, 0); at a == 0 the gradient is 0, as in PyTorch."""
 
@@ -615,6 +642,54 @@ def _ints_first(index, backend):
     return first, rest
 
 
+class Gather(Function):
+    """Values picked along ``dim`` by an integer ``index`` of the same number of dims:
+    out[i, j] = a[index[i, j], j] for dim 0, out[i, j] = a[i, index[i, j]] for dim 1.
+    out is shaped like index. Backward adds each gradient back where its value came
+    from (IndexAdd: a scatter-add, so an element picked twice gets both)."""
+
+    def forward(self, a, index, dim):
+        picks = _gather_index(self.backend, index, dim)       # one int array per dim of a
+        self.save(picks)
+        return self.backend.getitem(a, picks)
+
+    def backward(self, g):
+        (picks,) = self.saved
+        return IndexAdd.apply(g, index=picks, shape=self.parents[0].shape), None
+
+
+def _gather_index(backend, index, dim):
+    """a[index] along dim as a numpy-style advanced index: ``index`` itself at dim, and at
+    every other dim d an arange(index.shape[d]) shaped to broadcast against it."""
+    full = []
+    for d, n in enumerate(index.shape):
+        if d == dim:
+            full.append(index)
+        else:
+            shape = tuple(n if i == d else 1 for i in range(index.ndim))
+            full.append(backend.xp.reshape(backend.arange(n), shape))
+    return tuple(full)
+
+
+def gather(x, dim, index):
+    """``x.gather(dim, index)`` as in PyTorch: index holds integers in [0, x.shape[dim]), has
+    x's number of dims, and is no longer than x along the others."""
+    if not is_tensor(index) or index.dtype.kind not in "iu":
+        raise TypeError(f"gather: index must be a Tensor of integers, got {describe(index)}")
+    if x.ndim == 0 or index.ndim == 0:                        # a 0-d tensor counts as 1-d, as in PyTorch
+        return gather(x.reshape(1) if x.ndim == 0 else x, dim, index.reshape(1) if index.ndim == 0 else index
+                      ).reshape(index.shape)
+    dim = normalize_dim(dim, x.ndim, "gather")
+    if index.ndim != x.ndim or any(m > n for d, (m, n) in enumerate(zip(index.shape, x.shape)) if d != dim):
+        raise ValueError(f"gather: index {index.shape} does not fit input {x.shape} along dim {dim} (same number "
+                         "of dims, and no longer than the input along the others)")
+    if index.backend.on_host and index.numel():                # (CuPy would wrap bad ids silently)
+        lo, hi = int(index.data.min()), int(index.data.max())
+        if lo < 0 or hi >= x.shape[dim]:
+            raise IndexError(f"gather: index must be in [0, {x.shape[dim]}) (dim {dim}'s size), got {lo}..{hi}")
+    return Gather.apply(x, index, dim=dim)
+
+
 class Cat(Function):
     def forward(self, *arrays, dim):
         self.dim = dim
@@ -857,5 +932,5 @@ def causal_mask(t_q, t_k, backend, offset=0):
     return backend.xp.tril(ones, k=offset) > 0
 
 
-__all__ = ["sum_to", "constant", "lift", "matmul", "gelu", "getitem", "cat", "stack", "split", "where",
-           "softmax", "log_softmax", "logsumexp", "causal_mask"]
+__all__ = ["sum_to", "constant", "lift", "matmul", "gelu", "getitem", "gather", "cat", "stack", "split", "where",
+           "softmax", "log_softmax", "logsumexp", "logsigmoid", "softplus", "causal_mask"]

@@ -508,6 +508,10 @@ class Tensor:
     def __getitem__(self, index):
         return _ops.getitem(self, index)
 
+    def gather(self, dim, index):
+        """Values picked along ``dim`` by an integer index shaped like the result (see ops.gather)."""
+        return _ops.gather(self, dim, index)
+
     def split(self, split_size_or_sections, dim=0):
         return _ops.split(self, split_size_or_sections, dim)
 

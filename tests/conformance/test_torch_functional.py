@@ -25,7 +25,9 @@ CE_CASES = {
     "mean": {}, "sum": {"reduction": "sum"}, "none": {"reduction": "none"},
     "ignore_index": {"ignore_index": 2}, "label_smoothing": {"label_smoothing": 0.2},
     "none, smoothing, ignore": {"reduction": "none", "label_smoothing": 0.1, "ignore_index": 0},
+    "mean, smoothing, ignore": {"label_smoothing": 0.1, "ignore_index": 0},
 }
+CLASS_WEIGHTS = np.array([0.5, 2.0, 1.0, 0.25])
 
 
 @pytest.mark.parametrize("case", CE_CASES)
@@ -39,6 +41,95 @@ def test_cross_entropy_with_class_probabilities(case):
     kw = CE_CASES[case]
     p = np.random.default_rng(1).random((5, 4))
     check(lambda m, x, t: m.F.cross_entropy(x, t, **kw), [normal(5, 4), p / p.sum(1, keepdims=True)])
+
+
+@pytest.mark.parametrize("case", CE_CASES)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_cross_entropy_with_class_weights(case, dtype):
+    """weight: each class's terms scaled, and "mean" divided by the weights of the targets."""
+    kw = CE_CASES[case]
+    with_weights = lambda m, x, t: m.F.cross_entropy(x, t, weight=m.tensor(CLASS_WEIGHTS, dtype=x.dtype), **kw)  # noqa: E731
+    check(with_weights, [normal(6, 4, dtype=dtype), np.array([0, 3, 2, 1, 2, 0])])
+    check(with_weights, [normal(2, 4, 3, dtype=dtype), np.array([[0, 3, 2], [1, 2, 2]])])
+    if "ignore_index" not in kw:
+        p = np.random.default_rng(1).random((5, 4))
+        check(with_weights, [normal(5, 4, dtype=dtype), (p / p.sum(1, keepdims=True)).astype(dtype)])
+
+
+@pytest.mark.parametrize("case", CE_CASES)
+def test_cross_entropy_with_the_classes_along_dim_1(case):
+    """(N, C, d1, d2) logits with (N, d1, d2) targets: "none" gives the targets' shape."""
+    kw = CE_CASES[case]
+    targets = np.random.default_rng(1).integers(0, 4, (2, 3, 2))
+    check(lambda m, x, t: m.F.cross_entropy(x, t, **kw), [normal(2, 4, 3, 2), targets])
+
+
+@pytest.mark.parametrize("case", CE_CASES)
+def test_cross_entropy_of_one_row(case):
+    kw = CE_CASES[case]
+    for target in (0, 1, 2):
+        if target == kw.get("ignore_index") and kw.get("reduction", "mean") == "mean":
+            continue                                             # (a mean over nothing: see test_torch_differences)
+        check(lambda m, x, t: m.F.cross_entropy(x, t, **kw), [normal(4), np.array(target)])
+
+
+@pytest.mark.parametrize("case", ["mean", "sum", "none", "label_smoothing"])
+def test_cross_entropy_with_probabilities_along_dim_1(case):
+    kw = CE_CASES[case]
+    p = np.random.default_rng(1).random((2, 4, 3))
+    check(lambda m, x, t: m.F.cross_entropy(x, t, **kw), [normal(2, 4, 3), p / p.sum(1, keepdims=True)])
+
+
+def test_cross_entropy_in_float32_with_the_fast_path_on_and_off():
+    targets = np.array([0, 3, -100, 1, 2, -100, 0])
+    for fast in (True, False):
+        ta.set_fast(fast)                                        # (conftest puts the switch back)
+        for reduction in ("mean", "sum", "none"):
+            check(lambda m, x, t: m.F.cross_entropy(x, t, reduction=reduction), [normal(7, 4, dtype="float32"), targets])
+
+
+EDGES = np.array([-1000.0, -100.0, -30.0, -20.5, -1.0, -1e-3, 0.0, 1e-3, 1.0, 10.0, 19.9, 20.0, 20.5, 30.0, 100.0, 1000.0])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_logsigmoid_and_softplus_far_into_both_tails(dtype):
+    x = EDGES.astype(dtype)
+    out = check(lambda m, t: m.F.logsigmoid(t), [x])[0]
+    assert out.numpy()[1] == -100.0 and np.isfinite(out.numpy()).all()
+    check(lambda m, t: m.F.softplus(t), [x])
+    check(lambda m, t: m.F.softplus(t, beta=2.0, threshold=5.0), [x])          # x itself past x = 2.5
+    check(lambda m, t: m.F.softplus(t, beta=0.5), [x])
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_gather(dim):
+    rng = np.random.default_rng(2)
+    x = normal(3, 4, 5)
+    shape = [2, 3, 4]                                            # no longer than x outside dim
+    shape[dim] = 6                                               # and along dim any length
+    index = rng.integers(0, x.shape[dim], shape)
+    check(lambda m, a, i: m.gather(a, dim, i), [x, index])
+    check(lambda m, a, i: a.gather(dim, i), [x, index])
+
+
+def test_gather_with_0_d_tensors_and_an_empty_index():
+    check(lambda m, a, i: m.gather(a, 0, i), [np.array(2.0), np.array(0)])
+    check(lambda m, a, i: m.gather(a, -1, i), [normal(3), np.array(1)])
+    check(lambda m, a, i: m.gather(a, 0, i), [normal(3), np.array([2, 2, 0, 1])])
+    check(lambda m, a, i: m.gather(a, 1, i), [normal(3, 4), np.zeros((0, 2), dtype=np.int64)])
+
+
+def test_token_logprobs_is_log_softmax_gathered():
+    """F.token_logprobs against what a PyTorch user writes (PyTorch has no such function)."""
+    def logprobs(m, x, t):
+        if m.name == "tinyattn":
+            return m.F.token_logprobs(x, t)
+        return m.F.log_softmax(x, -1).gather(-1, t.unsqueeze(-1)).squeeze(-1)
+    targets = np.random.default_rng(3).integers(0, 7, (2, 5))
+    for dtype in ("float32", "float64"):
+        check(logprobs, [normal(2, 5, 7, dtype=dtype), targets])
+        check(lambda m, x, t: m.F.log_softmax(x, -1).gather(-1, t.unsqueeze(-1)).squeeze(-1),
+              [normal(2, 5, 7, dtype=dtype), targets])
 
 
 @pytest.mark.parametrize("shape, normalized", [((2, 3, 4), (4,)), ((2, 3, 4), (3, 4)), ((5, 2), (2,))])

@@ -64,6 +64,16 @@ def _smoothed_cross_entropy(logits, targets, eps, ignore_index=-1):
     return np.where(valid, (1 - eps) * nll - eps * logp.mean(1), 0.0)
 
 
+def _weighted_cross_entropy(logits, targets, w, eps=0.0, ignore_index=-1):
+    """Per row, with class weights w as PyTorch weighs them: (1 - eps) w[target] (-log p[target])
+    + eps mean(-w log p), 0 where the target is ignored."""
+    valid = targets != ignore_index
+    logp = formulas.log_softmax(logits, 1)
+    safe = np.where(valid, targets, 0)
+    nll = -logp[np.arange(len(targets)), safe] * w[safe]
+    return np.where(valid, (1 - eps) * nll - eps * (w * logp).mean(1), 0.0)
+
+
 INT_IDX = np.array([2, 0, 2, 3, 2])               # repeated ids: their gradients must add up
 BOOL_MASK = np.array([[True, False, True, True], [False, False, True, False], [True, True, False, True]])
 
@@ -97,6 +107,10 @@ OPS = [
     OpSpec("Tensor.tanh", lambda a: a.tanh(), lambda r: [normal(r, 3, 4)], np.tanh),
     OpSpec("Tensor.sigmoid", lambda a: a.sigmoid(), lambda r: [normal(r, 3, 4)], lambda a: 1 / (1 + np.exp(-a))),
     OpSpec("Tensor.sign", lambda a: a.sign() * a, lambda r: [away_from_zero(r, 3, 4)], np.abs),
+    OpSpec("F.logsigmoid", lambda a: F.logsigmoid(a), lambda r: [4 * normal(r, 3, 4)], lambda a: np.log(1 / (1 + np.exp(-a)))),
+    OpSpec("F.softplus", lambda a: F.softplus(a), lambda r: [4 * normal(r, 3, 4)], lambda a: np.log(1 + np.exp(a))),
+    OpSpec("F.softplus(beta, threshold)", lambda a: F.softplus(a, beta=2.0, threshold=3.0),    # x itself past x = 1.5
+           lambda r: [1.5 + away_from_zero(r, 3, 4)], lambda a: np.where(2 * a > 3, a, np.log(1 + np.exp(2 * a)) / 2)),
     OpSpec("Tensor.relu", lambda a: a.relu(), lambda r: [away_from_zero(r, 3, 4)], lambda a: np.maximum(a, 0)),
     OpSpec("Tensor.erf", lambda a: a.erf(), lambda r: [2 * normal(r, 3, 4)], _erf),
     OpSpec("F.gelu", lambda a: F.gelu(a), lambda r: [2 * normal(r, 3, 4)], lambda a: 0.5 * a * (1 + _erf(a / math.sqrt(2)))),
@@ -151,6 +165,10 @@ OPS = [
     OpSpec("Tensor.__getitem__(bool mask)", lambda a, m: a[m], lambda r: [normal(r, 3, 4), BOOL_MASK],
            lambda a, m: a[m]),
     # joining and selecting
+    OpSpec("ta.gather", lambda a, i: ops.gather(a, 1, i),                   # index shorter than a along dim 0
+           lambda r: [normal(r, 3, 5), np.array([[0, 4, 4, 1], [2, 2, 2, 2]])], lambda a, i: np.take_along_axis(a[:2], i, 1)),
+    OpSpec("Tensor.gather", lambda a, i: a.gather(0, i), lambda r: [normal(r, 3, 2, 4), (np.arange(24) * 7 % 3).reshape(4, 2, 3)],
+           lambda a, i: np.take_along_axis(a[:, :, :3], i, 0)),
     OpSpec("ta.cat", lambda a, b: ops.cat([a, b], 1), lambda r: [normal(r, 2, 3), normal(r, 2, 2)],
            lambda a, b: np.concatenate([a, b], 1)),
     OpSpec("ta.stack", lambda a, b: ops.stack([a, b], -1), lambda r: [normal(r, 2, 3), normal(r, 2, 3)],
@@ -189,6 +207,29 @@ OPS = [
     OpSpec("F.cross_entropy(probabilities)", lambda a, p: F.cross_entropy(a, p, label_smoothing=0.1),
            lambda r: [normal(r, 3, 4), positive(r, 3, 4)],
            lambda a, p: -(((1 - 0.1) * p + 0.1 / 4) * formulas.log_softmax(a, 1)).sum(1).mean()),
+    OpSpec("F.cross_entropy(none, (N, C, d))", lambda a, t: F.cross_entropy(a, t, ignore_index=1, reduction="none"),
+           lambda r: [normal(r, 2, 4, 3), np.array([[0, 1, 3], [2, 3, 3]])],
+           lambda a, t: _smoothed_cross_entropy(np.moveaxis(a, 1, -1).reshape(6, 4), t.reshape(6), 0.0, 1).reshape(2, 3)),
+    OpSpec("F.cross_entropy(mean, (N, C, d))", lambda a, t: F.cross_entropy(a, t, ignore_index=1),
+           lambda r: [normal(r, 2, 4, 3), np.array([[0, 1, 3], [2, 3, 3]])],
+           lambda a, t: _smoothed_cross_entropy(np.moveaxis(a, 1, -1).reshape(6, 4), t.reshape(6), 0.0, 1).sum() / 5),
+    OpSpec("F.cross_entropy((C,), 0-d target)", lambda a, t: F.cross_entropy(a, t, reduction="none"),
+           lambda r: [normal(r, 5), np.array(3)], lambda a, t: -formulas.log_softmax(a, 0)[t]),
+    OpSpec("F.token_logprobs", lambda a, t: F.token_logprobs(a, t), lambda r: [normal(r, 2, 3, 5), np.array([[2, 0, 2], [4, 4, 1]])],
+           lambda a, t: np.take_along_axis(formulas.log_softmax(a, -1), t[..., None], -1)[..., 0]),
+    OpSpec("F.token_logprobs(ignore_index)", lambda a, t: F.token_logprobs(a, t, ignore_index=-1),
+           lambda r: [normal(r, 2, 4, 3), np.array([[-1, -1, 2, 0], [1, 2, 2, -1]])],
+           lambda a, t: np.where(t >= 0, np.take_along_axis(formulas.log_softmax(a, -1), np.maximum(t, 0)[..., None], -1)[..., 0], 0)),
+    OpSpec("F.cross_entropy(weight, ignore_index)", lambda a, t, w: F.cross_entropy(a, t, weight=w, ignore_index=-1),
+           lambda r: [normal(r, 5, 4), np.array([0, -1, 1, 3, 3]), positive(r, 4)],        # mean: over the weights
+           lambda a, t, w: _weighted_cross_entropy(a, t, w).sum() / w[[0, 1, 3, 3]].sum()),
+    OpSpec("F.cross_entropy(weight, none, label_smoothing)",
+           lambda a, t, w: F.cross_entropy(a, t, weight=w, ignore_index=-1, reduction="none", label_smoothing=0.2),
+           lambda r: [normal(r, 5, 4), np.array([2, -1, 1, 3, 0]), positive(r, 4)],
+           lambda a, t, w: _weighted_cross_entropy(a, t, w, 0.2)),
+    OpSpec("F.cross_entropy(probabilities, weight)", lambda a, p, w: F.cross_entropy(a, p, weight=w),
+           lambda r: [normal(r, 3, 4), positive(r, 3, 4), positive(r, 4)],
+           lambda a, p, w: -(w * p * formulas.log_softmax(a, 1)).sum(1).mean()),
     OpSpec("F.embedding", lambda w, i: F.embedding(i, w), lambda r: [normal(r, 5, 3), np.array([[4, 0, 4], [1, 4, 2]])],
            lambda w, i: w[i]),
     OpSpec("F.layer_norm", lambda x, w, b: F.layer_norm(x, 4, w, b), lambda r: [normal(r, 2, 3, 4), normal(r, 4), normal(r, 4)],

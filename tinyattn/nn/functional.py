@@ -1,5 +1,6 @@
-"""Functional ops for networks: cross-entropy, embedding, layer norm, linear,
-dropout, GELU and attention; the softmax family comes from ``tinyattn/ops.py``.
+"""Functional ops for networks: cross-entropy, token log-probabilities, embedding,
+layer norm, linear, dropout, GELU and attention; the softmax family, logsigmoid
+and softplus come from ``tinyattn/ops.py``.
 
 Cross-entropy, layer norm, linear and attention are each one Function with
 its backward written by hand, in Tensor ops, so it can be differentiated
@@ -8,12 +9,12 @@ twice. As in ops.py, each is only its formula: the fast layer
 """
 import math
 
-from ..autograd import Function, is_tensor
+from ..autograd import Function, describe, is_tensor
 from ..ops import (constant, gelu as _gelu, softmax, log_softmax, logsumexp,  # noqa: F401 (softmax family: F.*)
-                   stable_exp, check_float, check_same_dtype, where)
+                   logsigmoid, softplus, stable_exp, check_float, check_same_dtype, where)
 
-__all__ = ["softmax", "log_softmax", "logsumexp", "cross_entropy", "embedding", "layer_norm",
-           "dropout", "gelu", "relu", "linear", "scaled_dot_product_attention",
+__all__ = ["softmax", "log_softmax", "logsumexp", "logsigmoid", "softplus", "cross_entropy", "token_logprobs",
+           "embedding", "layer_norm", "dropout", "gelu", "relu", "linear", "scaled_dot_product_attention",
            "flash_attention"]
 
 
@@ -46,47 +47,121 @@ class CrossEntropy(Function):
         return g * self.constant(xp.reshape(weight, (-1, 1))) * (softmax(logits, 1) - self.constant(onehot)), None
 
 
-def cross_entropy(logits, targets, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+def cross_entropy(logits, targets, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
     """Cross-entropy of (N, C) logits against (N,) integer targets, or against (N, C) class
     probabilities (float targets, each row summing to 1).
 
     Rows whose target is ``ignore_index`` count for nothing. ``reduction``: "mean" (over
-    the rows that count), "sum" or "none" (one loss per row). ``label_smoothing`` ε mixes
-    each target with the uniform distribution: (1 - ε) target + ε / C. As in nanoGPT,
-    flatten (B, T, C) logits with ``logits.view(-1, C)`` first.
+    the rows that count), "sum" or "none" (one loss per target, shaped like the targets;
+    0 where ignored). ``label_smoothing`` ε mixes each target with the uniform
+    distribution: (1 - ε) target + ε / C. ``weight``, a (C,) tensor, scales each class's
+    terms, and then "mean" divides by the weights of the rows' targets, not their count
+    (as in PyTorch; with probability targets, by the count of rows).
+
+    The other shapes PyTorch takes work too: (C,) logits with a 0-d target, and
+    (N, C, d1, ...) logits with (N, d1, ...) targets, the classes along dim 1. So
+    (B, T, C) logits from a language model are flattened first, as in nanoGPT:
+    ``cross_entropy(logits.view(-1, C), targets.view(-1))``.
     """
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    if logits.ndim != 2:
+        rows = _as_rows(logits, targets)
+        if rows is not None:                                               # (N * d1 * ..., C), their targets
+            flat_logits, flat_targets, shape = rows
+            loss = cross_entropy(flat_logits, flat_targets, weight=weight, ignore_index=ignore_index,
+                                 reduction=reduction, label_smoothing=label_smoothing)
+            return loss.reshape(shape) if reduction == "none" else loss
     if is_tensor(targets) and targets.dtype.kind == "f":
-        return _cross_entropy_probabilities(logits, targets, reduction, label_smoothing)
+        return _cross_entropy_probabilities(logits, targets, weight, reduction, label_smoothing)
     check_ids("cross_entropy", "targets", targets)
     if logits.ndim != 2 or targets.shape != logits.shape[:1]:
-        raise ValueError(f"cross_entropy: expected logits (N, C) and targets (N,), "
-                         f"got logits {logits.shape} and targets {targets.shape}")
+        raise ValueError(f"cross_entropy: expected logits (N, C) with targets (N,), (C,) with a 0-d target, or "
+                         f"(N, C, d1, ...) with targets (N, d1, ...), the classes along dim 1 as in PyTorch "
+                         f"(flatten (B, T, C) logits: logits.view(-1, C)), got logits {logits.shape} "
+                         f"and targets {targets.shape}")
     check_float("cross_entropy", logits)
     _check_id_range("cross_entropy", "targets", targets, logits.shape[1], ignore_index)
-    if reduction == "mean" and not label_smoothing:
+    if weight is not None:
+        _check_class_weight(logits, weight)
+    if reduction == "mean" and not label_smoothing and weight is None:
         return CrossEntropy.apply(logits, targets, ignore_index=ignore_index)
-    # the other reductions and label smoothing, composed from log_softmax (so twice differentiable)
+    # the other reductions, label smoothing and class weights, composed from log_softmax
+    # (so twice differentiable)
     logp = log_softmax(logits, 1)                                          # (N, C)
     valid = targets != ignore_index                                        # (N,)
     safe = where(valid, targets, 0)
     rows = constant(logits, logits.backend.arange(logits.shape[0]))
     loss = -logp[rows, safe]                                               # (N,), -log p[target]
+    if weight is not None:
+        loss = loss * weight[safe]
     if label_smoothing:
-        loss = loss * (1.0 - label_smoothing) - logp.mean(1) * label_smoothing
+        spread = logp if weight is None else logp * weight                 # (N, C)
+        loss = loss * (1.0 - label_smoothing) - spread.mean(1) * label_smoothing
     loss = where(valid, loss, 0.0)
     if reduction == "none":
         return loss
     if reduction == "sum":
         return loss.sum()
-    return loss.sum() / valid.to(loss.dtype).sum().clamp(min=1.0)          # as CrossEntropy: 0 if none counts
+    if weight is None:
+        return loss.sum() / valid.to(loss.dtype).sum().clamp(min=1.0)      # as CrossEntropy: 0 if none counts
+    total = where(valid, weight[safe], 0.0).sum()                          # the weights of the rows that count
+    return loss.sum() / where(total > 0, total, 1.0)
 
 
-def _cross_entropy_probabilities(logits, targets, reduction, label_smoothing):
-    """cross_entropy against (N, C) class probabilities: -sum(p log softmax(logits)) per row."""
+def _check_class_weight(logits, weight):
+    """cross_entropy's weight for (N, C) logits: a tensor of one weight per class, (C,), in their dtype."""
+    if not is_tensor(weight):
+        raise TypeError(f"cross_entropy: weight must be a Tensor of one weight per class, got {describe(weight)}")
+    if weight.shape != logits.shape[1:]:
+        raise ValueError(f"cross_entropy: weight must hold one weight per class, {logits.shape[1:]}, "
+                         f"got {weight.shape}")
+    check_same_dtype("cross_entropy", logits, weight)
+
+
+def _as_rows(logits, targets):
+    """(C,) or (N, C, d1, ...) logits as (rows, C), the classes last; their targets as (rows,)
+    class indices or (rows, C) probabilities; and the shape of one loss per target, (N, d1, ...)
+    or (). None where the shapes do not fit."""
+    if not is_tensor(targets) or logits.ndim == 0:
+        return None
+    C = logits.shape[0] if logits.ndim == 1 else logits.shape[1]
+    per_target = logits.shape[:1] + logits.shape[2:] if logits.ndim > 1 else ()
+    probabilities = targets.dtype.kind == "f"
+    if targets.shape != (logits.shape if probabilities else per_target):
+        return None
+    if logits.ndim == 1:                                                   # one row
+        return logits.reshape(1, C), targets.reshape(1, C) if probabilities else targets.reshape(1), per_target
+    classes_last = (0,) + tuple(range(2, logits.ndim)) + (1,)              # (N, d1, ..., C)
+    flat = targets.permute(*classes_last).reshape(-1, C) if probabilities else targets.reshape(-1)
+    return logits.permute(*classes_last).reshape(-1, C), flat, per_target
+
+
+def token_logprobs(logits, targets, ignore_index=None):
+    """log p(target) at each position: (..., V) logits and (...) integer targets -> (...).
+
+    PyTorch users write ``log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)``,
+    and this is that. It is -cross_entropy(reduction="none") without the flattening. Sum over
+    T for the log-probability of a whole sequence (DPO and RL compare those). With
+    ``ignore_index``, positions whose target is it (a prompt, padding) give 0.
+    """
+    check_ids("token_logprobs", "targets", targets)
+    if logits.ndim < 1 or targets.shape != logits.shape[:-1]:
+        raise ValueError(f"token_logprobs: expected logits (..., V) and targets (...), "
+                         f"got logits {logits.shape} and targets {targets.shape}")
+    check_float("token_logprobs", logits)
+    _check_id_range("token_logprobs", "targets", targets, logits.shape[-1], ignore_index)
+    if ignore_index is None:
+        return log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    valid = targets != ignore_index                                        # (...)
+    picked = log_softmax(logits, -1).gather(-1, where(valid, targets, 0).unsqueeze(-1)).squeeze(-1)
+    return where(valid, picked, 0.0)
+
+
+def _cross_entropy_probabilities(logits, targets, weight, reduction, label_smoothing):
+    """cross_entropy against (N, C) class probabilities: -sum(w p log softmax(logits)) per row."""
     if targets.ndim == 1:                                   # class indices, as floats by mistake
         raise TypeError(f"cross_entropy: targets must be integers, got {targets.dtype} (convert with .long()), "
                         f"or class probabilities shaped like the logits {logits.shape}")
@@ -95,8 +170,12 @@ def _cross_entropy_probabilities(logits, targets, reduction, label_smoothing):
                          f"got logits {logits.shape} and targets {targets.shape}")
     check_float("cross_entropy", logits)
     check_same_dtype("cross_entropy", logits, targets)
+    if weight is not None:
+        _check_class_weight(logits, weight)
     if label_smoothing:
         targets = targets * (1.0 - label_smoothing) + label_smoothing / logits.shape[1]
+    if weight is not None:
+        targets = targets * weight
     loss = -(targets * log_softmax(logits, 1)).sum(1)                      # (N,)
     if reduction == "none":
         return loss

@@ -30,6 +30,7 @@ import json
 import os
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +66,7 @@ def read_text_and_bytes(path):
 
 class CharTokenizer:
     """One id per character of the sorted set (train.data.CharTokenizer reads its dict)."""
+    kind = "char"
 
     def __init__(self, chars):
         self.chars = chars
@@ -76,6 +78,51 @@ class CharTokenizer:
 
     def to_dict(self):
         return {"kind": "char", "chars": self.chars}
+
+
+def read_tokenizer(path):
+    """--tokenizer_from's tokenizer: a BPE or a CharTokenizer from a token folder (meta.json),
+    a run's out_dir or checkpoint (the tokenizer is JSON in the checkpoint's "meta"), or a
+    Hugging Face folder that GPT.export_hf wrote. A ValueError in one line otherwise."""
+    from tinyattn.models.hf import read_chars
+    from tinyattn.tokenizers import BPE
+    from tinyattn.tokenizers.hf import from_hf_json
+    path = Path(path)
+    where = f"--tokenizer_from {path}"
+    if (path / "meta.json").is_file():                          # a token folder
+        try:
+            meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+            kind, file = meta["tokenizer"], path / meta["tokenizer_file"]
+            if kind == "bpe":
+                return BPE.load(file)
+            return CharTokenizer(json.loads(file.read_text(encoding="utf-8"))["chars"])
+        except (OSError, KeyError, TypeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{where}: meta.json names no tokenizer that data.prepare wrote ({e})") from None
+    if (path / "config.json").is_file():                        # an exported Hugging Face folder
+        chars = read_chars(path)
+        if chars is not None:
+            return CharTokenizer(chars)
+        try:
+            tok = from_hf_json(json.loads((path / "tokenizer.json").read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError):
+            tok = None
+        if tok is None:
+            raise ValueError(f"{where}: no character vocabulary or byte-level BPE in tokenizer.json")
+        return tok
+    ckpt = path / "ckpt.npz" if path.is_dir() else path
+    if not ckpt.is_file():
+        raise ValueError(f"{where}: neither a token folder (meta.json), a run (ckpt.npz), a checkpoint file "
+                         "nor a Hugging Face folder (config.json)")
+    try:
+        with np.load(ckpt, allow_pickle=False) as f:
+            tok = json.loads(json.loads(str(f["meta"]))["tokenizer"])
+    except (ValueError, KeyError, OSError, zipfile.BadZipFile):
+        raise ValueError(f"{where}: {ckpt} is not a readable tinyattn checkpoint") from None
+    if tok.get("kind") == "bpe":
+        return BPE.from_dict(tok)
+    if tok.get("kind") == "char":
+        return CharTokenizer(tok["chars"])
+    raise ValueError(f"{where}: a {tok.get('kind')} tokenizer (the lesson corpus's) does not encode a text file")
 
 
 def chunks(text, size=1 << 20):
@@ -152,11 +199,7 @@ def prepare(path, tokenizer="bpe", vocab_size=None, out_dir=None, overwrite=Fals
     if tokenizer_from is not None:
         if vocab_size is not None:
             raise ValueError("--vocab_size is for a new tokenizer; --tokenizer_from's has its own")
-        from train.finetune import tokenizer_of
-        tok = tokenizer_of(tokenizer_from)
-        if tok.kind not in ("bpe", "char"):
-            raise ValueError(f"--tokenizer_from {tokenizer_from}: a {tok.kind} tokenizer (the lesson corpus's) "
-                             "does not encode a text file")
+        tok = read_tokenizer(tokenizer_from)
         if tokenizer is not None and tokenizer != tok.kind:
             raise ValueError(f"--tokenizer {tokenizer}: --tokenizer_from {tokenizer_from} is a {tok.kind} tokenizer")
         tokenizer = tok.kind

@@ -25,7 +25,7 @@ from tinyattn.models.hf import read_chars
 from tinyattn.tokenizers.hf import from_hf_json
 
 from . import checkpoint
-from .data import CharTokenizer, load_tokens, tokenizer_from_json, tokenizer_to_json
+from .data import CharTokenizer, tokenizer_from_json, tokenizer_to_json
 
 FIXED = ("n_layer", "n_head", "n_embd", "bias", "init")   # the weights decide these; block_size is at most the model's
 
@@ -83,20 +83,6 @@ def hf_tokenizer(folder):
         raise ValueError(f"{folder}: no character vocabulary or byte-level BPE in tokenizer.json (as GPT.export_hf "
                          "writes them): the training program cannot use this model's tokenizer")
     return tok
-
-
-def tokenizer_of(path):
-    """The tokenizer of PATH: a token folder of python -m data.prepare, a run's out_dir or
-    checkpoint file, or a Hugging Face folder that GPT.export_hf wrote. A ValueError otherwise."""
-    if os.path.isfile(os.path.join(path, "meta.json")):
-        return load_tokens(path, check_ids=False).tokenizer
-    if is_hf_folder(path):
-        return hf_tokenizer(path)
-    ckpt = os.path.join(path, "ckpt.npz") if os.path.isdir(path) else path
-    if not os.path.isfile(ckpt):
-        raise ValueError(f"{path}: neither a token folder (meta.json), a run (ckpt.npz), a checkpoint file "
-                         "nor a Hugging Face folder (config.json)")
-    return tokenizer_from_json(checkpoint.read_meta(ckpt)["tokenizer"])
 
 
 def describe(tok):

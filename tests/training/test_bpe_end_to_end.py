@@ -204,7 +204,7 @@ def test_exported_bpe_tokenizer_gives_the_same_ids_in_transformers(run, tmp_path
         assert theirs.decode(ids) == text
 
 
-def test_an_exported_bpe_folder_loads_back(run, second, tmp_path, capsys):
+def test_an_exported_bpe_folder_loads_back(texts, run, second, tmp_path, capsys):
     assert export_main(["--out_dir", str(run[1]), "--to", str(tmp_path / "hf")]) == 0
     capsys.readouterr()
     argv = ["--num_samples", "1", "--max_new_tokens", "8", "--temperature", "0", "--start", "First"]
@@ -214,8 +214,9 @@ def test_an_exported_bpe_folder_loads_back(run, second, tmp_path, capsys):
     assert capsys.readouterr().out == from_checkpoint
     assert train_main(["--init_from", str(tmp_path / "hf"), "--data", str(second), "--out_dir",
                        str(tmp_path / "ft"), *TINY, "--max_iters", "0"]) == 0
-    assert prep.main([str(tmp_path / "nothing.txt"), "--tokenizer_from", str(tmp_path / "hf")]) == 1   # no such file
-    capsys.readouterr()
+    assert prep.main([str(texts / "second.txt"), "--tokenizer_from", str(tmp_path / "hf"),
+                      "--out_dir", str(tmp_path / "tokens")]) == 0
+    assert (tmp_path / "tokens" / "train.bin").read_bytes() == (second / "train.bin").read_bytes()
 
 
 def test_bpe_end_to_end_in_transformers(run, second, tmp_path, capsys):

@@ -8,6 +8,15 @@ The first 90% of the text (by characters) is the train split, the rest val, as w
 split pattern; --vocab_size counts its ids, <|endoftext|> included); a char tokenizer
 takes the characters of the whole text.
 
+To fine-tune a model (python -m train --init_from RUN) on another text, encode that
+text with the model's tokenizer instead of a new one:
+
+    python -m data.prepare other.txt --tokenizer_from out-bpe --out_dir data/other
+    python -m train --init_from out-bpe --data data/other --out_dir out-other
+
+A text that holds <|endoftext|> (documents joined by it) needs --special_tokens token
+(each is the one end-of-text id) or --special_tokens text (its characters, as text).
+
 The folder then holds:
   train.bin, val.bin   the token ids, raw: uint16 while the vocabulary has at most 65,536
                        ids, else uint32 (np.memmap reads them without loading them)
@@ -21,9 +30,12 @@ import json
 import os
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
+
+from tinyattn.tokenizers import ENDOFTEXT
 
 VAL_FRACTION = 0.1
 TOKEN_FILES = ("train.bin", "val.bin", "meta.json", "tokenizer.bpe", "tokenizer.json")   # what a folder holds
@@ -54,6 +66,7 @@ def read_text_and_bytes(path):
 
 class CharTokenizer:
     """One id per character of the sorted set (train.data.CharTokenizer reads its dict)."""
+    kind = "char"
 
     def __init__(self, chars):
         self.chars = chars
@@ -65,6 +78,51 @@ class CharTokenizer:
 
     def to_dict(self):
         return {"kind": "char", "chars": self.chars}
+
+
+def read_tokenizer(path):
+    """--tokenizer_from's tokenizer: a BPE or a CharTokenizer from a token folder (meta.json),
+    a run's out_dir or checkpoint (the tokenizer is JSON in the checkpoint's "meta"), or a
+    Hugging Face folder that GPT.export_hf wrote. A ValueError in one line otherwise."""
+    from tinyattn.models.hf import read_chars
+    from tinyattn.tokenizers import BPE
+    from tinyattn.tokenizers.hf import from_hf_json
+    path = Path(path)
+    where = f"--tokenizer_from {path}"
+    if (path / "meta.json").is_file():                          # a token folder
+        try:
+            meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+            kind, file = meta["tokenizer"], path / meta["tokenizer_file"]
+            if kind == "bpe":
+                return BPE.load(file)
+            return CharTokenizer(json.loads(file.read_text(encoding="utf-8"))["chars"])
+        except (OSError, KeyError, TypeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{where}: meta.json names no tokenizer that data.prepare wrote ({e})") from None
+    if (path / "config.json").is_file():                        # an exported Hugging Face folder
+        chars = read_chars(path)
+        if chars is not None:
+            return CharTokenizer(chars)
+        try:
+            tok = from_hf_json(json.loads((path / "tokenizer.json").read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError):
+            tok = None
+        if tok is None:
+            raise ValueError(f"{where}: no character vocabulary or byte-level BPE in tokenizer.json")
+        return tok
+    ckpt = path / "ckpt.npz" if path.is_dir() else path
+    if not ckpt.is_file():
+        raise ValueError(f"{where}: neither a token folder (meta.json), a run (ckpt.npz), a checkpoint file "
+                         "nor a Hugging Face folder (config.json)")
+    try:
+        with np.load(ckpt, allow_pickle=False) as f:
+            tok = json.loads(json.loads(str(f["meta"]))["tokenizer"])
+    except (ValueError, KeyError, OSError, zipfile.BadZipFile):
+        raise ValueError(f"{where}: {ckpt} is not a readable tinyattn checkpoint") from None
+    if tok.get("kind") == "bpe":
+        return BPE.from_dict(tok)
+    if tok.get("kind") == "char":
+        return CharTokenizer(tok["chars"])
+    raise ValueError(f"{where}: a {tok.get('kind')} tokenizer (the lesson corpus's) does not encode a text file")
 
 
 def chunks(text, size=1 << 20):
@@ -123,43 +181,89 @@ def refuse_to_replace(out_dir, overwrite):
     return found
 
 
-def prepare(path, tokenizer="bpe", vocab_size=None, out_dir=None, overwrite=False):
+SPECIAL_TOKENS = ("token", "text")     # --special_tokens: what <|endoftext|> in the text becomes
+
+
+def prepare(path, tokenizer="bpe", vocab_size=None, out_dir=None, overwrite=False, tokenizer_from=None,
+            special_tokens=None, add_special_tokens=()):
     """Write out_dir/{train.bin, val.bin, tokenizer.*, meta.json} from the text file; returns meta.
-    An out_dir that holds token files is refused unless overwrite is true."""
+    An out_dir that holds token files is refused unless overwrite is true.
+
+    tokenizer_from: a token folder, a run (out_dir or checkpoint) or an exported Hugging Face
+    folder whose tokenizer encodes the text, instead of a new one (for --init_from).
+    special_tokens: "token" encodes a special token's text (<|endoftext|>) as its one id,
+    "text" as ordinary text; None refuses a text that holds one, before any training.
+    add_special_tokens: more special tokens for a BPE tokenizer (<|user|>, say), after its ids."""
+    if special_tokens not in (None, *SPECIAL_TOKENS):
+        raise ValueError(f"--special_tokens must be token or text, got {special_tokens!r}")
+    if tokenizer_from is not None:
+        if vocab_size is not None:
+            raise ValueError("--vocab_size is for a new tokenizer; --tokenizer_from's has its own")
+        tok = read_tokenizer(tokenizer_from)
+        if tokenizer is not None and tokenizer != tok.kind:
+            raise ValueError(f"--tokenizer {tokenizer}: --tokenizer_from {tokenizer_from} is a {tok.kind} tokenizer")
+        tokenizer = tok.kind
+    tokenizer = tokenizer or "bpe"
     if tokenizer not in ("bpe", "char"):
         raise ValueError(f"--tokenizer must be bpe or char, got {tokenizer!r}")
-    if tokenizer == "bpe" and (vocab_size is None or vocab_size < 257):
-        raise ValueError(f"--vocab_size must be at least 257 for bpe (256 bytes and <|endoftext|>), got {vocab_size}")
+    specials = [ENDOFTEXT, *add_special_tokens]
+    if tokenizer == "bpe" and tokenizer_from is None and (vocab_size is None or vocab_size < 256 + len(specials)):
+        raise ValueError(f"--vocab_size must be at least {256 + len(specials)} for bpe (256 bytes and "
+                         f"{len(specials)} special token{'s' if len(specials) > 1 else ''}), got {vocab_size}")
     if tokenizer == "char" and vocab_size is not None:
         raise ValueError("--vocab_size is for bpe; a char vocabulary is the text's characters")
+    if tokenizer == "char" and (add_special_tokens or special_tokens):
+        raise ValueError(f"--{'add_special_token' if add_special_tokens else 'special_tokens'} is for bpe; "
+                         "a char vocabulary has no special tokens")
     text = read_text(path)
-    out_dir = Path(out_dir) if out_dir is not None else default_out_dir(path, tokenizer, vocab_size)
+    if tokenizer_from is not None and tokenizer == "bpe":
+        tok = tok.with_special_tokens(add_special_tokens)
+        specials = list(tok.special_tokens)
+    elif tokenizer == "char":
+        specials = []
+    check_special_tokens(path, text, specials, special_tokens)     # before the slow part, the tokenizer's training
+    if tokenizer_from is not None and tokenizer == "char":
+        unknown = sorted(set(text) - set(tok.stoi))
+        if unknown:
+            raise ValueError(f"{path}: {len(unknown)} characters are not in the vocabulary of --tokenizer_from "
+                             f"{tokenizer_from}: {', '.join(repr(c) for c in unknown[:5])}")
+    out_dir = Path(out_dir) if out_dir is not None else default_out_dir(
+        path, tokenizer, vocab_size if tokenizer_from is None else tok.vocab_size)
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out_dir {out_dir} is a file, not a folder")
     refuse_to_replace(out_dir, overwrite)      # before the slow part, the tokenizer's training
-    n = int((1 - VAL_FRACTION) * len(text))
+    n = split_point(text, specials)
     splits = {"train": text[:n], "val": text[n:]}
 
-    if tokenizer == "bpe":
-        from tinyattn.tokenizers import BPE, ENDOFTEXT
-        tok = BPE.train(splits["train"], vocab_size - 1, special_tokens=[ENDOFTEXT])
-        tok_file = "tokenizer.bpe"
-    else:
+    if tokenizer == "bpe" and tokenizer_from is None:
+        from tinyattn.tokenizers import BPE
+        if special_tokens == "text":           # learned from the text as it will be encoded: as characters
+            tok = BPE.train(splits["train"], vocab_size - len(specials), special_tokens=[])
+            tok = tok.with_special_tokens(specials)
+        else:                                  # documents are cut at the special tokens before counting
+            tok = BPE.train(splits["train"], vocab_size - len(specials), special_tokens=specials)
+    elif tokenizer == "char" and tokenizer_from is None:
         tok = CharTokenizer(sorted(set(text)))
-        tok_file = "tokenizer.json"
+    tok_file = "tokenizer.bpe" if tokenizer == "bpe" else "tokenizer.json"
+    if tokenizer == "bpe":
+        encode = tok.encode_ordinary if special_tokens != "token" else lambda t: tok.encode(t, allowed_special="all")
+    else:
+        encode = tok.encode
     dtype = dtype_for(tok.vocab_size)
     for name in refuse_to_replace(out_dir, overwrite):   # no old tokenizer file stays beside the new one
         (out_dir / name).unlink()
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = dict(tokenizer=tokenizer, tokenizer_file=tok_file, vocab_size=tok.vocab_size,
-                dtype=np.dtype(dtype).name, source=str(path))
+                dtype=np.dtype(dtype).name, source=str(path), special_tokens=special_tokens)
+    if tokenizer_from is not None:
+        meta["tokenizer_from"] = str(tokenizer_from)
     for split, part in splits.items():
         n_tokens = 0
 
         def write(f):
             nonlocal n_tokens
             for chunk in chunks(part):                 # a list of ids per chunk, not per file
-                ids = np.array(tok.encode(chunk), dtype=dtype)
+                ids = np.array(encode(chunk), dtype=dtype)
                 ids.tofile(f)
                 n_tokens += len(ids)
         write_atomically(out_dir / f"{split}.bin", write)
@@ -174,33 +278,71 @@ def prepare(path, tokenizer="bpe", vocab_size=None, out_dir=None, overwrite=Fals
     return meta | {"out_dir": str(out_dir)}
 
 
+def check_special_tokens(path, text, specials, flag):
+    """Without --special_tokens, a text that holds a special token's text is refused in one line:
+    its tokens would depend on a choice nobody made."""
+    if flag is not None:
+        return
+    found = [(text.find(s), s) for s in specials if s in text]
+    if found:
+        at, name = min(found)
+        raise ValueError(f"{path} holds the special token {name!r} (at character {at:,}): pass --special_tokens "
+                         "token to encode it as one token (a document ends there), or --special_tokens text "
+                         "to encode its characters as text")
+
+
+def split_point(text, specials):
+    """Where val begins: 90% of the way (by characters), moved back to the start of a special
+    token that the cut would go through."""
+    n = int((1 - VAL_FRACTION) * len(text))
+    for name in specials:
+        at = text.find(name, max(0, n - len(name) + 1))
+        if 0 <= at < n:
+            n = at
+    return n
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m data.prepare",
                                      description="Tokenize a text file into train.bin / val.bin for python -m train --data DIR.")
     parser.add_argument("file", help="a UTF-8 text file")
-    parser.add_argument("--tokenizer", default="bpe", choices=["bpe", "char"])
+    parser.add_argument("--tokenizer", default=None, choices=["bpe", "char"], help="a new tokenizer (default: bpe)")
     parser.add_argument("--vocab_size", type=int, default=None,
                         help="bpe only: the number of token ids, <|endoftext|> included (e.g. 1024)")
+    parser.add_argument("--tokenizer_from", metavar="DIR_OR_RUN", default=None,
+                        help="encode with an existing tokenizer, to fine-tune a model on this text: a token "
+                             "folder, a run's out_dir or checkpoint, or a folder written by train.export_hf")
+    parser.add_argument("--special_tokens", choices=SPECIAL_TOKENS, default=None,
+                        help="bpe: what <|endoftext|> (any special token) in FILE becomes: token, its one id "
+                             "(documents end there), or text, its characters (default: a text holding one is refused)")
+    parser.add_argument("--add_special_token", action="append", default=[], metavar="TOKEN",
+                        help="bpe: one more special token, after the others (repeat the flag for more), "
+                             "e.g. <|user|> for chat fine-tuning")
     parser.add_argument("--out_dir", default=None,
                         help="where the files go (default: beside FILE: data/NAME/bpe1024 for data/NAME/input.txt)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the token files an --out_dir already holds (they are deleted first)")
     args = parser.parse_args(argv)
-    if args.tokenizer == "bpe" and args.vocab_size is None:
-        parser.error("--tokenizer bpe needs --vocab_size (e.g. --vocab_size 1024)")
+    if args.tokenizer_from is None and args.tokenizer in (None, "bpe") and args.vocab_size is None:
+        parser.error("--tokenizer bpe needs --vocab_size (e.g. --vocab_size 1024), or --tokenizer_from DIR_OR_RUN")
     try:
-        meta = prepare(args.file, args.tokenizer, args.vocab_size, args.out_dir, args.overwrite)
+        meta = prepare(args.file, args.tokenizer, args.vocab_size, args.out_dir, args.overwrite,
+                       args.tokenizer_from, args.special_tokens, args.add_special_token)
     except (ValueError, ImportError, OSError) as e:
         print(f"python -m data.prepare: error: {e}", file=sys.stderr)
         return 1
-    if args.tokenizer == "bpe" and meta["vocab_size"] < args.vocab_size:
+    if args.vocab_size is not None and meta["tokenizer"] == "bpe" and meta["vocab_size"] < args.vocab_size:
         print(f"python -m data.prepare: note: the vocabulary has {meta['vocab_size']:,} ids, fewer than --vocab_size "
               f"{args.vocab_size:,}: by then every piece of the train split is one token", file=sys.stderr)
     out = meta["out_dir"]
     print(f"wrote {out}: train.bin ({meta['train_tokens']:,} tokens), val.bin ({meta['val_tokens']:,} tokens), "
           f"{meta['tokenizer_file']} (vocab {meta['vocab_size']:,}, {meta['dtype']}), meta.json")
-    print("train on it with:")
-    print(f"  python -m train --data {out}")
+    if meta.get("tokenizer_from"):
+        print("fine-tune a model of that tokenizer on it with:")
+        print(f"  python -m train --init_from {meta['tokenizer_from']} --data {out} --out_dir OUT_DIR")
+    else:
+        print("train on it with:")
+        print(f"  python -m train --data {out}")
     return 0
 
 

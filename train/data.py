@@ -22,7 +22,7 @@ import numpy as np
 
 from data import coref
 from data.prepare import read_text_and_bytes
-from tinyattn.tokenizers import BPE
+from tinyattn.tokenizers import BPE, ENDOFTEXT
 
 
 class CharTokenizer:
@@ -187,12 +187,13 @@ def random_windows(data, what, batch_size, block_size, rng):
 def load_data(path, tokenizer=None):
     """--data: a folder of python -m data.prepare's token files, or a text file (characters).
     ``tokenizer``: a trained model's, to encode a text file with (fine-tuning)."""
-    if not Path(path).is_dir():
-        return load_text(path, tokenizer)
-    if tokenizer is not None:
-        raise ValueError(f"{path} is a folder of token files, made with a tokenizer of its own: fine-tune "
-                         "on a text file, which the model's vocabulary then encodes")
-    return load_tokens(path)
+    if Path(path).is_dir():
+        return load_tokens(path)            # with --init_from, finetune.fit_args compares the tokenizers
+    if tokenizer is not None and tokenizer.kind != "char":
+        raise ValueError(f"--data {path}: the model reads {tokenizer.kind} tokens: write them with python -m "
+                         f"data.prepare {path} --tokenizer_from MODEL (the model's run or folder), then pass "
+                         "--data with the folder it writes")
+    return load_text(path, tokenizer)
 
 
 class TokenDataset(Dataset):
@@ -225,8 +226,9 @@ class TokenDataset(Dataset):
         return "\n" if self.tokenizer.kind == "bpe" or "\n" in self.tokenizer.stoi else self.tokenizer.decode([0])
 
 
-def load_tokens(folder):
-    """A folder written by python -m data.prepare as a TokenDataset."""
+def load_tokens(folder, check_ids=True):
+    """A folder written by python -m data.prepare as a TokenDataset. check_ids: read the token
+    files once to refuse an id past the vocabulary (one line naming the id and the file)."""
     folder = Path(folder)
     try:
         meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
@@ -251,9 +253,42 @@ def load_tokens(folder):
         raise ValueError(f"{folder}: {e}") from None
     if tok.vocab_size != meta["vocab_size"]:
         raise ValueError(f"{folder}: the tokenizer has {tok.vocab_size} ids, meta.json says {meta['vocab_size']}")
+    if check_ids:
+        for split in ("train", "val"):
+            check_token_ids(folder / f"{split}.bin", dtype, tok.vocab_size, meta["tokenizer_file"])
     # what --resume compares: meta.json (the tokenizer, the token counts, the text's bytes)
     return TokenDataset(folder, meta, tok, name=f"{folder.name}",
                         source=fingerprint((folder / "meta.json").read_bytes()))
+
+
+def check_token_ids(path, dtype, vocab_size, tokenizer_file, chunk=1 << 24):
+    """A ValueError naming the first id in the token file at path that is not below vocab_size
+    (an embedding lookup would fail deep inside a training step, or read garbage on a GPU)."""
+    ids = np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
+    for start in range(0, len(ids), chunk):
+        part = np.asarray(ids[start:start + chunk])                        # (chunk,)
+        if len(part) and part.max() >= vocab_size:
+            at = int(np.argmax(part >= vocab_size))
+            raise ValueError(f"{path} holds token id {int(part[at])} (at token {start + at:,}), past the "
+                             f"vocabulary of {vocab_size} ids of {tokenizer_file}: write the folder again "
+                             "with python -m data.prepare")
+
+
+def encode_prompt(tokenizer, text):
+    """A prompt's ids. A BPE prompt may hold the tokenizer's special tokens (<|endoftext|>):
+    each is its one id, as in the token files that data.prepare --special_tokens token writes."""
+    if tokenizer.kind == "bpe":
+        return tokenizer.encode(text, allowed_special="all")
+    return tokenizer.encode(text)
+
+
+def default_start(tokenizer):
+    """The ids a sample starts from without a prompt: a BPE model's end-of-text token (a new
+    document begins after it), else a newline; the first token of any other vocabulary."""
+    if tokenizer.kind == "bpe":
+        eot = tokenizer.special_tokens.get(ENDOFTEXT)
+        return [eot] if eot is not None else tokenizer.encode_ordinary("\n")
+    return [0]
 
 
 def load_text(path, tokenizer=None):

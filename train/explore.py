@@ -24,6 +24,7 @@ import tinyattn as ta
 
 from .config import OneLineParser
 from .lesson import attention_modules, watching
+from .data import encode_prompt
 from .sample import load_model
 
 TEMPLATE = Path(__file__).with_name("explore.html")
@@ -65,13 +66,38 @@ def rollout(weights):
 
 def token_labels(tokenizer, ids):
     """What each token shows in the page: words as they are; characters and BPE tokens with
-    space and newline made visible (a BPE token that is part of a character shows U+FFFD)."""
+    space and newline made visible. BPE tokens that split a character's bytes between them
+    each show the text of the whole run and their place in it: 日 (1/3), 日 (2/3), 日 (3/3)."""
     kind = getattr(tokenizer, "kind", "char")
     if kind == "word":
         return [tokenizer.words[i] for i in ids]
     shown = {" ": "\u2423", "\n": "\u21b5", "\t": "\u21e5"}
-    texts = [tokenizer.decode([i]) for i in ids] if kind == "bpe" else [tokenizer.chars[i] for i in ids]
-    return ["".join(shown.get(c, c) for c in t) for t in texts]
+    texts = bpe_texts(tokenizer, ids) if kind == "bpe" else [(tokenizer.chars[i], "") for i in ids]
+    return ["".join(shown.get(c, c) for c in t) + place for t, place in texts]
+
+
+def bpe_texts(tokenizer, ids):
+    """(text, place) of each token: its text and ''; but a run of tokens that only decodes
+    whole (a character's bytes cut between tokens) gives each of them the run's text and
+    its place in the run, ' (1/2)'."""
+    texts, run = [], []
+    for n, i in enumerate(ids):
+        run.append(tokenizer.token_bytes(i))
+        if n + 1 < len(ids) and ends_inside_a_character(b"".join(run)):
+            continue                                               # the character goes on in the next token
+        text = b"".join(run).decode("utf-8", errors="replace")
+        texts += [(text, "")] if len(run) == 1 else [(text, f" ({k}/{len(run)})") for k in range(1, len(run) + 1)]
+        run = []
+    return texts
+
+
+def ends_inside_a_character(data):
+    """True when data's last UTF-8 character lacks bytes that may still follow."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.reason == "unexpected end of data"
+    return False
 
 
 def page(weights, tokens, title):
@@ -100,7 +126,7 @@ def main(argv=None):
         text = args.text if args.text is not None else default_text(tokenizer)
         if not text:
             raise ValueError("--text is needed (and must not be empty)")
-        ids = tokenizer.encode(text)
+        ids = encode_prompt(tokenizer, text)
         if not ids:
             raise ValueError("--text has no tokens")
         if len(ids) > model.config.block_size:

@@ -1,9 +1,10 @@
 """python -m train.export_hf --out_dir DIR --to HF_DIR: a checkpoint as a Hugging Face GPT-2 folder.
 
 HF_DIR gets config.json and model.safetensors (transformers' GPT2LMHeadModel loads
-them) and, for a character model, tokenizer.json and tokenizer_config.json
-(transformers' AutoTokenizer reads them). A word model's vocabulary is not
-exported: its words are in the checkpoint's metadata only.
+them) and, for a character or BPE model, tokenizer.json and tokenizer_config.json
+(transformers' AutoTokenizer reads them and encodes any text to the ids tinyattn's
+tokenizer gives, special tokens such as <|endoftext|> as one id each). A word model's
+vocabulary is not exported: its words are in the checkpoint's metadata only.
 """
 import sys
 
@@ -25,11 +26,13 @@ def main(argv=None):
     try:
         model, tokenizer = load_model(args.out_dir, which=args.checkpoint)
         chars = tokenizer.chars if tokenizer.kind == "char" else None
-        model.export_hf(args.to, chars=chars)
+        bpe = tokenizer if tokenizer.kind == "bpe" else None
+        model.export_hf(args.to, chars=chars, tokenizer=bpe)
     except (ValueError, OSError, KeyError) as e:
         print(f"python -m train.export_hf: error: {e}", file=sys.stderr)
         return 1
-    vocab = "and its characters (tokenizer.json)" if chars else f"(its {tokenizer.kind} vocabulary is not exported)"
+    vocab = ("and its characters (tokenizer.json)" if chars else "and its BPE tokenizer (tokenizer.json)" if bpe
+             else f"(its {tokenizer.kind} vocabulary is not exported)")
     print(f"wrote {args.to}: config.json, model.safetensors {vocab}")
     return 0
 

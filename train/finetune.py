@@ -2,19 +2,27 @@
 
 PATH is a tinyattn checkpoint (a .npz written by python -m train, or a folder
 holding ckpt.npz) or a Hugging Face GPT-2 folder (config.json, model.safetensors,
-and the character vocabulary in tokenizer.json, as GPT.export_hf writes them).
+and the tokenizer in tokenizer.json, as GPT.export_hf writes them).
 
-What comes from the model: its weights, its architecture and its vocabulary (the
-new text is encoded with it; a character it has never seen is refused). What is
+What comes from the model: its weights, its architecture and its vocabulary. A
+character model encodes a text file with its characters (one it has never seen is
+refused); a BPE model reads a token folder that python -m data.prepare FILE
+--tokenizer_from PATH wrote with its tokenizer. A folder whose tokenizer only adds
+special tokens to the model's (chat fine-tuning's <|user|>, say) is accepted: the
+model gets an embedding row for each, started at the mean of the others. What is
 new: the optimizer state, the step (0), the data and every training flag,
 dropout included. That is the difference from --resume, which continues one run
 exactly, optimizer and data streams and all.
 """
+import json
 import os
 from dataclasses import dataclass
 
+import numpy as np
+
 from tinyattn.models import GPT, GPTConfig
 from tinyattn.models.hf import read_chars
+from tinyattn.tokenizers.hf import from_hf_json
 
 from . import checkpoint
 from .data import CharTokenizer, tokenizer_from_json, tokenizer_to_json
@@ -32,9 +40,9 @@ class Pretrained:
 def load_pretrained(args):
     """--init_from's model (with this run's dropout and head dropout) and its tokenizer."""
     pretrained = _load(args)
-    if args.data and pretrained.tokenizer.kind != "char":
-        raise ValueError(f"--init_from {pretrained.where}: the model reads {pretrained.tokenizer.kind}s (the lesson "
-                         "corpus), not the characters of --data: drop --data")
+    if args.data and pretrained.tokenizer.kind == "word":
+        raise ValueError(f"--init_from {pretrained.where}: the model reads words (the lesson "
+                         "corpus), not the tokens of --data: drop --data")
     return pretrained
 
 
@@ -61,12 +69,53 @@ def is_hf_folder(path):
 
 
 def hf_tokenizer(folder):
-    """The CharTokenizer of a Hugging Face folder that GPT.export_hf wrote, or a ValueError."""
+    """The tokenizer of a Hugging Face folder that GPT.export_hf wrote (characters or a
+    byte-level BPE), or a ValueError."""
     chars = read_chars(folder)
-    if chars is None:
-        raise ValueError(f"{folder}: no character vocabulary in tokenizer.json (as GPT.export_hf writes it): "
-                         "the training program works with characters and cannot use this model's tokenizer")
-    return CharTokenizer(chars)
+    if chars is not None:
+        return CharTokenizer(chars)
+    path = os.path.join(folder, "tokenizer.json")
+    tok = None
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            tok = from_hf_json(json.load(f))
+    if tok is None:
+        raise ValueError(f"{folder}: no character vocabulary or byte-level BPE in tokenizer.json (as GPT.export_hf "
+                         "writes them): the training program cannot use this model's tokenizer")
+    return tok
+
+
+def describe(tok):
+    """'bpe, 300 ids': a tokenizer in a few words, for messages."""
+    return f"{tok.kind}, {tok.vocab_size} ids"
+
+
+def added_special_tokens(model_tok, data_tok):
+    """The special tokens data_tok adds to model_tok ([] when they are the same), or None
+    when data_tok is another tokenizer. Added tokens must take ids after the model's."""
+    if tokenizer_to_json(model_tok) == tokenizer_to_json(data_tok):
+        return []
+    if model_tok.kind != "bpe" or data_tok.kind != "bpe" or model_tok.pattern != data_tok.pattern \
+            or model_tok.ranks != data_tok.ranks:
+        return None
+    if any(data_tok.special_tokens.get(s) != i for s, i in model_tok.special_tokens.items()):
+        return None
+    added = {s: i for s, i in data_tok.special_tokens.items() if s not in model_tok.special_tokens}
+    if any(i < model_tok.vocab_size for i in added.values()):
+        return None
+    return sorted(added, key=added.get)
+
+
+def grow_vocab(model, vocab_size):
+    """A copy of model with vocab_size token rows: the new rows of wte (tied to the output
+    head) start at the mean of the model's rows, so the new tokens begin as an average one."""
+    state = {k: v.numpy() for k, v in model.state_dict().items()}
+    wte = state["wte.weight"]                                           # (V, C)
+    extra = np.repeat(wte.mean(0, keepdims=True), vocab_size - len(wte), axis=0)
+    state["wte.weight"] = np.concatenate([wte, extra]).astype(wte.dtype)
+    grown = GPT(GPTConfig(**{**model.config.to_dict(), "vocab_size": vocab_size}))
+    grown.load_state_dict(state)
+    return grown
 
 
 def fit_args(args, pretrained, dataset):
@@ -78,7 +127,20 @@ def fit_args(args, pretrained, dataset):
                          f"more than the model's {config.vocab_size}")
     if not args.data and tokenizer_to_json(dataset.tokenizer) != tokenizer_to_json(pretrained.tokenizer):
         raise ValueError(f"--init_from {where}: the model's vocabulary ({pretrained.tokenizer.vocab_size} "
-                         f"{pretrained.tokenizer.kind}s) is not the lesson corpus's: pass --data FILE")
+                         f"{pretrained.tokenizer.kind}s) is not the lesson corpus's: pass --data FILE or DIR")
+    added = added_special_tokens(pretrained.tokenizer, dataset.tokenizer) if args.data else []
+    if added is None:
+        raise ValueError(f"--init_from {where}: --data {args.data} was made with another tokenizer "
+                         f"({describe(dataset.tokenizer)}) than the model's ({describe(pretrained.tokenizer)}): "
+                         f"prepare the text with python -m data.prepare FILE --tokenizer_from {where}")
+    notes = []
+    if added and dataset.tokenizer.vocab_size > config.vocab_size:
+        old = config.vocab_size
+        pretrained.model = grow_vocab(pretrained.model, dataset.tokenizer.vocab_size)
+        config = pretrained.model.config
+        rows = f"row {old} is" if len(added) == 1 else f"rows {old} to {config.vocab_size - 1} are"
+        notes.append(f"; --data adds {len(added)} special token{'s' if len(added) > 1 else ''} to the model's "
+                     f"tokenizer ({', '.join(added)}): embedding {rows} new, started at the mean of the others")
     given = set(args._given)
     conflicts = [f"--{k} {getattr(args, k)} (the model has {getattr(config, k)})" for k in FIXED
                  if k in given and getattr(args, k) != getattr(config, k)]
@@ -92,7 +154,7 @@ def fit_args(args, pretrained, dataset):
     if "block_size" not in given:
         args.block_size = config.block_size
     return (f"--init_from: starting from {where} ({pretrained.model.num_parameters() / 1e6:.2f}M parameters, "
-            f"vocabulary of {config.vocab_size}), with a fresh optimizer at step 0")
+            f"vocabulary of {config.vocab_size}), with a fresh optimizer at step 0" + "".join(notes))
 
 
 def resumed_tokenizer(ckpt_path):

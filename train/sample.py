@@ -8,7 +8,7 @@ from tinyattn.models import GPT, GPTConfig
 
 from . import checkpoint, finetune
 from .config import OneLineParser, at_least
-from .data import tokenizer_from_json
+from .data import default_start, encode_prompt, tokenizer_from_json
 
 
 def build_parser():
@@ -17,7 +17,9 @@ def build_parser():
                    help="the folder that holds ckpt.npz (or a Hugging Face folder written by GPT.export_hf)")
     p.add_argument("--checkpoint", default="ckpt", choices=["ckpt", "best"],
                    help="ckpt: the latest state (default); best: the state with the best val loss")
-    p.add_argument("--start", default=None, help="the prompt (default: the first token of the vocabulary)")
+    p.add_argument("--start", default=None,
+                   help="the prompt; a BPE model's special tokens (<|endoftext|>) in it are one token each "
+                        "(default: a BPE model's <|endoftext|>, else the first token of the vocabulary)")
     p.add_argument("--num_samples", type=at_least(1), default=3)
     p.add_argument("--max_new_tokens", type=at_least(0), default=200)
     p.add_argument("--temperature", type=finite_at_least_0, default=0.8,
@@ -53,7 +55,7 @@ finite_at_least_0.__name__ = probability.__name__ = "float"     # argparse's "in
 
 def load_model(out_dir, device="cpu", which="ckpt"):
     """-> (model in eval mode, tokenizer) from out_dir/ckpt.npz (or best.npz), or from a Hugging
-    Face folder with a character vocabulary (as GPT.export_hf writes it)."""
+    Face folder with a character or BPE tokenizer (as GPT.export_hf writes it)."""
     if finetune.is_hf_folder(out_dir):
         return GPT.from_hf(out_dir).to(device).eval(), finetune.hf_tokenizer(out_dir)
     model_state, _, meta = checkpoint.load(f"{out_dir}/{which}.npz")
@@ -66,7 +68,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         model, tokenizer = load_model(args.out_dir, args.device, args.checkpoint)
-        start = tokenizer.encode(args.start) if args.start else [0]
+        start = encode_prompt(tokenizer, args.start) if args.start else default_start(tokenizer)
         if not start:
             raise ValueError("--start is empty")
         stop = stop_text(args.stop, tokenizer)

@@ -221,3 +221,31 @@ def test_from_hf_weights_are_row_major(tmp_path):
     random_gpt(n_embd=16, n_head=2).export_hf(tmp_path)
     for name, t in GPT.from_hf(tmp_path).state_dict().items():
         assert t.data.flags["C_CONTIGUOUS"], name
+
+
+def test_an_unseen_character_reads_as_the_unknown_token(tmp_path):
+    """tokenizers' WordLevel needs an unknown token: the space stands in for an unseen character."""
+    transformers = pytest.importorskip("transformers")
+    model = random_gpt(vocab_size=len(CHARS))
+    model.export_hf(tmp_path, chars=CHARS)
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert tok.encode("a\u65e5e") == [CHARS.index("a"), CHARS.index(" "), CHARS.index("e")]
+
+
+def test_bpe_tokenizer_json_round_trip(tmp_path):
+    """A BPE travels as Hugging Face's byte-level tokenizer.json, and comes back the same."""
+    pytest.importorskip("regex")
+    from tinyattn.tokenizers import BPE
+    from tinyattn.tokenizers.hf import byte_chars, from_hf_json
+    from train.finetune import hf_tokenizer
+    tok = BPE.train("hear me speak, speak. \u00c9toile \u65e5\u672c\n" * 30, 300).with_special_tokens(["<|user|>"])
+    model = random_gpt(vocab_size=tok.vocab_size)
+    model.export_hf(tmp_path, tokenizer=tok)
+    d = json.loads((tmp_path / "tokenizer.json").read_text())
+    assert d["model"]["vocab"]["\u0120speak"] == tok.ranks[b" speak"]       # a space byte is drawn as U+0120
+    assert len(set(byte_chars())) == 256
+    assert from_hf_json(d).to_dict() == hf_tokenizer(tmp_path).to_dict() == tok.to_dict()
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["eos_token"] == "<|endoftext|>"
+    n = tok.vocab_size
+    with pytest.raises(ValueError, match=f"has {n} ids, more than the model's {n - 1}"):
+        random_gpt(vocab_size=n - 1).export_hf(tmp_path, tokenizer=tok)

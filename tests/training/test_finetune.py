@@ -237,3 +237,14 @@ def test_lora_waits_for_the_learners_exercise(texts, trained, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 1 and len(err.splitlines()) == 1
     assert "--lora_rank trains your LoRALinear (exercise 17 of EXERCISES.md, exercises/lora.py)" in err
+
+
+def test_a_char_run_reads_a_token_folder_prepared_with_its_tokenizer(texts, trained, tmp_path, capsys):
+    from data.prepare import main as prepare_main
+    assert prepare_main([texts["second"], "--tokenizer_from", str(trained), "--out_dir", str(tmp_path / "tok")]) == 0
+    assert finetune({"second": str(tmp_path / "tok")}, trained, tmp_path / "a", "--max_iters", "0") == 0
+    assert finetune(texts, trained, tmp_path / "b", "--max_iters", "0") == 0         # the text file itself
+    assert log_rows(tmp_path / "a")[0]["val_loss"] == log_rows(tmp_path / "b")[0]["val_loss"]
+    capsys.readouterr()
+    assert prepare_main([texts["strange"], "--tokenizer_from", str(trained), "--out_dir", str(tmp_path / "x")]) == 1
+    assert "3 characters are not in the vocabulary of --tokenizer_from" in one_line_error(capsys, 1, 1)

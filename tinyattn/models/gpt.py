@@ -117,11 +117,12 @@ class GPT(nn.Module):
         loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T), ignore_index=-1)
         return logits, loss
 
-    def export_hf(self, folder, chars=None):
+    def export_hf(self, folder, chars=None, tokenizer=None):
         """Write the model as Hugging Face's GPT-2 (config.json, model.safetensors) into ``folder``:
         ``transformers.GPT2LMHeadModel.from_pretrained(folder)`` loads it. ``chars``, a character
-        vocabulary (token id -> character), goes into tokenizer.json. See models/hf.py."""
-        hf.export_hf(self, folder, chars)
+        vocabulary (token id -> character), or ``tokenizer``, a BPE, goes into tokenizer.json.
+        See models/hf.py."""
+        hf.export_hf(self, folder, chars, tokenizer)
 
     @classmethod
     def from_hf(cls, folder, **overrides):

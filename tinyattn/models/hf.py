@@ -17,8 +17,9 @@ else changes.
 GPT-2 always has biases: a tinyattn model built with bias=False is written with
 zero biases, which compute the same function.
 
-A character vocabulary travels as tokenizer.json, in the format of Hugging Face's
-`tokenizers` (every character is a token; decoding joins them), which
+A character vocabulary or a byte-level BPE tokenizer travels as tokenizer.json, in
+the format of Hugging Face's `tokenizers` (for characters: every character is a token,
+decoding joins them; for BPE see tinyattn/tokenizers/hf.py), which
 ``transformers.AutoTokenizer.from_pretrained(folder)`` reads. GPT-2's own BPE
 tokenizer files in a folder are left alone: from_hf reads the weights only.
 """
@@ -42,15 +43,21 @@ def is_conv1d(name):
     return name.startswith("h.") and name.endswith(".weight") and (".attn." in name or ".mlp." in name)
 
 
-def export_hf(model, folder, chars=None):
+def export_hf(model, folder, chars=None, tokenizer=None):
     """Write ``folder``/config.json and ``folder``/model.safetensors for
     ``transformers.GPT2LMHeadModel.from_pretrained(folder)``; with ``chars`` (the
-    character of each token id) also tokenizer.json and tokenizer_config.json."""
+    character of each token id) or ``tokenizer`` (a tinyattn BPE) also tokenizer.json
+    and tokenizer_config.json."""
     config = model.config
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise ValueError(f"export_hf: {folder} is a file; give a folder to write config.json and model.safetensors into")
+    if chars is not None and tokenizer is not None:
+        raise ValueError("export_hf: give chars or tokenizer, not both")
     if chars is not None and len(chars) != config.vocab_size:
         raise ValueError(f"export_hf: {len(chars)} characters for a vocabulary of {config.vocab_size} tokens")
+    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
+        raise ValueError(f"export_hf: the tokenizer has {tokenizer.vocab_size} ids, more than the model's "
+                         f"{config.vocab_size}")
     tensors = {}
     for name, p in model.state_dict().items():
         a = p.numpy().astype(np.float32)
@@ -86,12 +93,19 @@ def export_hf(model, folder, chars=None):
     os.makedirs(folder, exist_ok=True)
     save_safetensors(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
     _write_json(os.path.join(folder, "config.json"), hf_config)
-    if chars is not None:
-        _write_json(os.path.join(folder, "tokenizer.json"), char_tokenizer_json(chars))
-        _write_json(os.path.join(folder, "tokenizer_config.json"), {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "clean_up_tokenization_spaces": False,          # else decode() moves spaces around punctuation
-            "model_max_length": config.block_size})
+    if chars is not None or tokenizer is not None:
+        tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast",
+                            "clean_up_tokenization_spaces": False,   # else decode() moves spaces around punctuation
+                            "model_max_length": config.block_size}
+        if tokenizer is not None:
+            from ..tokenizers import ENDOFTEXT
+            from ..tokenizers.hf import to_hf_json
+            _write_json(os.path.join(folder, "tokenizer.json"), to_hf_json(tokenizer))
+            if ENDOFTEXT in tokenizer.special_tokens:               # GPT-2's name for it: the tokenizer's eos
+                tokenizer_config["eos_token"] = ENDOFTEXT
+        else:
+            _write_json(os.path.join(folder, "tokenizer.json"), char_tokenizer_json(chars))
+        _write_json(os.path.join(folder, "tokenizer_config.json"), tokenizer_config)
 
 
 CHAR_SPLIT = "[\\s\\S]"                                     # a regex for "any one character", newlines too
@@ -99,13 +113,17 @@ CHAR_SPLIT = "[\\s\\S]"                                     # a regex for "any o
 
 def char_tokenizer_json(chars):
     """A character vocabulary as Hugging Face `tokenizers` JSON: split the text into single
-    characters, look each up (WordLevel), and join them back when decoding (Fuse)."""
+    characters, look each up (WordLevel), and join them back when decoding (Fuse).
+
+    WordLevel needs an unknown token for a character it has not seen. The model has no row
+    for one, so an unseen character reads as the space (or, without one, the first character)."""
+    unknown = " " if " " in chars else chars[0]
     return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
             "pre_tokenizer": {"type": "Split", "pattern": {"Regex": CHAR_SPLIT}, "behavior": "Isolated",
                               "invert": False},
             "post_processor": None,
             "decoder": {"type": "Fuse"},
-            "model": {"type": "WordLevel", "vocab": {c: i for i, c in enumerate(chars)}, "unk_token": "<unk>"}}
+            "model": {"type": "WordLevel", "vocab": {c: i for i, c in enumerate(chars)}, "unk_token": unknown}}
 
 
 def read_chars(folder):

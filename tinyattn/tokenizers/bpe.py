@@ -301,6 +301,17 @@ class BPE:
         tok._learned = [m for m in merges if m[2] not in seen and not seen.add(m[2])]
         return tok
 
+    def with_special_tokens(self, names):
+        """A copy with the special tokens ``names`` added, numbered after the last id (as chat
+        fine-tuning adds its <|user|> and <|assistant|>); the learned tokens stay as they are."""
+        new = [n for n in names if n not in self.special_tokens]
+        if len(set(new)) != len(new) or not all(isinstance(n, str) and n for n in new):
+            raise ValueError(f"special tokens must be distinct non-empty strings, got {list(names)!r}")
+        specials = {**self.special_tokens, **{n: self.n_vocab + i for i, n in enumerate(new)}}
+        tok = type(self)(self.ranks, self.pattern, specials)
+        tok._learned = self._learned
+        return tok
+
     # -- encoding and decoding -----------------------------------------------------------
     @property
     def vocab_size(self):

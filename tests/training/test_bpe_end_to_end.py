@@ -119,7 +119,7 @@ def test_added_special_tokens_grow_the_embedding_with_a_note(texts, run, tmp_pat
     out = tmp_path / "ft"
     assert train_main(["--init_from", str(run[1]), "--data", str(chat), "--out_dir", str(out), *TINY,
                        "--max_iters", "0"]) == 0
-    printed = capsys.readouterr().out
+    printed = capsys.readouterr().err
     assert "adds 2 special tokens to the model's tokenizer (<|user|>, <|assistant|>)" in printed
     assert "embedding rows 300 to 301 are new" in printed
     before, _, _ = checkpoint.load(str(run[1] / "ckpt.npz"))

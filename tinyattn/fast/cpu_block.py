@@ -105,7 +105,7 @@ def block(x, params, n_head, eps_1, eps_2, head_keep=None):
         np.matmul(flat(gelu), w_proj.T, out=flat(y))                         # y = x2 + gelu(f) W_proj^T + b_proj
         _add_bias(flat(y), b_proj, flat(x2))
 
-    split(rows, B, work=block_work(x.shape))
+    split(rows, B, work=block_work(x.shape), same_parts=True)
     return y, h1, xhat1, rstd1, qkv, weights, att, h2, xhat2, rstd2, f, gelu
 
 
@@ -159,7 +159,7 @@ def block_backward(g, saved, params, n_head, head_keep=None):
         flat(dx)[...] += dx2                                                  # the residual
         sums[i] = mine
 
-    split(rows, B, work=2 * block_work(g.shape))
+    split(rows, B, work=2 * block_work(g.shape), same_parts=True)
     first, *others = [sums[i] for i in sorted(sums)]                         # (in order: the same sums every run)
     dparams = first
     for more in others:

@@ -379,7 +379,7 @@ class CpuProducts(Products):
         return outs
 
     def linear(self, x2, weight, bias=None):
-        """W^T as layouts.py finds fastest (inside ta.inference_mode)."""
+        """W^T as layouts.py lays it out (a contiguous copy inside ta.inference_mode)."""
         return self.matmul(x2, layouts.transposed(weight, len(x2)), add=bias)
 
 

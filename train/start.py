@@ -65,6 +65,9 @@ def setup(args):
             args._notes = [*getattr(args, "_notes", ()), f"the dropout generator's state was not saved ({args.device} "
                            "cannot export it): the resumed run draws its masks from a new stream, so it is not the "
                            "uninterrupted run to the bit (that needs --dropout 0 and --head_dropout 0 there)"]
+        threads_note = checkpoint.other_thread_count(meta, device_backend.on_host)
+        if threads_note:
+            args._notes = [*getattr(args, "_notes", ()), threads_note]
     if replaced and dist.rank() == 0:
         checkpoint.remove_run(args.out_dir)
         args._notes = [*getattr(args, "_notes", ()), replaced]

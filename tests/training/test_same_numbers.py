@@ -92,3 +92,20 @@ def test_a_run_resumed_under_the_other_threshold_is_exact(text_file, tmp_path, m
     assert train_with(ON_THE_THREADS, monkeypatch,
                       ["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "12"]) == 0
     assert_same_bits(final_state(out), final_state(straight))
+
+
+def test_a_resume_under_another_thread_count_says_its_numbers_differ(text_file, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    stop = [*RUN[:-1], "6"]
+    assert main(["--data", text_file, "--out_dir", str(out), *stop]) == 0
+    assert checkpoint.read_meta(str(out / "ckpt.npz"))["cpu_threads"] == 3
+    resume = ["--data", text_file, "--out_dir", str(out), "--resume", "--max_iters", "8"]
+    capsys.readouterr()
+    assert main(resume) == 0                                         # the same count: no note
+    assert "CPU threads" not in capsys.readouterr().out
+    monkeypatch.setattr(threads, "_num_threads", 2)
+    assert main([*resume[:-1], "10"]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if "CPU threads" in line]
+    assert notes == ["python -m train: note: the run used 3 CPU threads and this one uses 2 (TINYATTN_NUM_THREADS): "
+                     "ops cut into other parts round differently, so the resumed run is not the uninterrupted run "
+                     "to the bit"]

@@ -14,7 +14,7 @@ inside it. That is what ``split`` does here:
 runs ``work`` on ``get_num_threads()`` parts of the rows at once: the calling
 thread takes the first part, the pool's threads the others (numpy and the
 compiled kernels release the GIL, so they run in parallel). From the first
-split on, BLAS stays at one thread (threadpoolctl; ``hold_blas``), so no
+op of ``FLOOR`` or more on, BLAS stays at one thread (threadpoolctl; ``hold_blas``), so no
 OpenBLAS thread spins beside the pool: numpy products of your own then run
 on one thread too. ``ta.set_num_threads(1)`` or ``ta.set_fast(False)`` gives
 BLAS back its own setting. (Changing BLAS's thread count around every op
@@ -245,11 +245,6 @@ def too_small(work):
     return work < (FLOOR if MIN_WORK is None else MIN_WORK)
 
 
-def _one_by_one(fn, bounds):
-    for start, stop in bounds:
-        fn(start, stop)
-
-
 def split(fn, n, work, n_threads=None, same_parts=False):
     """``fn(start, stop)`` over rows 0..n, in get_num_threads() (or ``n_threads``) parts on the pool's
     threads when ``work`` is at least MIN_WORK, with BLAS held at one thread; else one call, ``fn(0, n)``.
@@ -268,23 +263,31 @@ def split(fn, n, work, n_threads=None, same_parts=False):
         fn(0, n)
         return
     hold_blas()                                    # (from the first op of FLOOR or more: no measurement moves it)
-    here = _one_by_one if same_parts else (lambda fn, bounds: fn(0, n))   # how the calling thread runs it alone
+    bounds = parts(n, k)
+
+    def without_the_pool():
+        if same_parts:
+            for start, stop in bounds:
+                fn(start, stop)
+        else:
+            fn(0, n)
+
     if MIN_WORK is not None and work < MIN_WORK:
-        here(fn, parts(n, k))
+        without_the_pool()
         return
     if _pool is None or _pool.size < k:
         _pool = _Pool(k)
     pool = _pool
     if not pool.lock.acquire(blocking=False):      # in use by another thread, or called from inside a part
-        here(fn, parts(n, k))
+        without_the_pool()
         return
     try:
         if MIN_WORK is None:
             measure_min_work(pool)
         if work < MIN_WORK:
-            here(fn, parts(n, k))
+            without_the_pool()
         else:
-            pool.run(fn, parts(n, k))
+            pool.run(fn, bounds)
     finally:
         pool.lock.release()
 

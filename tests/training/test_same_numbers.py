@@ -20,6 +20,7 @@ from train.command import main
 from training_data import TEXT, TINY
 
 RUN = [*TINY, "--dropout", "0.1", "--eval_interval", "5", "--log_interval", "1", "--max_iters", "12"]
+FLOOR = threads.FLOOR                                                # (the fixture below sets it to 0)
 ON_THE_THREADS, ON_THE_CALLER = 0, 10 ** 15                         # MIN_WORK: every op on the threads, or none
 
 pytestmark = pytest.mark.skipif(not threads.blas_controllers(), reason="threadpoolctl is not installed: no threads")
@@ -71,6 +72,20 @@ def test_a_run_gives_the_same_bits_whether_its_ops_run_on_the_threads_or_not(tex
         assert train_with(min_work, monkeypatch, ["--data", text_file, "--out_dir", str(out), *RUN]) == 0
         runs[min_work] = final_state(out)
     assert_same_bits(runs[ON_THE_CALLER], runs[ON_THE_THREADS])
+
+
+def test_a_larger_model_with_the_real_floor_gives_the_same_bits(text_file, tmp_path, monkeypatch):
+    """Ops above and below FLOOR, on two threads: MIN_WORK as low as it can be measured, or never reached."""
+    monkeypatch.setattr(threads, "FLOOR", FLOOR)
+    monkeypatch.setattr(threads, "_num_threads", 2)
+    model = ["--n_layer", "2", "--n_head", "4", "--n_embd", "64", "--block_size", "32", "--batch_size", "8",
+             "--eval_iters", "2", "--eval_interval", "4", "--max_iters", "8", "--quiet", "--sample_tokens", "0"]
+    runs = {}
+    for min_work in (FLOOR, ON_THE_CALLER):
+        out = tmp_path / str(min_work)
+        assert train_with(min_work, monkeypatch, ["--data", text_file, "--out_dir", str(out), *model]) == 0
+        runs[min_work] = final_state(out)
+    assert_same_bits(runs[ON_THE_CALLER], runs[FLOOR])
 
 
 def test_a_run_resumed_under_the_other_threshold_is_exact(text_file, tmp_path, monkeypatch):

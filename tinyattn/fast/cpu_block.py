@@ -8,8 +8,9 @@ thread takes sequences 0..B/2, another the rest, and each runs the two layer
 norms, the four products, causal attention and the GELU on its own rows while
 they sit in its cache. Op by op, the threads would meet and part again about
 ten times a block, and the rows would move between their caches. Backward does
-the same, and each thread sums its rows' share of the weight gradients, which
-are added at the end.
+the same, and each part sums its rows' share of the weight gradients, which
+are added at the end, in order. The parts are the same whether the threads or
+the calling thread run them (threads.split's same_parts), so the sums are too.
 
 The arithmetic is that of the ops, with their kernels (cpu_kernels.py): the
 outputs are the same numbers, and the gradients the same up to the order of the

@@ -375,7 +375,8 @@ def layer_norm(x, weight, bias, eps, keep=True):
 
 
 def layer_norm_backward(g, xhat, weight, rstd):
-    """(dx, dw, db): each thread sums its rows' share of dw and db; the parts are added at the end."""
+    """(dx, dw, db): each part of the rows sums its share of dw and db, and the parts are added at the
+    end, in order (the same parts on the threads or not: threads.split's same_parts)."""
     if not _all_float(g, xhat, weight, rstd) or g.shape != xhat.shape:
         return None
     g2 = _rows(g)                                                   # (N, C)

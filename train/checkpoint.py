@@ -56,10 +56,22 @@ def save_run(path, model, optimizer, state, args, dataset):
                 args={k: v for k, v in vars(args).items() if not k.startswith("_")}, data_rng=state["data_rng"].bit_generator.state,
                 device_rng=ta.backend.get_backend(args.device).get_rng_state(),
                 tokenizer=tokenizer_to_json(dataset.tokenizer), dataset=dataset.name, log=state["log"],
-                train_losses=state["train_losses"], elapsed=state.get("elapsed"), data_source=dataset.source)
+                train_losses=state["train_losses"], elapsed=state.get("elapsed"), data_source=dataset.source,
+                cpu_threads=ta.get_num_threads())
     if dist.world_size() > 1:                    # every rank's streams, for --resume (train/parallel.py)
         meta.update(world_size=dist.world_size(), rank_rngs=state.get("rank_rngs"))
     save(path, model, optimizer, meta, lora.merged_state(model) if args.lora_rank else None)
+
+
+def other_thread_count(meta, on_host):
+    """A note for a --resume under another CPU thread count than the run's, else None. The thread
+    count is the one setting that changes a run's numbers on the CPU (tinyattn/fast/threads.py):
+    an op cut into other parts sums in another order. A checkpoint without the count: None."""
+    saved, now = meta.get("cpu_threads"), ta.get_num_threads()
+    if not on_host or saved is None or saved == now:
+        return None
+    return (f"the run used {saved} CPU threads and this one uses {now} (TINYATTN_NUM_THREADS): ops cut into "
+            "other parts round differently, so the resumed run is not the uninterrupted run to the bit")
 
 
 def write_text(path, text):

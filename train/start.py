@@ -67,6 +67,9 @@ def setup(args, notes):
             notes.append(f"the dropout generator's state was not saved ({args.device} cannot export it): the "
                          "resumed run draws its masks from a new stream, so it is not the uninterrupted run to the "
                          "bit (that needs --dropout 0 and --head_dropout 0 there)")
+        threads_note = checkpoint.other_thread_count(meta, device_backend.on_host)
+        if threads_note:
+            notes.append(threads_note)
     if replaced and dist.rank() == 0:
         checkpoint.remove_run(args.out_dir)
         notes.append(replaced)

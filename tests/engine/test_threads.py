@@ -23,6 +23,7 @@ SPLIT_OPS = [s for s in OPS if s.name.startswith(("F.linear", "Tensor.__matmul__
 def split_everything(monkeypatch):
     """Every op splits, however small its work, in 3 parts (so some parts differ in size)."""
     monkeypatch.setattr(threads, "MIN_WORK", 0)
+    monkeypatch.setattr(threads, "FLOOR", 0)
     monkeypatch.setattr(threads, "_num_threads", 3)
 
 
@@ -209,6 +210,7 @@ def test_off_without_threadpoolctl(monkeypatch):
 @pytest.mark.parametrize("n_threads", [1, 2, 3, 5])
 def test_matmuls_runs_every_row_of_every_product_once(n_threads, monkeypatch):
     monkeypatch.setattr(threads, "MIN_WORK", 0)
+    monkeypatch.setattr(threads, "FLOOR", 0)
     monkeypatch.setattr(threads, "_num_threads", n_threads)
     r = np.random.default_rng(0)
     g, w, x = r.standard_normal((37, 5)), r.standard_normal((5, 3)), r.standard_normal((37, 3))
@@ -220,6 +222,7 @@ def test_matmuls_runs_every_row_of_every_product_once(n_threads, monkeypatch):
 @needs_threadpoolctl
 def test_matmuls_on_two_threads_runs_two_products_of_equal_cost_whole_one_on_each(monkeypatch):
     monkeypatch.setattr(threads, "MIN_WORK", 0)
+    monkeypatch.setattr(threads, "FLOOR", 0)
     monkeypatch.setattr(threads, "_num_threads", 2)
     seen = []
     monkeypatch.setattr(np, "matmul", lambda a, b, out: seen.append((a.shape, threading.current_thread())))
@@ -280,3 +283,78 @@ def test_set_num_threads_checks_its_argument(monkeypatch):
     assert ta.get_num_threads() == 5
     with pytest.raises(ValueError, match="at least 1"):
         ta.set_num_threads(0)
+
+
+# ---------------------------------------------------------------- the same numbers, measured either way
+def test_an_op_whose_parts_matter_runs_them_in_the_caller_below_min_work(monkeypatch):
+    """From FLOOR on, a same_parts op runs in get_num_threads() parts whatever MIN_WORK is: in order,
+    on the calling thread, when MIN_WORK (measured) says the pool would not pay."""
+    monkeypatch.setattr(threads, "MIN_WORK", 10 ** 12)
+    monkeypatch.setattr(threads, "_num_threads", 3)
+    monkeypatch.setattr(threads, "_blas", ("a BLAS",))                 # (as with threadpoolctl: 3 threads)
+    monkeypatch.setattr(threads, "hold_blas", lambda: None)
+    here, seen = threading.current_thread(), []
+    record = lambda i, j: seen.append((i, j, threading.current_thread()))   # noqa: E731
+    threads.split(record, 10, work=threads.FLOOR, same_parts=True)
+    assert seen == [(0, 3, here), (3, 6, here), (6, 10, here)]
+    seen.clear()
+    threads.split(record, 10, work=threads.FLOOR)                    # rows on their own: whole
+    threads.split(record, 10, work=threads.FLOOR - 1, same_parts=True)   # below FLOOR: whole on every machine
+    assert seen == [(0, 10, here)] * 2
+
+
+@needs_threadpoolctl
+def test_an_op_whose_parts_matter_runs_them_in_the_caller_when_the_pool_is_busy(split_everything):
+    seen = []
+
+    def outer(i, j):
+        if i == 0:                                                   # the pool is running this split
+            threads.split(lambda a, b: seen.append((a, b, threading.current_thread())), 6, work=1, same_parts=True)
+    threads.split(outer, 3, work=1)
+    assert seen == [(0, 2, threading.current_thread()), (2, 4, threading.current_thread()),
+                    (4, 6, threading.current_thread())]
+
+
+@needs_threadpoolctl
+def test_blas_is_held_from_the_first_op_of_floor_whatever_min_work_is(monkeypatch):
+    monkeypatch.setattr(threads, "MIN_WORK", 10 ** 12)                # no op goes to the pool
+    monkeypatch.setattr(threads, "_num_threads", 2)
+    threads.release_blas()
+    threads.split(lambda i, j: None, 10, work=threads.FLOOR - 1)
+    assert not threads.blas_held()
+    threads.split(lambda i, j: None, 10, work=threads.FLOOR)
+    assert threads.blas_held()                                       # (BLAS's dot sums otherwise change with it)
+    threads.release_blas()
+
+
+def run_on_the_pool_or_not(monkeypatch, run):
+    """run() with every op on the pool's threads (MIN_WORK 0), then with every op on the caller."""
+    monkeypatch.setattr(threads, "FLOOR", 0)
+    monkeypatch.setattr(threads, "_num_threads", 3)
+    results = []
+    for min_work in (0, 10 ** 15):
+        monkeypatch.setattr(threads, "MIN_WORK", min_work)
+        results.append(run())
+    return results
+
+
+@needs_threadpoolctl
+@pytest.mark.parametrize("spec", SPLIT_OPS, ids=[s.name for s in SPLIT_OPS])
+def test_split_ops_give_the_same_bits_on_the_pool_or_in_the_caller(spec, cpu_kernels, monkeypatch):
+    arrays = [a.astype(np.float32) if a.dtype.kind == "f" else a for a in spec.inputs(np.random.default_rng(3))]
+    pool, caller = run_on_the_pool_or_not(monkeypatch, lambda: forward_and_backward(spec, arrays, "cpu"))
+    for a, b in zip(pool, caller):
+        np.testing.assert_array_equal(a, b)
+
+
+@needs_threadpoolctl
+@pytest.mark.parametrize("case", KERNEL_CASES, ids=[c.name for c in KERNEL_CASES])
+def test_kernels_give_the_same_bits_on_the_pool_or_in_the_caller(case, monkeypatch):
+    cpu = get_backend("cpu")
+    if not cpu.kernels or not case.kernels <= set(cpu.kernels):
+        pytest.skip("not a CPU kernel here (numba is not installed, or TINYATTN_CPU_KERNELS=0)")
+    arrays = case.inputs(np.random.default_rng(6))
+    for dtype in ("float32", "float64"):
+        pool, caller = run_on_the_pool_or_not(monkeypatch, lambda: case.run(arrays, "cpu", dtype))
+        for a, b in zip(pool, caller):
+            np.testing.assert_array_equal(a, b)

@@ -781,6 +781,7 @@ def test_drawing_a_fused_block_leaves_the_generator_and_draws_what_ran():
 def test_a_fused_block_split_over_three_threads_gives_the_same_gradients_every_time(monkeypatch):
     from tinyattn.fast import threads
     monkeypatch.setattr(threads, "MIN_WORK", 0)
+    monkeypatch.setattr(threads, "FLOOR", 0)
     monkeypatch.setattr(threads, "_num_threads", 3)
     block = a_block("float32", C=16, H=4)
     x = ta.randn(6, 6, 16, requires_grad=True)
@@ -817,6 +818,7 @@ def test_a_tool_watching_only_the_backward_sees_the_blocks_ops(watch):
 def test_an_empty_batch_or_one_that_does_not_share_evenly_runs_op_by_op(B, monkeypatch):
     from tinyattn.fast import threads
     monkeypatch.setattr(threads, "MIN_WORK", 0)                         # (3 sequences would split)
+    monkeypatch.setattr(threads, "FLOOR", 0)
     monkeypatch.setattr(threads, "_num_threads", 2)
     block = a_block()
     x = ta.randn(B, 5, 8, dtype="float64", requires_grad=True)

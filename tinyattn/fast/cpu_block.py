@@ -8,8 +8,9 @@ thread takes sequences 0..B/2, another the rest, and each runs the two layer
 norms, the four products, causal attention and the GELU on its own rows while
 they sit in its cache. Op by op, the threads would meet and part again about
 ten times a block, and the rows would move between their caches. Backward does
-the same, and each thread sums its rows' share of the weight gradients, which
-are added at the end.
+the same, and each part sums its rows' share of the weight gradients, which
+are added at the end, in order. The parts are the same whether the threads or
+the calling thread run them (threads.split's same_parts), so the sums are too.
 
 The arithmetic is that of the ops, with their kernels (cpu_kernels.py): the
 outputs are the same numbers, and the gradients the same up to the order of the
@@ -105,7 +106,7 @@ def block(x, params, n_head, eps_1, eps_2, head_keep=None):
         np.matmul(flat(gelu), w_proj.T, out=flat(y))                         # y = x2 + gelu(f) W_proj^T + b_proj
         _add_bias(flat(y), b_proj, flat(x2))
 
-    split(rows, B, work=block_work(x.shape))
+    split(rows, B, work=block_work(x.shape), same_parts=True)
     return y, h1, xhat1, rstd1, qkv, weights, att, h2, xhat2, rstd2, f, gelu
 
 
@@ -159,7 +160,7 @@ def block_backward(g, saved, params, n_head, head_keep=None):
         flat(dx)[...] += dx2                                                  # the residual
         sums[i] = mine
 
-    split(rows, B, work=2 * block_work(g.shape))
+    split(rows, B, work=2 * block_work(g.shape), same_parts=True)
     first, *others = [sums[i] for i in sorted(sums)]                         # (in order: the same sums every run)
     dparams = first
     for more in others:

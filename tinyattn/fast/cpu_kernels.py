@@ -375,22 +375,23 @@ def layer_norm(x, weight, bias, eps, keep=True):
 
 
 def layer_norm_backward(g, xhat, weight, rstd):
-    """(dx, dw, db): each thread sums its rows' share of dw and db; the parts are added at the end."""
+    """(dx, dw, db): each part of the rows sums its share of dw and db, and the parts are added at the
+    end, in order (the same parts on the threads or not: threads.split's same_parts)."""
     if not _all_float(g, xhat, weight, rstd) or g.shape != xhat.shape:
         return None
     g2 = _rows(g)                                                   # (N, C)
     dx = np.empty_like(g2)
     xhat2, w, rstd1 = _rows(xhat), np.ascontiguousarray(weight), np.ascontiguousarray(rstd).reshape(-1)
-    sums = []                                                       # (dw, db) of each part
+    sums = {}                                                       # a part's first row -> its (dw, db)
 
     def rows(i, j):
         dw, db = np.zeros_like(w), np.zeros_like(w)
         _layer_norm_bwd(g2[i:j], xhat2[i:j], w, rstd1[i:j], dx[i:j], dw, db)
-        sums.append((dw, db))
+        sums[i] = dw, db
 
-    split(rows, len(g2), work=g2.size // _LIGHT)
-    dw, db = sums[0]
-    for more_dw, more_db in sums[1:]:
+    split(rows, len(g2), work=g2.size // _LIGHT, same_parts=True)
+    (dw, db), *others = [sums[i] for i in sorted(sums)]            # (in order: the same sums every run)
+    for more_dw, more_db in others:
         dw += more_dw
         db += more_db
     return dx.reshape(g.shape), dw, db
@@ -718,7 +719,7 @@ def cross_entropy(logits, targets, ignore_index):
     def rows(i, j):
         parts[i] = _cross_entropy_fwd(x[i:j], t[i:j], lse[i:j], ignore)
 
-    split(rows, len(x), work=x.size)
+    split(rows, len(x), work=x.size, same_parts=True)
     total, count = (sum(parts[i][k] for i in sorted(parts)) for k in (0, 1))
     real = x.dtype.type
     scale = real(1.0 / max(count, 1))

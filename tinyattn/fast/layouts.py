@@ -8,13 +8,12 @@ on AVX-512, 8 rows: about 4x; bench/BENCHMARKS.md). Copying W^T for every
 call would cost more than it saves; inside ``ta.inference_mode()`` the
 weights do not change, so the copy is made once per block and kept.
 
-Whether the copy is faster depends on the machine and the sizes, so it is
-measured: the first time a product of some shape comes (rows rounded up to a
-power of two), both layouts are timed on it, and the faster one is used from
-then on. The copies are kept up to ``BUDGET_BYTES`` in all.
+It is made for every product of at most ``MAX_ROWS`` rows, on every machine,
+up to ``BUDGET_BYTES`` of copies in all (then the view). Not timed: BLAS sums
+in another order with the copy than with the view, so a choice by a
+measurement would give other numbers from one run to the next.
 """
 import threading
-import time
 
 import numpy as np
 
@@ -28,12 +27,11 @@ _block = None                    # the inference_mode block the copies belong to
 _copies = {}                     # id(weight) -> (weight, W^T contiguous)
 _chosen = {}                     # (id(weight), rows) -> (weight, what transposed gives)
 _kept_bytes = 0
-_copy_is_faster = {}             # (rows rounded up to a power of two, in, out, dtype) -> bool, measured
 
 
 def transposed(weight, rows):
     """W^T for ``rows`` rows of x times it: a contiguous copy kept for this inference_mode block
-    where that is measured to be faster, else the transposed view. ``weight`` (out, in) numpy."""
+    (up to MAX_ROWS rows, within the budget), else the transposed view. ``weight`` (out, in) numpy."""
     global _block, _kept_bytes
     block = inference_block()
     if block is None or rows > MAX_ROWS or type(weight) is not np.ndarray:
@@ -51,7 +49,7 @@ def transposed(weight, rows):
         kept = _copies.get(id(weight))
         if kept is not None and kept[0] is weight:
             result = kept[1]
-        elif _kept_bytes + weight.nbytes <= BUDGET_BYTES and _faster_as_copy(rows, view):
+        elif _kept_bytes + weight.nbytes <= BUDGET_BYTES:
             result = np.ascontiguousarray(view)
             _copies[id(weight)] = (weight, result)           # (the weight kept too, so its id stays its own)
             _kept_bytes += weight.nbytes
@@ -60,25 +58,3 @@ def transposed(weight, rows):
         _chosen[key] = (weight, result)
         return result
 
-
-def _bucket(rows):
-    """Rows rounded up to a power of two: products are measured, and their choice kept, per bucket."""
-    return 1 << max(rows - 1, 0).bit_length()
-
-
-def _faster_as_copy(rows, view):
-    """Whether (rows, in) @ W^T runs faster with W^T contiguous than as the transposed view:
-    measured once per shape (the best of a few runs of each), then remembered."""
-    bucket = _bucket(rows)
-    key = (bucket,) + view.shape + (view.dtype.str,)
-    if key not in _copy_is_faster:
-        x = np.ones((bucket, view.shape[0]), view.dtype)
-        copy = np.ascontiguousarray(view)
-        times = {}
-        for name, w in (("view", view), ("copy", copy)) * 2:   # alternating, twice: the later runs count
-            start = time.perf_counter()
-            for _ in range(3):
-                x.dot(w)
-            times[name] = time.perf_counter() - start
-        _copy_is_faster[key] = times["copy"] < 0.9 * times["view"]
-    return _copy_is_faster[key]

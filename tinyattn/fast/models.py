@@ -221,7 +221,8 @@ class Block(Runner):
             return None
         B, T, _ = x.shape
         n = threads.get_num_threads()                                   # the threads take whole sequences:
-        even = B % n == 0 or B >= 4 * n or threads.too_small(block_work(x.shape))   # each about as many
+        even = B % n == 0 or B >= 4 * n or block_work(x.shape) < threads.FLOOR   # each about as many
+        # (FLOOR, not the measured MIN_WORK: whether the block runs as one op changes the numbers)
         return params if even and not attention.is_long(T, T, B * attn.n_head, x.dtype.itemsize, True) else None
 
 

@@ -353,7 +353,7 @@ class LayerNorm(FastOp, F.LayerNorm):
 
 class Linear(FastOp, F.Linear):
     """One 2-d product over the flattened leading dims (on the CPU split over the threads, and
-    inside ta.inference_mode with W^T as layouts.py finds fastest), the bias added in place;
+    inside ta.inference_mode with W^T laid out by layouts.py), the bias added in place;
     backward's products in one split (products.matmuls)."""
 
     def fast_forward(self, x, weight, bias=None):

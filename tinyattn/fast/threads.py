@@ -14,7 +14,7 @@ inside it. That is what ``split`` does here:
 runs ``work`` on ``get_num_threads()`` parts of the rows at once: the calling
 thread takes the first part, the pool's threads the others (numpy and the
 compiled kernels release the GIL, so they run in parallel). From the first
-split on, BLAS stays at one thread (threadpoolctl; ``hold_blas``), so no
+op of ``FLOOR`` or more on, BLAS stays at one thread (threadpoolctl; ``hold_blas``), so no
 OpenBLAS thread spins beside the pool: numpy products of your own then run
 on one thread too. ``ta.set_num_threads(1)`` or ``ta.set_fast(False)`` gives
 BLAS back its own setting. (Changing BLAS's thread count around every op
@@ -25,7 +25,21 @@ threadpoolctl (the ``fast`` extra), after ``set_num_threads(1)``, or with
 ``TINYATTN_NUM_THREADS=1``. Small ops never split: handing a part to a pool
 thread and getting it back costs from a few microseconds (bare metal) to
 about 50 (some VMs), so the first split measures that and the time a unit
-of work takes, and ops split from ``MIN_WORK`` on (measure_min_work).
+of work takes, and ops run on the pool from ``MIN_WORK`` on (measure_min_work).
+
+The same numbers on every run. A measurement differs from one process to the
+next, so it may decide who computes an op, never what is computed. Some ops
+compute other numbers when their rows are cut in parts: a matrix product (BLAS
+picks its kernel, and so the order of its sums, by the number of rows it is
+given) and an op that sums over rows part by part (layer norm's weight
+gradient, the loss, the fused block's weight gradients). These ask for
+``same_parts``: from ``FLOOR`` on, a fixed number that no measurement moves,
+they always run in the same ``get_num_threads()`` parts, on the pool's threads
+from MIN_WORK on, else one after another on the calling thread; below FLOOR,
+whole. The other ops (row by row, element by element) give the same numbers
+whole or in parts, and run whole below MIN_WORK. So a run's numbers depend on
+its inputs and the thread count alone: ``TINYATTN_NUM_THREADS`` may change them,
+how busy the machine is may not.
 """
 import math
 import os
@@ -40,8 +54,10 @@ import numpy as np
 from . import layouts
 
 NUM_THREADS_ENV = "TINYATTN_NUM_THREADS"
-# Split an op only from this much work (elements it touches, or a product's n*k*m / 32): measured on
-# this machine at the first split (measure_min_work); below FLOOR nothing splits, even before that.
+# Work is counted in elements an op touches, or a product's n*k*m / 32. Below FLOOR an op runs whole
+# on the calling thread, on every machine; from FLOOR on, an op whose numbers depend on its parts
+# runs in get_num_threads() parts (see above). An op runs on the pool's threads from MIN_WORK on:
+# measured on this machine at the first split (measure_min_work), never below FLOOR.
 MIN_WORK = None
 FLOOR = 1 << 14
 
@@ -224,36 +240,54 @@ def parts(n, k):
 
 
 def too_small(work):
-    """True for work too small to split (below MIN_WORK; before it is measured, below FLOOR)."""
+    """True for work that runs whole on the calling thread (below MIN_WORK; before it is measured,
+    below FLOOR). Only for ops whose numbers do not depend on their parts: see ``split``."""
     return work < (FLOOR if MIN_WORK is None else MIN_WORK)
 
 
-def split(fn, n, work, n_threads=None):
-    """``fn(start, stop)`` over rows 0..n, split in get_num_threads() (or ``n_threads``) parts when
-    ``work`` is at least MIN_WORK, with BLAS held at one thread; else one call, ``fn(0, n)``.
-    ``work=math.inf`` always splits (where there are threads)."""
+def split(fn, n, work, n_threads=None, same_parts=False):
+    """``fn(start, stop)`` over rows 0..n, in get_num_threads() (or ``n_threads``) parts on the pool's
+    threads when ``work`` is at least MIN_WORK, with BLAS held at one thread; else one call, ``fn(0, n)``.
+    ``work=math.inf`` always splits (where there are threads).
+
+    same_parts=True: fn's numbers depend on where the rows are cut (a product, a sum over rows
+    added part by part). Then from FLOOR on it always runs in those parts, in order on the calling
+    thread where the pool does not take them (below MIN_WORK, or the pool busy), so the numbers
+    are the same whatever MIN_WORK was measured to be."""
     global _pool
-    if too_small(work):
+    if work < FLOOR:
         fn(0, n)
         return
     k = min(_split_threads() if n_threads is None else (n_threads if blas_controllers() else 1), n)
     if k < 2:
         fn(0, n)
         return
+    hold_blas()                                    # (from the first op of FLOOR or more: no measurement moves it)
+    bounds = parts(n, k)
+
+    def without_the_pool():
+        if same_parts:
+            for start, stop in bounds:
+                fn(start, stop)
+        else:
+            fn(0, n)
+
+    if MIN_WORK is not None and work < MIN_WORK:
+        without_the_pool()
+        return
     if _pool is None or _pool.size < k:
         _pool = _Pool(k)
     pool = _pool
     if not pool.lock.acquire(blocking=False):      # in use by another thread, or called from inside a part
-        fn(0, n)
+        without_the_pool()
         return
     try:
-        hold_blas()
         if MIN_WORK is None:
             measure_min_work(pool)
-        if too_small(work):
-            fn(0, n)
+        if work < MIN_WORK:
+            without_the_pool()
         else:
-            pool.run(fn, parts(n, k))
+            pool.run(fn, bounds)
     finally:
         pool.lock.release()
 
@@ -306,10 +340,13 @@ class Products:
 
 class CpuProducts(Products):
     """numpy's products: the rows of (n, k) @ (k, m), or the S products of a stack (S, ..., n, k) @
-    (S, ..., k, m), split over the threads, one BLAS thread each; other shapes as numpy's matmul."""
+    (S, ..., k, m), split over the threads, one BLAS thread each; other shapes as numpy's matmul.
+    A 2-d product's rows always run in the same parts from FLOOR on (``split``'s same_parts: BLAS
+    may sum a row in another order when it is given fewer rows); a stack's products are each one
+    BLAS call either way."""
 
     def matmul(self, a, b, add=None):
-        if a.ndim == b.ndim == 2 and too_small(a.size * b.shape[1] // 32):   # too small to split:
+        if a.ndim == b.ndim == 2 and a.size * b.shape[1] // 32 < FLOOR:   # one part on every machine:
             out = a.dot(b)                                    # dot skips matmul's dispatch (1 us of 1.4 at 4 x 4)
             if add is not None:
                 out += add
@@ -324,7 +361,7 @@ class CpuProducts(Products):
             if add is not None:
                 out[start:stop] += add
 
-        split(rows, a.shape[0], work=a.size * b.shape[-1] // 32)
+        split(rows, a.shape[0], work=a.size * b.shape[-1] // 32, same_parts=a.ndim == 2)
         return out
 
     def matmuls(self, pairs):
@@ -341,11 +378,11 @@ class CpuProducts(Products):
                 if i < j:
                     np.matmul(a[i:j], b, out=out[i:j])
 
-        split(units, firsts[-1], work=firsts[-1] // 32)
+        split(units, firsts[-1], work=firsts[-1] // 32, same_parts=True)
         return outs
 
     def linear(self, x2, weight, bias=None):
-        """W^T as layouts.py finds fastest (inside ta.inference_mode)."""
+        """W^T as layouts.py lays it out (a contiguous copy inside ta.inference_mode)."""
         return self.matmul(x2, layouts.transposed(weight, len(x2)), add=bias)
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tinyattn.tokenizers import ENDOFTEXT
+from tinyattn.tokenizers import ENDOFTEXT, CharTokenizer
 
 VAL_FRACTION = 0.1
 TOKEN_FILES = ("train.bin", "val.bin", "meta.json", "tokenizer.bpe", "tokenizer.json")   # what a folder holds
@@ -64,22 +64,6 @@ def read_text_and_bytes(path):
     return text, raw
 
 
-class CharTokenizer:
-    """One id per character of the sorted set (train.data.CharTokenizer reads its dict)."""
-    kind = "char"
-
-    def __init__(self, chars):
-        self.chars = chars
-        self.stoi = {c: i for i, c in enumerate(chars)}
-        self.vocab_size = len(chars)
-
-    def encode(self, text):
-        return [self.stoi[c] for c in text]
-
-    def to_dict(self):
-        return {"kind": "char", "chars": self.chars}
-
-
 def read_tokenizer(path):
     """--tokenizer_from's tokenizer: a BPE or a CharTokenizer from a token folder (meta.json),
     a run's out_dir or checkpoint (the tokenizer is JSON in the checkpoint's "meta"), or a
@@ -95,7 +79,7 @@ def read_tokenizer(path):
             kind, file = meta["tokenizer"], path / meta["tokenizer_file"]
             if kind == "bpe":
                 return BPE.load(file)
-            return CharTokenizer(json.loads(file.read_text(encoding="utf-8"))["chars"])
+            return CharTokenizer.from_dict(json.loads(file.read_text(encoding="utf-8")))
         except (OSError, KeyError, TypeError, json.JSONDecodeError) as e:
             raise ValueError(f"{where}: meta.json names no tokenizer that data.prepare wrote ({e})") from None
     if (path / "config.json").is_file():                        # an exported Hugging Face folder
@@ -121,7 +105,7 @@ def read_tokenizer(path):
     if tok.get("kind") == "bpe":
         return BPE.from_dict(tok)
     if tok.get("kind") == "char":
-        return CharTokenizer(tok["chars"])
+        return CharTokenizer.from_dict(tok)
     raise ValueError(f"{where}: a {tok.get('kind')} tokenizer (the lesson corpus's) does not encode a text file")
 
 

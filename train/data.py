@@ -22,42 +22,7 @@ import numpy as np
 
 from data import coref
 from data.prepare import read_text_and_bytes
-from tinyattn.tokenizers import BPE, ENDOFTEXT
-
-
-class CharTokenizer:
-    """One token per character; the vocabulary is the sorted set of characters."""
-    kind = "char"
-
-    def __init__(self, chars):
-        self.chars = list(chars)
-        self.stoi = {c: i for i, c in enumerate(self.chars)}
-
-    @classmethod
-    def from_text(cls, text):
-        return cls(sorted(set(text)))
-
-    @property
-    def vocab_size(self):
-        return len(self.chars)
-
-    def encode(self, text):
-        """str -> list of ids."""
-        try:
-            return [self.stoi[c] for c in text]
-        except KeyError as e:
-            raise ValueError(f"character {e.args[0]!r} is not in the vocabulary") from None
-
-    def decode(self, ids):
-        """ids -> str."""
-        return "".join(self.chars[int(i)] for i in ids)
-
-    def to_dict(self):
-        return {"kind": self.kind, "chars": self.chars}
-
-    @classmethod
-    def from_dict(cls, d):
-        return cls(d["chars"])
+from tinyattn.tokenizers import BPE, ENDOFTEXT, CharTokenizer
 
 
 class WordTokenizer:

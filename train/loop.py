@@ -64,7 +64,7 @@ def train(args, notes=()):
                     batches = [to_device(parallel.local_batch(dataset, args, state["data_rng"]), args.device)
                                for _ in range(args.gradient_accumulation_steps)]
                     with profiler if profiler and step in PROFILE_STEPS else contextlib.nullcontext():
-                        loss = train_step(model, optimizer, batches, args.grad_clip, average_grads)
+                        loss = train_step(model, optimizer, batches, args.grad_clip, average_grads, run.loss_fn)
                     with interrupts.uninterrupted():
                         run.pending.append(loss)         # read every log_interval steps: reading waits
                         state["step"] = step + 1         # for the device
@@ -90,6 +90,7 @@ class Run:
     def __init__(self, args, dataset, model, optimizer, state, device):
         self.args, self.dataset, self.model, self.optimizer, self.state = args, dataset, model, optimizer, state
         self.device = device
+        self.loss_fn = lm_loss                   # the objective: the language model's, next-token prediction
         self.root = dist.rank() == 0
         self.ckpt_path = os.path.join(args.out_dir, "ckpt.npz")
         self.pending = []                        # the step losses still on the device
@@ -144,7 +145,7 @@ class Run:
 
     def _evaluate(self, step, save=True):
         args, state = self.args, self.state
-        losses = estimate_loss(self.model, self.dataset, args)
+        losses = estimate_loss(self.model, self.dataset, args, self.loss_fn)
         row = dict(step=step, train_loss=round(losses["train"], 6), val_loss=round(losses["val"], 6),
                    train_perplexity=round(perplexity(losses["train"]), 4),
                    val_perplexity=round(perplexity(losses["val"]), 4),
@@ -273,17 +274,25 @@ class Run:
 
 # ---------------------------------------------------------------------------
 # what the loop calls: the step, the evaluation, the sample, reading the losses
-def train_step(model, optimizer, batches, grad_clip, average_grads=None):
+def lm_loss(model, batch):
+    """The language model's loss on a batch (x, y): the mean cross-entropy of each next token
+    (a target of -1, padding or a token outside the loss mask, counts for nothing)."""
+    x, y = batch
+    return model(x, y)[1]
+
+
+def train_step(model, optimizer, batches, grad_clip, average_grads=None, loss_fn=lm_loss):
     """One optimizer step over the micro-batches [(x, y), ...]: their gradients add up.
 
     Each loss is scaled by 1/k, so the summed gradient is that of the mean loss
     and clipping sees the same norm as one big batch would. Over several processes,
     ``average_grads()`` (a GradAverager's) then makes every process's gradient the mean
-    over all of them. Returns this process's mean loss as a 0-d Tensor, still on the device.
+    over all of them. ``loss_fn(model, batch)``: the objective (the language model's by
+    default). Returns this process's mean loss as a 0-d Tensor, still on the device.
     """
     total = None
-    for x, y in batches:
-        _, loss = model(x, y)
+    for batch in batches:
+        loss = loss_fn(model, batch)
         scaled = loss * (1.0 / len(batches))
         scaled.backward()
         total = scaled.detach() if total is None else total + scaled.detach()
@@ -298,7 +307,7 @@ def train_step(model, optimizer, batches, grad_clip, average_grads=None):
 
 
 @ta.no_grad()
-def estimate_loss(model, dataset, args):
+def estimate_loss(model, dataset, args, loss_fn=lm_loss):
     """Mean loss over eval_iters batches of each split; the same batches every time."""
     model.eval()
     rng = np.random.default_rng(args.seed + 1)
@@ -307,8 +316,8 @@ def estimate_loss(model, dataset, args):
         for split in ("train", "val"):
             losses = []
             for _ in range(args.eval_iters):
-                x, y = to_device(dataset.get_batch(split, args.batch_size, args.block_size, rng), args.device)
-                losses.append(model(x, y)[1])
+                batch = to_device(dataset.get_batch(split, args.batch_size, args.block_size, rng), args.device)
+                losses.append(loss_fn(model, batch))
             out[split] = (sum(losses[1:], losses[0]) * (1.0 / len(losses))).item()   # one read of the device
     finally:
         model.train()
@@ -316,8 +325,8 @@ def estimate_loss(model, dataset, args):
 
 
 def to_device(batch, device):
-    x, y = batch
-    return ta.tensor(x, device=device), ta.tensor(y, device=device)
+    """A batch of arrays (x, y, ...) as tensors on the device."""
+    return tuple(ta.tensor(a, device=device) for a in batch)
 
 
 def sample_text(model, dataset, args, n_tokens):

@@ -114,7 +114,7 @@ def test_the_training_loop_reads_the_loss_only_at_log_steps(transfers, monkeypat
     checkpoints stubbed out: the only copies are the loss reads at steps 0, 3 and 6."""
     text = tmp_path / "tiny.txt"
     text.write_text("To be, or not to be, that is the question.\n" * 20)
-    monkeypatch.setattr(train_main, "estimate_loss", lambda model, dataset, args: {"train": 1.0, "val": 1.0})
+    monkeypatch.setattr(train_main, "estimate_loss", lambda *args: {"train": 1.0, "val": 1.0})
     monkeypatch.setattr(train_main.checkpoint, "save_run", lambda *args, **kwargs: None)
     monkeypatch.setattr(train_report, "write_plot", lambda rows, out_dir, train_losses=(): "no plot")
     argv = ["--data", str(text), "--device", "strict", "--out_dir", str(tmp_path / "run"),

@@ -6,5 +6,6 @@
     tok.decode(ids)                             # 'Hello world'
 """
 from .bpe import BPE, GPT2_PATTERN, ENDOFTEXT
+from .char import CharTokenizer
 
-__all__ = ["BPE", "GPT2_PATTERN", "ENDOFTEXT"]
+__all__ = ["BPE", "CharTokenizer", "GPT2_PATTERN", "ENDOFTEXT"]

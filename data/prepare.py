@@ -25,7 +25,6 @@ The folder then holds:
   meta.json            the tokenizer's kind and file, vocab_size, dtype, and the token and
                        byte counts of each split (the bytes give bits per byte)
 """
-import argparse
 import json
 import os
 import sys
@@ -36,6 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from tinyattn.tokenizers import ENDOFTEXT, CharTokenizer
+
+from .cli import OneLineParser
 
 VAL_FRACTION = 0.1
 TOKEN_FILES = ("train.bin", "val.bin", "meta.json", "tokenizer.bpe", "tokenizer.json")   # what a folder holds
@@ -287,7 +288,7 @@ def split_point(text, specials):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m data.prepare",
+    parser = OneLineParser(prog="python -m data.prepare",
                                      description="Tokenize a text file into train.bin / val.bin for python -m train --data DIR.")
     parser.add_argument("file", help="a UTF-8 text file")
     parser.add_argument("--tokenizer", default=None, choices=["bpe", "char"], help="a new tokenizer (default: bpe)")

@@ -24,13 +24,14 @@ the right form (letters for reverse, digits for count and add), for a "format ra
 
     python -m data.tasks spell --text input.txt --split train --n 1000 --out spell_train.jsonl
 """
-import argparse
 import json
 import random
 import re
 import string
 import sys
 from pathlib import Path
+
+from .cli import OneLineParser
 
 TEST_FRACTION = 0.2
 
@@ -184,13 +185,6 @@ def make_task(name, text=None, split_seed=0):
     if text is None:
         raise ValueError(f"the {name} task needs a text to take its words from")
     return WORD_TASKS[name](words_of(text), split_seed)
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line, without the usage block."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def main(argv=None):

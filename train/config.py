@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from data import cli
 from tinyattn import distributed as dist
 from tinyattn.models import GPTConfig
 from tinyattn.models.gpt import INITS
@@ -28,13 +29,10 @@ COMMON = dict(dropout=0.0, head_dropout=0.0, init="gpt2", weight_decay=0.1, beta
               dtype="float32")   # the defaults under both presets (nanoGPT's train.py holds its own too)
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line, without the usage block. Flags are never
+class OneLineParser(cli.OneLineParser):
+    """data/cli.py's one-line argparse, printed by rank 0 alone under mpiexec. Flags are never
     abbreviated (``--lr`` is not ``--lr_decay_iters``): an unknown flag is refused by name,
     with the closest real ones suggested."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n" if dist.rank() == 0 else None)
@@ -87,7 +85,8 @@ ALIASES = {"--lr": "--learning_rate", "--epochs": "--max_iters", "--steps": "--m
 
 def close_flags(parser, name):
     """The flags most like ``name`` (a mistyped flag, or a config file's unknown setting)."""
-    flags = [f for action in parser._actions for f in action.option_strings if f.startswith("--")]
+    flags = [f for action in parser._actions if action.help != argparse.SUPPRESS      # (--compile: refused)
+             for f in action.option_strings if f.startswith("--")]
     full = "--" + name.lstrip("-")                           # -lr and --lr alike
     close = [ALIASES[full]] if full in ALIASES else [full] if full in flags else []
     close += [f for f in flags if f.startswith(full) and len(full) > 3 and f not in close]

@@ -78,6 +78,20 @@ def test_prepare_errors_are_one_line(text_file, tmp_path, capsys, argv, message)
     assert message in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["{text}"], "--tokenizer bpe needs --vocab_size"),
+    (["{text}", "--tokenizer", "words"], "invalid choice: 'words'"),
+    (["{text}", "--vocab"], "unrecognized arguments: --vocab"),       # never taken for --vocab_size
+])
+def test_prepare_command_line_errors_are_one_line(text_file, tmp_path, capsys, argv, message):
+    argv = [a.replace("{text}", str(text_file)) for a in argv]
+    with pytest.raises(SystemExit) as e:
+        prep.main(argv + ["--out_dir", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "o").exists()
+
+
 def test_prepare_refuses_a_token_folder_without_overwrite(bpe_dir, text_file, capsys):
     before = (bpe_dir / "train.bin").read_bytes()
     capsys.readouterr()

@@ -65,13 +65,18 @@ def assert_same_bits(got, want):
         np.testing.assert_array_equal(arrays[key], want_arrays[key], err_msg=key)
 
 
-def test_a_run_gives_the_same_bits_whether_its_ops_run_on_the_threads_or_not(text_file, tmp_path, monkeypatch):
-    runs = {}
-    for min_work in (ON_THE_THREADS, ON_THE_CALLER):
+def runs_under(thresholds, text_file, tmp_path, monkeypatch, flags):
+    """The final state of the same run under each MIN_WORK of thresholds."""
+    runs = []
+    for min_work in thresholds:
         out = tmp_path / str(min_work)
-        assert train_with(min_work, monkeypatch, ["--data", text_file, "--out_dir", str(out), *RUN]) == 0
-        runs[min_work] = final_state(out)
-    assert_same_bits(runs[ON_THE_CALLER], runs[ON_THE_THREADS])
+        assert train_with(min_work, monkeypatch, ["--data", text_file, "--out_dir", str(out), *flags]) == 0
+        runs.append(final_state(out))
+    return runs
+
+
+def test_a_run_gives_the_same_bits_whether_its_ops_run_on_the_threads_or_not(text_file, tmp_path, monkeypatch):
+    assert_same_bits(*runs_under((ON_THE_CALLER, ON_THE_THREADS), text_file, tmp_path, monkeypatch, RUN))
 
 
 def test_a_larger_model_with_the_real_floor_gives_the_same_bits(text_file, tmp_path, monkeypatch):
@@ -80,12 +85,7 @@ def test_a_larger_model_with_the_real_floor_gives_the_same_bits(text_file, tmp_p
     monkeypatch.setattr(threads, "_num_threads", 2)
     model = ["--n_layer", "2", "--n_head", "4", "--n_embd", "64", "--block_size", "32", "--batch_size", "8",
              "--eval_iters", "2", "--eval_interval", "4", "--max_iters", "8", "--quiet", "--sample_tokens", "0"]
-    runs = {}
-    for min_work in (FLOOR, ON_THE_CALLER):
-        out = tmp_path / str(min_work)
-        assert train_with(min_work, monkeypatch, ["--data", text_file, "--out_dir", str(out), *model]) == 0
-        runs[min_work] = final_state(out)
-    assert_same_bits(runs[ON_THE_CALLER], runs[FLOOR])
+    assert_same_bits(*runs_under((ON_THE_CALLER, FLOOR), text_file, tmp_path, monkeypatch, model))
 
 
 def test_a_run_resumed_under_the_other_threshold_is_exact(text_file, tmp_path, monkeypatch):

@@ -37,7 +37,7 @@ import warnings
 
 import numpy as np
 
-from . import layouts
+from . import denormals, layouts
 
 NUM_THREADS_ENV = "TINYATTN_NUM_THREADS"
 # Split an op only from this much work (elements it touches, or a product's n*k*m / 32): measured on
@@ -182,6 +182,7 @@ class _Pool:
         while True:
             fn, start, stop = tasks.get()
             try:
+                denormals.follow()                 # ta.set_flush_denormal's mode, if it changed
                 wake_blas()
                 fn(start, stop)
                 self.done.put(None)

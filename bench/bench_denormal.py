@@ -1,6 +1,6 @@
 """Benchmark: a training step with subnormal weights, with subnormals flushed to zero and without.
 
-    python3 bench/bench_denormal.py                          # the baby CPU model: 4 layers, 128 channels, block 64, batch 12
+    python3 bench/bench_denormal.py                          # baby: 4 layers, 128 channels, block 64, batch 12
     python3 bench/bench_denormal.py --fast on --steps 11     # the fast layer on only, more steps
     python3 bench/bench_denormal.py --config tiny --steps 1 --repeats 1 --size 64     # a smoke test
 
@@ -34,7 +34,8 @@ from tinyattn.fast import denormals, tune_host_allocator
 from tinyattn.models import GPT, GPTConfig
 from train.loop import train_step
 
-from bench_step import BETAS, CONFIGS, GRAD_CLIP, LR, WEIGHT_DECAY, cpu_info  # (beside this file: python puts its folder on the path)
+# (bench_step.py is beside this file: python puts its folder on the path)
+from bench_step import BETAS, CONFIGS, GRAD_CLIP, LR, WEIGHT_DECAY, cpu_info
 
 
 def median_ms(fn, repeats, before=None):
@@ -80,7 +81,8 @@ class Step:
     def __init__(self, cfg, fast):
         ta.set_fast(fast)
         ta.manual_seed(0)
-        config = GPTConfig(**{k: cfg[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout")})
+        names = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout")
+        config = GPTConfig(**{k: cfg[k] for k in names})
         self.model = ta.nn.fuse(GPT(config), fast)
         self.optimizer = self.model.configure_optimizer(WEIGHT_DECAY, LR, BETAS)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -126,7 +128,8 @@ def main(argv=None):
         return 1
     cfg = dict(CONFIGS[args.config])
     print(json.dumps({"cpu": cpu_info(), "numpy": np.__version__, "host_allocator": tune_host_allocator(),
-                      "config": {"name": args.config, **cfg}, "steps": args.steps, "repeats": args.repeats}), flush=True)
+                      "config": {"name": args.config, **cfg}, "steps": args.steps, "repeats": args.repeats}),
+          flush=True)
     matmul_rows(args.size, args.repeats)                    # first: before tinyattn's threads hold BLAS at one thread
     for fast in {"on": [True], "off": [False], "both": [True, False]}[args.fast]:
         step = Step(cfg, fast)

@@ -19,14 +19,6 @@ needs_threadpoolctl = pytest.mark.skipif(not threads.blas_controllers(),
                                          reason="threadpoolctl is not installed (the fast extra)")
 
 
-@pytest.fixture(autouse=True)
-def flushing_as_it_was():
-    """Each test may turn flushing on or off: it is put back as it was for the tests after."""
-    was = denormals.flushes_here()
-    yield
-    ta.set_flush_denormal(was)
-
-
 @pytest.fixture
 def split_everything(monkeypatch):
     """Every split runs in 3 parts, however small: the caller and two pool threads."""

@@ -121,10 +121,13 @@ def _set_here(mode):
     register = _mxcsr()
     if register is None:
         return False
-    before = register.read()
-    register.set_flush(mode)
-    if flushes_here() != mode:                        # the CPU does not do what the bits should ask
-        register.write(before)
+    try:
+        before = register.read()
+        register.set_flush(mode)
+        if flushes_here() != mode:                    # the CPU does not do what the bits should ask
+            register.write(before)
+            return False
+    except OSError:                                   # the C library refused to read or set it
         return False
     return True
 

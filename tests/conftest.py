@@ -4,6 +4,7 @@ import pytest
 import tinyattn as ta
 from tinyattn.autograd import Function
 from tinyattn.backend import get_backend
+from tinyattn.fast import denormals
 
 
 def make_tensors(arrays, device="cpu", dtype="float64"):
@@ -90,6 +91,16 @@ def fast_switch_as_it_was():
     yield
     if ta.is_fast() != was:
         ta.set_fast(was)
+
+
+@pytest.fixture(autouse=True)
+def flushing_as_it_was():
+    """A test that runs the training program (which flushes subnormals to zero for its process) or
+    calls ta.set_flush_denormal gets the CPU's mode put back for the tests after."""
+    was = denormals.flushes_here()
+    yield
+    if denormals.flushes_here() != was:
+        ta.set_flush_denormal(was)
 
 
 def pytest_collection_modifyitems(config, items):

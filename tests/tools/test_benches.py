@@ -3,6 +3,7 @@ timing is checked: speed is measured in benchmarks, never in tests). Without PyT
 in one line; with it, a tiny run prints its JSON lines."""
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +16,9 @@ RUNS = {"bench_ops.py": ["--ops", "add", "softmax", "--rounds", "1", "--calls", 
         "bench_decode.py": ["--configs", "tiny", "--batches", "2", "--rounds", "1"]}
 
 
-def run(script, *args):
+def run(script, *args, env=None):
     return subprocess.run([sys.executable, f"bench/{script}", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env=env)
 
 
 @pytest.mark.skipif(HAS_TORCH, reason="PyTorch is installed here")
@@ -81,3 +82,19 @@ def test_bench_ab_compares_two_checkouts_in_fresh_processes():
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     assert [line.get("workload") for line in lines[:-1]] == ["step:tiny"] and "cpu" in lines[-1]
     assert lines[0]["pairs"] == 2 and len(lines[0]["ms_pairs"]) == 2 and lines[0]["after_over_before_median"] > 0
+
+
+def test_bench_denormal_prints_a_ratio_per_case_and_flushing_mode():
+    """A tiny run: the CPU, then the matmul and the step (fast layer on), each with flushing off, then on."""
+    from tinyattn.fast import denormals
+    if denormals._fenv_layout() is None:
+        pytest.skip("flushing subnormals is supported on x86-64 Linux and macOS")
+    this_checkout = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = run("bench_denormal.py", "--config", "tiny", "--steps", "1", "--repeats", "1", "--size", "64", "--fast", "on",
+               env=this_checkout)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert "cpu" in lines[0]
+    assert [(r["case"], r["flush"]) for r in lines[1:]] == [("matmul", False), ("matmul", True),
+                                                           ("step", False), ("step", True)]
+    assert all(r["normal_ms"] > 0 and r["subnormal_over_normal"] > 0 for r in lines[1:])

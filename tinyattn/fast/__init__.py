@@ -14,6 +14,7 @@ the arithmetic that defines it. This package holds what makes them fast:
     cpu_block.py     the GPT's block as one CPU kernel, each thread on its share of the batch
     cuda_kernels.py  fused CuPy kernels, for the GPU
     allocator.py     glibc's malloc thresholds, for steady step times (the training program's)
+    denormals.py     subnormal floats flushed to zero in every CPU thread (ta.set_flush_denormal)
 
 While the layer is on, each backend's ``fast_ops`` table maps a teaching op
 to its fast subclass, and ``Function.apply`` runs that instead. A fast op runs
@@ -34,6 +35,7 @@ from ..optim import AdamW
 from ..backend import CupyBackend, NumpyBackend, made_backends, on_every_backend
 from . import checked, threads
 from .allocator import tune_host_allocator  # noqa: F401
+from .denormals import set_flush_denormal  # noqa: F401
 from .ops import FAST_OPS
 from .optim import fused_step
 from .threads import get_num_threads, set_num_threads  # noqa: F401

@@ -51,7 +51,7 @@ import warnings
 
 import numpy as np
 
-from . import layouts
+from . import denormals, layouts
 
 NUM_THREADS_ENV = "TINYATTN_NUM_THREADS"
 # Work is counted in elements an op touches, or a product's n*k*m / 32. Below FLOOR an op runs whole
@@ -198,6 +198,7 @@ class _Pool:
         while True:
             fn, start, stop = tasks.get()
             try:
+                denormals.follow()                 # ta.set_flush_denormal's mode, if it changed
                 wake_blas()
                 fn(start, stop)
                 self.done.put(None)

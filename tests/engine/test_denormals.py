@@ -23,6 +23,7 @@ needs_threadpoolctl = pytest.mark.skipif(not threads.blas_controllers(),
 def split_everything(monkeypatch):
     """Every split runs in 3 parts, however small: the caller and two pool threads."""
     monkeypatch.setattr(threads, "MIN_WORK", 0)
+    monkeypatch.setattr(threads, "FLOOR", 0)
     monkeypatch.setattr(threads, "_num_threads", 3)
 
 

@@ -13,11 +13,11 @@ import pty
 import re
 import select
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import tinyattn as ta
@@ -26,6 +26,7 @@ from tinyattn.models import GPT, GPTConfig
 from tinyattn.tokenizers import CharTokenizer
 from train import chat, checkpoint
 from train.data import tokenizer_to_json
+from train.sample import load_model
 
 REPO = Path(__file__).resolve().parents[2]
 TEXT = "spell the cat, then count it: how many t in that?"      # no newline: an answer is one line
@@ -51,7 +52,6 @@ def write_run(out_dir, block_size=48, chat_tokens=True, seed=0):
 def test_streamed_tokens_are_the_tokens_generate_writes(tmp_path):
     """The token-by-token loop with its KV cache draws what GPT.generate draws, greedy and sampled."""
     write_run(tmp_path, block_size=40)
-    from train.sample import load_model
     model, tok = load_model(str(tmp_path))
     prompt = chat_format.render_prompt(tok, [{"role": "user", "content": "spell cat"}])
     n = model.config.block_size - len(prompt)                  # up to the last position the model reads
@@ -67,7 +67,6 @@ def test_streamed_tokens_are_the_tokens_generate_writes(tmp_path):
 
 def test_the_stream_stops_at_a_stop_token_and_yields_it(tmp_path):
     write_run(tmp_path)
-    from train.sample import load_model
     model, tok = load_model(str(tmp_path))
     prompt = chat_format.render_prompt(tok, [{"role": "user", "content": "hi"}])
     ta.manual_seed(0)
@@ -102,7 +101,6 @@ def test_a_turn_must_leave_room_for_the_answer(n, fits):
 
 def test_an_answer_cut_at_the_limit_and_one_stopped_by_ctrl_c(tmp_path, monkeypatch):
     write_run(tmp_path)
-    from train.sample import load_model
     model, tok = load_model(str(tmp_path))
     prompt = chat_format.render_prompt(tok, [{"role": "user", "content": "hi"}])
     a, t = tok.stoi["a"], tok.stoi["t"]
@@ -188,9 +186,8 @@ class Terminal:
             if found:
                 self.seen = self.seen[found.end():]
                 return found
-            if time.time() > deadline or not self.read(deadline - time.time()):
-                if re.search(pattern, self.seen):
-                    continue
+            left = deadline - time.time()
+            if left <= 0 or not self.read(left):
                 raise AssertionError(f"never saw {pattern!r}; the terminal shows {self.seen!r}")
 
     def send(self, text):
@@ -311,7 +308,6 @@ def test_characters_outside_the_vocabulary_and_unknown_commands_are_one_line_eac
 # --- one-line errors, and input that is not a terminal ---
 
 def run_chat(args, stdin=""):
-    import subprocess
     return subprocess.run([sys.executable, "-m", "train.chat", *args], cwd=REPO, input=stdin,
                           capture_output=True, text=True, timeout=120)
 

@@ -70,8 +70,9 @@ def stream(model, prompt, max_new_tokens, temperature=0.0, top_k=None, stop=()):
     ``max_new_tokens`` of them or up to one in ``stop`` (which is yielded too).
 
     The same tokens as ``model.generate`` (from the same seed), written so that each can be
-    shown as soon as it is drawn. len(prompt) + max_new_tokens must fit block_size: the
-    window never slides, so the cache is filled once and only ever grows."""
+    shown as soon as it is drawn. The prompt and the new tokens must fit block_size (all but
+    the last, which the model never reads): the window never slides, so the cache is filled
+    once and only ever grows."""
     if len(prompt) + max_new_tokens - 1 > model.config.block_size:
         raise ValueError(f"{len(prompt)} prompt tokens and {max_new_tokens} new ones do not fit block_size "
                          f"{model.config.block_size}")

@@ -15,7 +15,8 @@ difference would always be zero. β sets how far the policy may drift for a give
 DPO only asks that the chosen answer beat the rejected one: both may lose probability,
 and with near-miss pairs they often do (the answers share most of their tokens). --dpo_nll
 adds the chosen answer's mean negative log-likelihood per token (RPO, Pang et al., 2024),
-which keeps the correct answer likely.
+which keeps the correct answer likely (each pair's per token, then the mean over the pairs, as
+the DPO loss is: a batch split over processes or micro-batches gives the same loss).
 
 The reference's log-probabilities are computed at every step, under no_grad, from the
 reference model that the run loads from --init_from's path at its start (and again at
@@ -70,9 +71,11 @@ class DPOObjective:
     def __call__(self, model, batch):
         policy_chosen, policy_rejected, ref_chosen, ref_rejected = self.logprobs(model, batch)
         loss = dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, self.beta)
-        if self.nll:
-            n_tokens = float((batch[1].numpy() != -1).sum())   # the chosen answers' tokens
-            loss = loss + (-policy_chosen.sum() * (self.nll / n_tokens))
+        if self.nll:                                           # each chosen answer's NLL per token, the mean over
+            n_tokens = (batch[1].numpy() != -1).sum(-1)        # the pairs: (B,) the answers' lengths
+            per_token = policy_chosen / ta.tensor(n_tokens.astype(np.float64), dtype=policy_chosen.dtype,
+                                                  device=policy_chosen.device)
+            loss = loss - per_token.mean() * self.nll
         return loss
 
     @ta.no_grad()

@@ -264,3 +264,45 @@ def test_a_model_without_chat_tokens_is_refused(chat_model, tmp_path, capsys):
                  "--out_dir", str(tmp_path / "x"), "--quiet"])
     err = "\n".join(error_lines(capsys.readouterr().err))
     assert code == 1 and "\n" not in err and "no chat tokens" in err
+
+
+def test_ctrl_c_saves_a_dpo_run_and_resume_finishes_it_exactly(chat_model, tmp_path, capsys, monkeypatch):
+    import signal
+    assert dpo(chat_model, tmp_path / "a", "--max_iters", "10", "--dpo_nll", "0.5") == 0
+    real, calls = ta.Tensor.backward, []
+
+    def patched(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(ta.Tensor, "backward", patched)
+    assert dpo(chat_model, tmp_path / "b", "--max_iters", "10", "--dpo_nll", "0.5") == 130
+    monkeypatch.setattr(ta.Tensor, "backward", real)
+    assert checkpoint.read_meta(str(tmp_path / "b" / "ckpt.npz"))["step"] == 4
+    assert main(["--data", str(chat_model / "pairs"), "--out_dir", str(tmp_path / "b"), "--resume", "--quiet"]) == 0
+    a, b = (checkpoint.load(str(tmp_path / r / "ckpt.npz")) for r in ("a", "b"))
+    assert all(np.array_equal(a[0][k], b[0][k]) for k in a[0]) and a[2]["train_losses"] == b[2]["train_losses"]
+
+
+def test_two_processes_train_dpo_as_one(chat_model, tmp_path, monkeypatch):
+    """mpiexec -n 2 with --shared_batches: each process takes half of the pairs of one process that
+    accumulates two micro-batches; the NLL term is a mean over the pairs, so it splits as the DPO
+    loss does."""
+    import subprocess
+    import sys
+    from test_distributed import MPIEXEC, REPO, TIMEOUT, WHY_NOT
+    if MPIEXEC is None:
+        pytest.skip(f"needs MPI: {WHY_NOT}")
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(name, "1")
+    args = ["-m", "train", "--stage", "dpo", "--init_from", str(chat_model / "sft.npz"), "--data",
+            str(chat_model / "pairs"), *TINY, "--max_iters", "8", "--dpo_nll", "0.5"]
+    two = subprocess.run([MPIEXEC, "-n", "2", sys.executable, *args, "--out_dir", str(tmp_path / "two"),
+                          "--shared_batches"], cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
+    assert two.returncode == 0, two.stdout + two.stderr
+    assert main(args[2:] + ["--out_dir", str(tmp_path / "acc"), "--batch_size", "4",
+                            "--gradient_accumulation_steps", "2"]) == 0
+    losses = [checkpoint.read_meta(str(tmp_path / r / "ckpt.npz"))["train_losses"] for r in ("two", "acc")]
+    assert len(losses[0]) == 8 and losses[0][-1] < losses[0][0]
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-6, atol=0)        # float32 rounding at most

@@ -13,5 +13,6 @@ eval_interval = 50
 eval_iters = 10
 sample_tokens = 0
 
+stage = "dpo"           # so that python -m train config/dpo.py --init_from SFT --data PAIRS runs DPO
 dpo_beta = 0.1
 dpo_nll = 0.0

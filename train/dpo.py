@@ -71,11 +71,9 @@ class DPOObjective:
     def __call__(self, model, batch):
         policy_chosen, policy_rejected, ref_chosen, ref_rejected = self.logprobs(model, batch)
         loss = dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, self.beta)
-        if self.nll:                                           # each chosen answer's NLL per token, the mean over
-            n_tokens = (batch[1].numpy() != -1).sum(-1)        # the pairs: (B,) the answers' lengths
-            per_token = policy_chosen / ta.tensor(n_tokens.astype(np.float64), dtype=policy_chosen.dtype,
-                                                  device=policy_chosen.device)
-            loss = loss - per_token.mean() * self.nll
+        if self.nll:                                           # each chosen answer's NLL per token, the mean
+            n_tokens = ta.where(batch[1] != -1, 1.0, 0.0).sum(-1)              # over the pairs. (B,) lengths
+            loss = loss - (policy_chosen / n_tokens.to(policy_chosen.dtype)).mean() * self.nll
         return loss
 
     @ta.no_grad()

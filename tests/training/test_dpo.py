@@ -306,3 +306,11 @@ def test_two_processes_train_dpo_as_one(chat_model, tmp_path, monkeypatch):
     losses = [checkpoint.read_meta(str(tmp_path / r / "ckpt.npz"))["train_losses"] for r in ("two", "acc")]
     assert len(losses[0]) == 8 and losses[0][-1] < losses[0][0]
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-6, atol=0)        # float32 rounding at most
+
+
+def test_the_heldout_report_command_errs_in_one_line(chat_model, tmp_path, capsys):
+    from train.dpo import main as report_main
+    with pytest.raises(SystemExit) as e:
+        report_main(["--out_dir", str(tmp_path / "none"), "--data", str(chat_model / "pairs")])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 1 and len(err.splitlines()) == 1 and "no checkpoint" in err

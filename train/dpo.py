@@ -210,8 +210,9 @@ def file_sha256(path):
 
 def load_reference(path, args):
     """The frozen reference: the model at ``path``, in eval mode, with no gradients."""
-    from .finetune import _load
-    reference = _load(SimpleNamespace(init_from=path, dropout=0.0, head_dropout=0.0, out_dir=args.out_dir)).model
+    from .finetune import load_pretrained
+    reference = load_pretrained(SimpleNamespace(init_from=path, dropout=0.0, head_dropout=0.0, out_dir=args.out_dir,
+                                                data=None)).model
     for p in reference.parameters():
         p.requires_grad = False
     reference = ta.nn.fuse(reference.to(args.dtype).to(args.device))

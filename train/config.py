@@ -168,6 +168,14 @@ def build_parser():
     p.add_argument("--profile", action="store_true",
                    help=f"time every op over steps {PROFILE_STEPS.start}-{PROFILE_STEPS.stop - 1}, print the "
                         "table and write out_dir/trace.json (for chrome://tracing or Perfetto)")
+    # --stage dpo
+    p.add_argument("--stage", choices=("dpo",),
+                   help="dpo: preference tuning of the --init_from model (a chat model) on --data's pairs "
+                        "(python -m data.pairs), against a frozen copy of it (train/dpo.py)")
+    p.add_argument("--dpo_beta", type=float, metavar="BETA",
+                   help="--stage dpo: the scale of the implicit rewards beta log(pi/pi_ref) (default 0.1)")
+    p.add_argument("--dpo_nll", type=float, metavar="W",
+                   help="--stage dpo: add W times the chosen answers' mean NLL per token, as RPO does (default 0)")
     return p
 
 
@@ -250,7 +258,7 @@ def read_config_file(path, parser):
 
 
 # the presets, read once; read_config_file checks them as it would check a user's copy
-PRESETS = {name: read_config_file(CONFIG_DIR / f"{name}.py", build_parser()) for name in ("coref", "text")}
+PRESETS = {name: read_config_file(CONFIG_DIR / f"{name}.py", build_parser()) for name in ("coref", "text", "dpo")}
 
 
 def parse_args(argv=None):
@@ -273,8 +281,10 @@ def parse_args(argv=None):
     if args.resume and args.init_from:
         parser.error("--resume continues a run, --init_from starts a new one from a model: give one of them")
     preset = {**COMMON, **PRESETS["text" if args.data else "coref"], "seed": DEFAULT_SEED}
+    ran = resumed_settings(args.out_dir or preset["out_dir"]) if args.resume else {}
+    if (args.stage or ran.get("stage")) == "dpo":
+        preset.update(PRESETS["dpo"])            # a stage's own defaults (config/dpo.py)
     if args.resume:                              # --resume continues the run with its own settings
-        ran = resumed_settings(args.out_dir or preset["out_dir"])
         preset.update(ran)
         args._given = sorted(set(args._given) | set(ran))      # kept as they are, like flags given again
     for key, value in preset.items():
@@ -314,6 +324,19 @@ def validate_args(args):
         problems.append("--lora_rank adapts a trained model: give it with --init_from PATH")
     if args.lora_alpha is not None and not args.lora_rank:
         problems.append("--lora_alpha is the scale of --lora_rank's adapters: give --lora_rank too")
+    if args.stage == "dpo":
+        if not args.data or not (args.init_from or args.resume):
+            problems.append("--stage dpo tunes a chat model on preference pairs: give --init_from MODEL and "
+                            "--data PAIRS (a folder of python -m data.pairs)")
+        if not (math.isfinite(args.dpo_beta) and args.dpo_beta > 0):
+            problems.append(f"--dpo_beta must be > 0 and finite, got {args.dpo_beta}")
+        if not (math.isfinite(args.dpo_nll) and args.dpo_nll >= 0):
+            problems.append(f"--dpo_nll must be >= 0 and finite, got {args.dpo_nll}")
+        if args.sample_tokens:
+            problems.append("--sample_tokens: a DPO run prints no samples (its evaluation line gives the "
+                            "reward accuracy): drop it")
+    else:
+        problems += [f"--{name} is for --stage dpo" for name in ("dpo_beta", "dpo_nll") if name in given]
     for name in AT_LEAST_1:
         if getattr(args, name) < 1:
             problems.append(f"--{name} must be at least 1, got {getattr(args, name)}")
@@ -423,7 +446,8 @@ def same_data(args, meta, dataset, where, notes):
 
 RESUMED_FLAGS = ("seed", "layout", "max_iters", "batch_size", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay",
                  "beta1", "beta2", "grad_clip", "gradient_accumulation_steps", "eval_interval", "eval_iters",
-                 "log_interval", "sample_tokens", "shared_batches", "always_save_checkpoint", "save_interval_s")
+                 "log_interval", "sample_tokens", "shared_batches", "always_save_checkpoint", "save_interval_s",
+                 "stage", "dpo_beta", "dpo_nll")
 
 
 def resumed_settings(out_dir):

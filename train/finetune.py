@@ -164,4 +164,5 @@ def resumed_tokenizer(ckpt_path):
         meta = checkpoint.read_meta(ckpt_path)
     except (ValueError, OSError):
         return None                             # setup's checkpoint.load says what is wrong
-    return tokenizer_from_json(meta["tokenizer"]) if (meta.get("args") or {}).get("init_from") else None
+    ran = meta.get("args") or {}
+    return tokenizer_from_json(meta["tokenizer"]) if ran.get("init_from") or ran.get("dpo_reference") else None

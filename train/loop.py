@@ -42,6 +42,10 @@ def train(args, notes=()):
     dist.broadcast_parameters(model.parameters())          # every process starts from rank 0's weights
     average_grads = dist.GradAverager(model.parameters()).average if dist.world_size() > 1 else None
     run = Run(args, dataset, model, optimizer, state, device)
+    if args.stage == "dpo":                     # the objective: DPO against a frozen reference (train/dpo.py)
+        from . import dpo
+        with parallel.together():
+            dpo.attach(run, args, meta, notes)
     announce(args, notes, state, meta, dataset, model, run.ckpt_path, run.say)
     if args.eval_only:
         return run.evaluate_only()
@@ -91,6 +95,8 @@ class Run:
         self.args, self.dataset, self.model, self.optimizer, self.state = args, dataset, model, optimizer, state
         self.device = device
         self.loss_fn = lm_loss                   # the objective: the language model's, next-token prediction
+        self.eval_metrics = None                 # a stage's own numbers at each evaluation: model -> {name: value}
+        self.describe_metrics = None             # and how the evaluation line says them: {name: value} -> text
         self.root = dist.rank() == 0
         self.ckpt_path = os.path.join(args.out_dir, "ckpt.npz")
         self.pending = []                        # the step losses still on the device
@@ -159,9 +165,15 @@ class Run:
                            f"stopped: {last_saved(state)}")
         if not save:                                  # --eval_only: the command prints the losses
             return losses
-        self.say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
-                 f"(perplexity {perplexity(losses['val']):.2f}" +
-                 ("" if bpb is None else f", {bpb:.4f} bits per byte") + ")")
+        if self.eval_metrics:
+            metrics = self.eval_metrics(self.model)
+            row.update(metrics)
+            self.say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
+                     f"({self.describe_metrics(metrics)})")
+        else:
+            self.say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
+                     f"(perplexity {perplexity(losses['val']):.2f}" +
+                     ("" if bpb is None else f", {bpb:.4f} bits per byte") + ")")
         if self.last_eval_step != step:
             state["log"].append(row)
             write_log(state["log"], args.out_dir)      # up to date, whatever stops the run
@@ -231,6 +243,8 @@ class Run:
                        best_val_perplexity=round(perplexity(state["best_val_loss"]), 4),
                        val_perplexity=round(perplexity(final["val"]), 4),
                        train_loss=round(final["train"], 6), iters=state["step"], **self.run_facts())
+        if self.eval_metrics:                           # the stage's numbers at the final evaluation
+            summary.update({k: v for k, v in state["log"][-1].items() if k.startswith("val_") and k not in summary})
         if dataset.text_bytes:
             summary.update(best_val_bpb=round(dataset.bits_per_byte(state["best_val_loss"]), 6),
                            val_bpb=round(dataset.bits_per_byte(final["val"]), 6))

@@ -52,8 +52,9 @@ def report_profile(profiler, out_dir):
 
 def write_log(log_rows, out_dir):
     f = io.StringIO()
-    writer = csv.DictWriter(f, fieldnames=["step", "train_loss", "val_loss", "train_perplexity",
-                                           "val_perplexity", "lr", "time", "val_bpb"])
+    fields = ["step", "train_loss", "val_loss", "train_perplexity", "val_perplexity", "lr", "time", "val_bpb"]
+    fields += [k for k in dict.fromkeys(k for row in log_rows for k in row) if k not in fields]   # a stage's own
+    writer = csv.DictWriter(f, fieldnames=fields)
     writer.writeheader()
     writer.writerows(log_rows)
     checkpoint.write_text(os.path.join(out_dir, "log.csv"), f.getvalue())

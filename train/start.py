@@ -27,7 +27,11 @@ def setup(args, notes):
     writes = not args.resume and not args.eval_only           # a new run, into out_dir
     replaced = checkpoint.refuse_to_replace(args.out_dir, args.overwrite) if writes else None
     tokenizer = pretrained.tokenizer if pretrained else finetune.resumed_tokenizer(ckpt_path) if args.resume else None
-    dataset = load_data(args.data, tokenizer) if args.data else load_coref(seed=0, layout=args.layout)
+    if args.stage == "dpo":                     # preference pairs, rendered with the model's chat tokenizer
+        from .dpo import load_pairs
+        dataset = load_pairs(args.data, tokenizer)
+    else:
+        dataset = load_data(args.data, tokenizer) if args.data else load_coref(seed=0, layout=args.layout)
     if pretrained:
         notes.append(finetune.fit_args(args, pretrained, dataset))
     device_backend = ta.backend.get_backend(args.device)      # a clear error when CUDA is missing

@@ -10,8 +10,9 @@ import types
 import numpy as np
 
 import tinyattn as ta
+import tinyattn.nn.functional as F
 
-from exercise_solutions import (adamw, attention, cross_entropy, elementwise, embedding, engine, kv_cache,
+from exercise_solutions import (adamw, attention, cross_entropy, dpo, elementwise, embedding, engine, kv_cache,
                                 layernorm, lora, matmul, online_softmax, rmsnorm, softmax, sum_to)
 
 
@@ -944,4 +945,34 @@ WRONG["bpe"] = [
     ("overlapping merges", answer(bpe, merge=merge_without_skipping), "skip both ids"),
     ("ties to the smallest pair", answer(bpe, train=train_ties_to_smallest_pair), "met first"),
     ("encode joins the leftmost pair", answer(bpe, encode=encode_leftmost_first), "not the leftmost"),
+]
+
+
+# ---------------------------------------------------------------- 19. the DPO loss
+def sequence_logprobs_with_the_prompt(model, x, y):
+    """log p of the whole sequence, prompt included: every next token of x, not the answer's only."""
+    logits, _ = model(x)
+    return F.token_logprobs(logits[:, :-1], x[:, 1:]).sum(-1)
+
+
+def dpo_loss_beta_on_one_side(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta):
+    """beta scales the chosen answer's log-ratio only."""
+    return -F.logsigmoid(beta * (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)).mean()
+
+
+def dpo_batch_loss_reference_not_frozen(policy, reference, batch, beta):
+    """The reference's log-probabilities computed with gradients on: the reference trains along."""
+    x_chosen, y_chosen, x_rejected, y_rejected = batch
+    return dpo.dpo_loss(dpo.sequence_logprobs(policy, x_chosen, y_chosen),
+                        dpo.sequence_logprobs(policy, x_rejected, y_rejected),
+                        dpo.sequence_logprobs(reference, x_chosen, y_chosen),
+                        dpo.sequence_logprobs(reference, x_rejected, y_rejected), beta)
+
+
+WRONG["dpo"] = [
+    ("a sum over the prompt's tokens", answer(dpo, sequence_logprobs=sequence_logprobs_with_the_prompt),
+     "sums over the prompt's tokens too"),
+    ("beta on one side only", answer(dpo, dpo_loss=dpo_loss_beta_on_one_side), "beta multiplies only the chosen"),
+    ("the reference not frozen", answer(dpo, dpo_batch_loss=dpo_batch_loss_reference_not_frozen),
+     ("the reference got a gradient", "ta.no_grad()")),
 ]

@@ -1,0 +1,329 @@
+"""--stage dpo: Direct Preference Optimization (Rafailov et al., 2023) against a frozen reference.
+
+Each pair is a prompt x with a chosen answer y_w and a rejected one y_l. The policy π (the
+model that trains, started from --init_from) and the reference π_ref (a frozen copy of the
+same model) each give the log-probability of each answer, the sum of its tokens' log
+probabilities (never the prompt's: the prompt is given, not chosen). The loss is
+
+    -logsigmoid(β ((log π(y_w) - log π_ref(y_w)) - (log π(y_l) - log π_ref(y_l))))
+
+a logistic loss on the "implicit rewards" β log π(y)/π_ref(y): it is small when the policy
+has moved toward the chosen answer more than toward the rejected one. Moving away from the
+reference is what is rewarded, so the reference must stay fixed: trained along, the
+difference would always be zero. β sets how far the policy may drift for a given margin.
+
+DPO only asks that the chosen answer beat the rejected one: both may lose probability,
+and with near-miss pairs they often do (the answers share most of their tokens). --dpo_nll
+adds the chosen answer's mean negative log-likelihood per token (RPO, Pang et al., 2024),
+which keeps the correct answer likely (each pair's per token, then the mean over the pairs, as
+the DPO loss is: a batch split over processes or micro-batches gives the same loss).
+
+The reference's log-probabilities are computed at every step, under no_grad, from the
+reference model that the run loads from --init_from's path at its start (and again at
+--resume: the checkpoint keeps that path and the file's SHA-256, and refuses one that
+changed). Nothing about the reference is kept in the checkpoint, so resuming is exact.
+"""
+import hashlib
+import os
+from types import SimpleNamespace
+
+import numpy as np
+
+import tinyattn as ta
+import tinyattn.nn.functional as F
+from data.chat import answer_text, render, render_prompt
+from data.pairs import read_pairs
+
+from .data import Dataset, fingerprint
+
+
+# ---------------------------------------------------------------------------
+# the loss
+def sequence_logprobs(model, x, y):
+    """log π(answer | prompt) of each row: x (B, T) the ids the model reads, y (B, T) the next
+    ids, -1 where a token is not the answer's. -> (B,), the sum over the answer's tokens."""
+    logits, _ = model(x)                                        # (B, T, V)
+    return F.token_logprobs(logits, y, ignore_index=-1).sum(-1)   # (B, T) -> (B,)
+
+
+def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta):
+    """The DPO loss, the mean over the pairs: each argument (B,) per-sequence log-probs."""
+    chosen_logratio = policy_chosen - ref_chosen               # (B,) log π(y_w)/π_ref(y_w)
+    rejected_logratio = policy_rejected - ref_rejected         # (B,) log π(y_l)/π_ref(y_l)
+    return -F.logsigmoid(beta * (chosen_logratio - rejected_logratio)).mean()
+
+
+class DPOObjective:
+    """run.loss_fn for --stage dpo: ``objective(model, batch)`` -> the 0-d loss of a batch of
+    pairs (x_chosen, y_chosen, x_rejected, y_rejected), each (B, T)."""
+
+    def __init__(self, reference, beta, nll=0.0):
+        self.reference, self.beta, self.nll = reference, beta, nll
+
+    def logprobs(self, model, batch):
+        """(policy chosen, policy rejected, reference chosen, reference rejected), each (B,)."""
+        xc, yc, xr, yr = batch
+        with ta.no_grad():                                     # the reference never trains
+            ref_chosen, ref_rejected = sequence_logprobs(self.reference, xc, yc), \
+                sequence_logprobs(self.reference, xr, yr)
+        return sequence_logprobs(model, xc, yc), sequence_logprobs(model, xr, yr), ref_chosen, ref_rejected
+
+    def __call__(self, model, batch):
+        policy_chosen, policy_rejected, ref_chosen, ref_rejected = self.logprobs(model, batch)
+        loss = dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, self.beta)
+        if self.nll:                                           # each chosen answer's NLL per token, the mean
+            n_tokens = ta.where(batch[1] != -1, 1.0, 0.0).sum(-1)              # over the pairs. (B,) lengths
+            loss = loss - (policy_chosen / n_tokens.to(policy_chosen.dtype)).mean() * self.nll
+        return loss
+
+    @ta.no_grad()
+    def metrics(self, model, dataset, args):
+        """On the val pairs (the batches estimate_loss reads): the plain DPO loss, the implicit-reward
+        accuracy (the fraction of pairs where β log π/π_ref is higher for the chosen answer), and how
+        far the policy's log-probs of the chosen and rejected answers have moved from the reference's."""
+        model.eval()
+        rng = np.random.default_rng(args.seed + 1)
+        for _ in range(args.eval_iters):                       # estimate_loss's train batches come first:
+            dataset.get_batch("train", args.batch_size, args.block_size, rng)    # then its val batches are these
+        parts = []
+        try:
+            for _ in range(args.eval_iters):
+                batch = tuple(ta.tensor(a, device=args.device)
+                              for a in dataset.get_batch("val", args.batch_size, args.block_size, rng))
+                parts.append(np.stack([t.numpy().astype(np.float64) for t in self.logprobs(model, batch)]))
+        finally:
+            model.train()
+        pc, pr, rc, rr = np.concatenate(parts, axis=1)         # each (eval_iters * B,)
+        margin = self.beta * ((pc - rc) - (pr - rr))
+        return dict(val_dpo_loss=round(float(np.mean(np.logaddexp(0.0, -margin))), 6),
+                    val_reward_accuracy=round(float(np.mean(margin > 0)), 4),
+                    val_chosen_drift=round(float(np.mean(pc - rc)), 4),
+                    val_rejected_drift=round(float(np.mean(pr - rr)), 4))
+
+
+def describe_metrics(m):
+    """The evaluation line's part for DPO."""
+    return (f"reward accuracy {m['val_reward_accuracy']:.3f}, dpo loss {m['val_dpo_loss']:.4f}, log-prob drift "
+            f"chosen {m['val_chosen_drift']:+.3f}, rejected {m['val_rejected_drift']:+.3f}")
+
+
+# ---------------------------------------------------------------------------
+# the data: pairs rendered with the model's chat tokenizer
+class PairDataset(Dataset):
+    """Preference pairs as rows of ids. For each split, four (N, W) arrays: the chosen
+    conversation's inputs and targets, the rejected one's; a target is -1 off the answer
+    (the prompt, padding), so only the answer's tokens count."""
+
+    def get_batch(self, split, batch_size, block_size, rng):
+        """batch_size random pairs (drawn with ``rng``): (x_chosen, y_chosen, x_rejected, y_rejected), (B, W)."""
+        if split not in ("train", "val"):
+            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+        rows = self.arrays[split]
+        if rows[0].shape[1] > block_size:
+            raise ValueError(f"a pair of {self.name} has {rows[0].shape[1]} input tokens, more than "
+                             f"block_size {block_size}")
+        picked = rng.integers(0, len(rows[0]), size=batch_size)          # (B,)
+        return tuple(a[picked] for a in rows)
+
+    def sample_prompt(self):
+        return None
+
+
+def render_answer(tokenizer, prompt, answer):
+    """(x, y) of prompt + answer: x the ids read, y the next ids with -1 off the answer."""
+    ids, mask = render(tokenizer, prompt + answer)
+    y = [t if m else -1 for t, m in zip(ids[1:], mask[1:])]
+    return ids[:-1], y
+
+
+def pair_rows(tokenizer, pairs, width):
+    """The four (N, width) arrays of a list of pairs; x is padded with 0, y with -1."""
+    out = [np.zeros((len(pairs), width), np.int64), np.full((len(pairs), width), -1, np.int64),
+           np.zeros((len(pairs), width), np.int64), np.full((len(pairs), width), -1, np.int64)]
+    for i, pair in enumerate(pairs):
+        for k, answer in enumerate((pair["chosen"], pair["rejected"])):
+            x, y = render_answer(tokenizer, pair["prompt"], answer)
+            out[2 * k][i, :len(x)] = x
+            out[2 * k + 1][i, :len(y)] = y
+    return out
+
+
+def load_pairs(folder, tokenizer):
+    """--data FOLDER of python -m data.pairs (train.jsonl, test.jsonl) as a PairDataset: its
+    "val" split is the test pairs (words never in training)."""
+    if tokenizer is None or tokenizer.kind != "char" and tokenizer.kind != "bpe":
+        raise ValueError(f"--data {folder}: DPO renders its pairs with the model's chat tokenizer")
+    missing = [t for t in ("<|user|>", "<|assistant|>", "<|end|>") if t not in tokenizer.special_tokens]
+    if missing:
+        raise ValueError(f"--stage dpo: the model has no chat tokens ({', '.join(missing)}): start from a model "
+                         "fine-tuned on conversations (SFT)")
+    paths = {split: os.path.join(folder, f"{name}.jsonl") for split, name in (("train", "train"), ("val", "test"))}
+    for path in paths.values():
+        if not os.path.isfile(path):
+            raise ValueError(f"--data {folder}: no {os.path.basename(path)} (write the folder with "
+                             "python -m data.pairs)")
+    pairs = {split: read_pairs(path) for split, path in paths.items()}
+    if tokenizer.kind == "char":
+        used = {c for rows in pairs.values() for p in rows for m in p["prompt"] + p["chosen"] + p["rejected"]
+                for c in m.get("content", "")}
+        unknown = sorted(used - set(tokenizer.stoi))
+        if unknown:
+            raise ValueError(f"--data {folder}: {len(unknown)} characters of the pairs are not in the model's "
+                             f"vocabulary: {', '.join(map(repr, unknown[:5]))}")
+    try:
+        lengths = [len(render_answer(tokenizer, p["prompt"], a)[0]) for rows in pairs.values() for p in rows
+                   for a in (p["chosen"], p["rejected"])]
+    except ValueError as e:
+        raise ValueError(f"--data {folder}: {e}") from None
+    width = max(lengths)
+    rows = {split: pair_rows(tokenizer, pairs[split], width) for split in pairs}
+    raw = b"".join(open(path, "rb").read() for path in paths.values())
+    dataset = PairDataset(train=answer_ids(rows["train"]), val=answer_ids(rows["val"]), tokenizer=tokenizer,
+                          name=os.path.basename(os.path.normpath(folder)), source=fingerprint(raw), examples=pairs)
+    dataset.arrays = rows                      # {split: [x_chosen, y_chosen, x_rejected, y_rejected]}
+    return dataset
+
+
+def answer_ids(arrays):
+    """The ids of every answer (chosen and rejected), as one 1-d array: the tokens DPO scores."""
+    return np.concatenate([arrays[1][arrays[1] != -1], arrays[3][arrays[3] != -1]])
+
+
+# ---------------------------------------------------------------------------
+# the run: the reference model, kept by its path and checked on --resume
+def reference_file(path):
+    """The file that holds --init_from's weights (a folder holds ckpt.npz, or model.safetensors)."""
+    if os.path.isdir(path):
+        for name in ("ckpt.npz", "model.safetensors"):
+            if os.path.isfile(os.path.join(path, name)):
+                return os.path.join(path, name)
+    return path
+
+
+def file_sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_reference(path, args):
+    """The frozen reference: the model at ``path``, in eval mode, with no gradients."""
+    from .finetune import load_pretrained
+    reference = load_pretrained(SimpleNamespace(init_from=path, dropout=0.0, head_dropout=0.0, out_dir=args.out_dir,
+                                                data=None)).model
+    for p in reference.parameters():
+        p.requires_grad = False
+    reference = ta.nn.fuse(reference.to(args.dtype).to(args.device))
+    reference.eval()
+    return reference
+
+
+def attach(run, args, meta, notes):
+    """Make ``run`` a DPO run: its loss_fn, and the evaluation's metrics. A new run records
+    --init_from's path and SHA-256 in args (the checkpoint keeps them); --resume (``meta``)
+    loads the reference from them, refusing a file that changed."""
+    if meta is None:
+        args.dpo_reference = os.path.abspath(args.init_from)
+        args.dpo_reference_sha256 = file_sha256(reference_file(args.dpo_reference))
+    else:
+        ran = meta.get("args") or {}
+        args.dpo_reference, args.dpo_reference_sha256 = ran.get("dpo_reference"), ran.get("dpo_reference_sha256")
+        if not args.dpo_reference:
+            raise ValueError(f"--resume: {run.ckpt_path} is not a DPO run (--stage dpo): resume it without --stage")
+        where = reference_file(args.dpo_reference)
+        if not os.path.exists(where):
+            raise ValueError(f"--resume: the DPO reference {args.dpo_reference} (the run's --init_from) is gone: "
+                             "put it back to resume the run")
+        if file_sha256(where) != args.dpo_reference_sha256:
+            raise ValueError(f"--resume: the DPO reference {args.dpo_reference} (the run's --init_from) has changed "
+                             "since the run began: the run cannot continue against another reference")
+    objective = DPOObjective(load_reference(args.dpo_reference, args), args.dpo_beta, args.dpo_nll)
+    run.loss_fn = objective
+    run.eval_metrics = lambda model: objective.metrics(model, run.dataset, args)
+    run.describe_metrics = describe_metrics
+    notes.append(f"--stage dpo: beta {args.dpo_beta:g}, nll {args.dpo_nll:g}, against the frozen reference "
+                 f"{args.dpo_reference}; the losses are the DPO objective's")
+
+
+# ---------------------------------------------------------------------------
+# held-out pairs: python -m train.dpo --out_dir RUN --data PAIRS
+def greedy_answers(model, tokenizer, prompts, max_new_tokens):
+    """The model's greedy answer (text up to <|end|>) to each prompt (a list of messages); prompts
+    of one length are answered together, as one batch."""
+    ids = [render_prompt(tokenizer, p) for p in prompts]
+    device = next(iter(model.parameters())).device
+    answers = [None] * len(ids)
+    for length in sorted({len(i) for i in ids}):
+        rows = [k for k, i in enumerate(ids) if len(i) == length]
+        out = model.generate(ta.tensor([ids[k] for k in rows], device=device), max_new_tokens, temperature=0.0,
+                             stop=[tokenizer.special_tokens["<|end|>"]])         # (B, length + new)
+        for k, row in zip(rows, out.tolist()):
+            answers[k] = answer_text(tokenizer, row[length:])
+    return answers
+
+
+def task_of(pair):
+    """The task a pair's prompt asks (its first word: spell, reverse, how, what)."""
+    first = pair["prompt"][-1]["content"].split()[0]
+    return {"spell:": "spell", "reverse:": "reverse", "how": "count", "what": "add"}.get(first, first)
+
+
+@ta.no_grad()
+def heldout_report(out_dir, data, device="cpu", max_new_tokens=32):
+    """For each task of data/test.jsonl: the greedy exact match of the model in out_dir, and for a
+    DPO run its implicit-reward accuracy against its reference. -> {task: {...}}."""
+    from .sample import load_model
+    model, tokenizer = load_model(out_dir, device)
+    meta = checkpoint_meta(out_dir)
+    rows = read_pairs(os.path.join(data, "test.jsonl"))
+    args = meta.get("args") or {}
+    objective = None
+    if args.get("dpo_reference"):
+        ns = SimpleNamespace(out_dir=os.path.join(out_dir, "eval"), dtype=args.get("dtype") or "float32",
+                             device=device)
+        objective = DPOObjective(load_reference(args["dpo_reference"], ns), args["dpo_beta"])
+    width = max(len(render_answer(tokenizer, p["prompt"], a)[0]) for p in rows for a in (p["chosen"], p["rejected"]))
+    report = {}
+    for task in sorted({task_of(p) for p in rows}):
+        pairs = [p for p in rows if task_of(p) == task]
+        answers = greedy_answers(model, tokenizer, [p["prompt"] for p in pairs], max_new_tokens)
+        result = dict(pairs=len(pairs), exact_match=round(float(np.mean(
+            [a.strip() == p["chosen"][0]["content"].strip() for a, p in zip(answers, pairs)])), 4))
+        if objective is not None:
+            batch = tuple(ta.tensor(a, device=device) for a in pair_rows(tokenizer, pairs, width))
+            pc, pr, rc, rr = (t.numpy().astype(np.float64) for t in objective.logprobs(model, batch))
+            result["reward_accuracy"] = round(float(np.mean((pc - rc) - (pr - rr) > 0)), 4)
+            result["chosen_drift"] = round(float(np.mean(pc - rc)), 4)
+            result["rejected_drift"] = round(float(np.mean(pr - rr)), 4)
+        report[task] = result
+    return report
+
+
+def checkpoint_meta(out_dir):
+    from . import checkpoint
+    return checkpoint.read_meta(os.path.join(out_dir, "ckpt.npz"))
+
+
+def main(argv=None):
+    import argparse
+    import json
+    parser = argparse.ArgumentParser(prog="python -m train.dpo",
+                                     description="Held-out pairs: each task's greedy exact match, and for a DPO "
+                                                 "run its implicit-reward accuracy and log-prob drift.")
+    parser.add_argument("--out_dir", required=True, help="a run (SFT or DPO) with ckpt.npz")
+    parser.add_argument("--data", required=True, help="a folder of python -m data.pairs (its test.jsonl is read)")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    try:
+        report = heldout_report(args.out_dir, args.data, args.device)
+    except (OSError, ValueError) as e:
+        parser.exit(1, f"{parser.prog}: error: {e}\n")
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())

@@ -945,3 +945,48 @@ WRONG["bpe"] = [
     ("ties to the smallest pair", answer(bpe, train=train_ties_to_smallest_pair), "met first"),
     ("encode joins the leftmost pair", answer(bpe, encode=encode_leftmost_first), "not the leftmost"),
 ]
+
+
+# ---------------------------------------------------------------- 19. the group-mean advantage
+from exercise_solutions import group_advantages as advantage  # noqa: E402
+
+
+def advantages_batch_mean(rewards, normalize=False):
+    """The baseline is the mean over the whole batch, not over each question's answers."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    return rewards - rewards.mean()
+
+
+def advantages_not_subtracted(rewards, normalize=False):
+    """The rewards themselves: REINFORCE without a baseline."""
+    return np.asarray(rewards, dtype=np.float64)
+
+
+def advantages_over_questions(rewards, normalize=False):
+    """The mean over axis 0, the questions, instead of each question's answers."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    return rewards - rewards.mean(0, keepdims=True)
+
+
+def advantages_integer_mean(rewards, normalize=False):
+    """Integer arithmetic: the group's mean floored."""
+    rewards = np.asarray(rewards)
+    return rewards - rewards.sum(1, keepdims=True) // rewards.shape[1]
+
+
+def advantages_std_unguarded(rewards, normalize=False):
+    """Divides by the std everywhere: 0 / 0 in a group whose answers all scored the same."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    out = rewards - rewards.mean(1, keepdims=True)
+    return out / rewards.std(1, keepdims=True) if normalize else out
+
+
+WRONG["group_advantages"] = [
+    ("the mean over the whole batch", answer(advantage, group_advantages=advantages_batch_mean),
+     "mean over the whole batch"),
+    ("no baseline subtracted", answer(advantage, group_advantages=advantages_not_subtracted),
+     "are the rewards themselves"),
+    ("the mean over the questions", answer(advantage, group_advantages=advantages_over_questions), "axis 0"),
+    ("an integer mean", answer(advantage, group_advantages=advantages_integer_mean), "work in floats"),
+    ("the std unguarded", answer(advantage, group_advantages=advantages_std_unguarded), "std 0"),
+]

@@ -260,3 +260,26 @@ def test_a_model_without_chat_tokens_is_refused(assistant, tmp_path, capsys):
     err = error_lines(capsys.readouterr().err)
     assert err == ["python -m train: error: --stage rl: the model has no chat tokens: start from a fine-tuned "
                    "assistant (--init_from a run of chat fine-tuning)"]
+
+
+def test_shared_batches_give_each_process_whole_groups_of_answers(assistant, monkeypatch):
+    """--shared_batches under mpiexec: every process draws the whole batch and keeps its rows;
+    an RL batch's rows are K answers a question, so the slices must hold whole groups."""
+    from tinyattn import distributed as dist
+    from train import parallel
+    model, tok = chat_model()
+    args = SimpleNamespace(rl_tasks="count", data=assistant.text, rl_samples=4, rl_temperature=1.0, rl_kl=0.0,
+                           rl_std=False, rl_max_tokens=4, rl_eval_prompts=6, block_size=48, seed=0, batch_size=4,
+                           shared_batches=True)
+    data = rl.load_tasks(args, tok)
+    data.attach(model)
+    whole = data.get_batch("train", 4, 48, np.random.default_rng(3))
+    monkeypatch.setattr(dist, "world_size", lambda: 2)
+    parts = []
+    for rank in (0, 1):
+        monkeypatch.setattr(dist, "rank", lambda rank=rank: rank)
+        parts.append(parallel.local_batch(data, args, np.random.default_rng(3)))
+    for i, array in enumerate(whole):
+        np.testing.assert_array_equal(np.concatenate([p[i] for p in parts]), array)
+    assert all(len(p[0]) == 8 for p in parts)                         # 2 questions x 4 answers each
+    np.testing.assert_allclose(parts[0][2].reshape(2, 4).sum(1), 0, atol=1e-6)

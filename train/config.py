@@ -444,7 +444,7 @@ def check_resume(args, meta, dataset, notes):
     if meta.get("dataset") == "coref" and args.data:
         raise ValueError(f"--resume: {where} was trained on the lesson corpus, not on --data {args.data}: "
                          "drop --data, or use another --out_dir")
-    if meta.get("dataset") != "coref" and not args.data:
+    if meta.get("dataset") != "coref" and not args.data and args.stage != "rl":     # (rl's add task reads no text)
         raise ValueError(f"--resume: {where} was trained on a text file ({trained_on or meta.get('dataset')}): "
                          f"pass --data {trained_on or 'FILE'} to resume it")
     if tokenizer_to_json(dataset.tokenizer) != meta["tokenizer"]:

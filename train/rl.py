@@ -244,6 +244,10 @@ def load_tasks(args, tokenizer):
     if tokenizer is None or END not in getattr(tokenizer, "special_tokens", {}):
         raise ValueError("--stage rl: the model has no chat tokens: start from a fine-tuned assistant "
                          "(--init_from a run of chat fine-tuning)")
+    missing = [name for name in names if name != "add" and text is None]
+    if missing:
+        raise ValueError(f"--stage rl: the {missing[0]} task takes its words from a text: pass --data TEXT (the one "
+                         "the fine-tuning's questions were made from)")
     tasks = [make_task(name, text) for name in names]
     source = fingerprint(hashlib.sha256(raw).digest() + args.rl_tasks.encode())
     return RLTasks(tasks, tokenizer, args, source)

@@ -283,3 +283,20 @@ def test_shared_batches_give_each_process_whole_groups_of_answers(assistant, mon
         np.testing.assert_array_equal(np.concatenate([p[i] for p in parts]), array)
     assert all(len(p[0]) == 8 for p in parts)                         # 2 questions x 4 answers each
     np.testing.assert_allclose(parts[0][2].reshape(2, 4).sum(1), 0, atol=1e-6)
+
+
+def test_a_word_task_without_its_text_is_one_line(assistant, tmp_path, capsys):
+    assert main(["--stage", "rl", "--init_from", assistant.ckpt, "--out_dir", str(tmp_path / "rl"), "--quiet"]) == 1
+    assert error_lines(capsys.readouterr().err) == [
+        "python -m train: error: --stage rl: the count task takes its words from a text: pass --data TEXT (the one "
+        "the fine-tuning's questions were made from)"]
+
+
+def test_addition_needs_no_text_and_resumes_without_one(assistant, tmp_path):
+    out = tmp_path / "add"
+    argv = ["--stage", "rl", "--init_from", assistant.ckpt, "--rl_tasks", "add", "--out_dir", str(out),
+            "--rl_prompts", "2", "--rl_samples", "2", "--rl_max_tokens", "3", "--rl_eval_prompts", "2",
+            "--eval_interval", "2", "--quiet"]
+    assert main([*argv, "--max_iters", "2"]) == 0
+    assert main(["--out_dir", str(out), "--resume", "--max_iters", "3", "--quiet"]) == 0      # the stage carries over
+    assert checkpoint.read_meta(str(out / "ckpt.npz"))["step"] == 3

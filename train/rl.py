@@ -128,7 +128,8 @@ def sample_answers(model, prompt, k, max_tokens, temperature, rng, end_id):
 # ---------------------------------------------------------------------------
 # the questions, as a data set
 class RLTasks:
-    """The questions of the tasks, and the batches the model makes by answering them."""
+    """The questions of the tasks, and the batches the model makes by answering them. Every train
+    question of every task is one item, drawn alike (a task with more questions comes up more)."""
 
     def __init__(self, tasks, tokenizer, args, source):
         self.tasks, self.tokenizer, self.args, self.source = tasks, tokenizer, args, source
@@ -163,7 +164,7 @@ class RLTasks:
         return ids
 
     def answer(self, conv, k, temperature, rng):
-        """k answers to one question, and their rewards: (prompt ids, [answer ids...], (k,) rewards)."""
+        """k answers to one question, sampled at ``temperature``: (prompt ids, [answer ids, ...])."""
         prompt = self.prompt(conv)
         room = min(self.args.rl_max_tokens, self.args.block_size - len(prompt))
         answers = sample_answers(self.model, prompt, k, room, temperature, rng, self.end_id)

@@ -1,4 +1,4 @@
-"""Exercise 19 (EXERCISES.md, "Fine-tune"): the DPO loss.
+"""Exercise 20 (EXERCISES.md, "Fine-tune"): the DPO loss.
 
     python -m exercises dpo
 """

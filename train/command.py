@@ -74,6 +74,13 @@ def run(argv=None):
         return 1
     if dist.rank() != 0:
         return 0
+    if "sampled_accuracy" in summary:               # --stage rl
+        said = ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in summary.items()
+                         if k.endswith("accuracy") or k.startswith("greedy_"))
+        print(f"eval at step {summary['step']}: {said}" if args.eval_only else
+              f"done: {summary['iters']} iters, held-out {said}, {summary['wall_s']:.0f} s; wrote "
+              f"{os.path.join(args.out_dir, 'summary.json')}")
+        return 0
     if args.eval_only:
         bpb = f", {summary['val_bpb']:.4f} val bits per byte" if "val_bpb" in summary else ""
         print(f"eval at step {summary['step']}: train loss {summary['train_loss']:.4f}, val loss "

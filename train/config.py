@@ -14,6 +14,8 @@ from tinyattn.models import GPTConfig
 from tinyattn.models.gpt import INITS
 
 from . import checkpoint
+from data.tasks import TASKS
+
 from .data import tokenizer_from_json, tokenizer_to_json
 
 # Defaults per dataset, like nanoGPT's config files: config/coref.py (the lesson corpus) and
@@ -63,6 +65,24 @@ def yes_or_no(text):
     if text.lower() in ("0", "false", "no"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def positive_float(text):
+    """An argparse type: a finite number above 0."""
+    value = float(text)
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be above 0 and finite, got {text}")
+    return value
+
+
+def task_names(text):
+    """An argparse type for --rl_tasks: task names, separated by commas."""
+    names = text.split(",")
+    unknown = [n for n in names if n not in TASKS]
+    if unknown or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"expected task names from {', '.join(TASKS)}, each once, separated by "
+                                         f"commas; got {text!r}")
+    return text
 
 
 DTYPES = ("float32", "float64")
@@ -165,13 +185,32 @@ def build_parser():
                    help="run with every passing piece of exercises/ (EXERCISES.md, part two) swapped into the library")
     p.add_argument("--detect_anomaly", action="store_true",
                    help="stop at the first op whose output or gradient holds NaN or Inf, and name it")
+    # the fine-tuning stages after SFT (SFT itself is --init_from with --data a conversation folder)
+    p.add_argument("--stage", choices=("dpo", "rl"),
+                   help="dpo: preference tuning of the --init_from model (a chat model) on --data's pairs "
+                        "(python -m data.pairs), against a frozen copy of it (train/dpo.py); rl: reinforcement "
+                        "learning with verifiable rewards on the tasks of data/tasks.py, from --init_from an "
+                        "assistant (train/rl.py), --data then being the text the word tasks take their words from")
+    # --stage rl
+    p.add_argument("--rl_tasks", type=task_names, metavar="TASK[,TASK]",
+                   help=f"--stage rl: the tasks whose questions the model answers ({', '.join(TASKS)}; default count)")
+    p.add_argument("--rl_prompts", type=at_least(1), metavar="P",
+                   help="--stage rl: questions a step (it is the batch size; default 16)")
+    p.add_argument("--rl_samples", type=at_least(2), metavar="K", help="--stage rl: answers a question (default 8)")
+    p.add_argument("--rl_temperature", type=positive_float, metavar="T",
+                   help="--stage rl: the temperature the answers are sampled at (default 1.0)")
+    p.add_argument("--rl_kl", type=at_least(0.0, float), metavar="W",
+                   help="--stage rl: weight of the KL to the frozen --init_from model (default 0: none)")
+    p.add_argument("--rl_std", type=yes_or_no, metavar="true|false",
+                   help="--stage rl: divide each advantage by its group's std, as GRPO does (default false)")
+    p.add_argument("--rl_max_tokens", type=at_least(1), metavar="N",
+                   help="--stage rl: the longest answer sampled, in tokens (default 32)")
+    p.add_argument("--rl_eval_prompts", type=at_least(1), metavar="N",
+                   help="--stage rl: held-out questions each evaluation answers (default 48)")
     p.add_argument("--profile", action="store_true",
                    help=f"time every op over steps {PROFILE_STEPS.start}-{PROFILE_STEPS.stop - 1}, print the "
                         "table and write out_dir/trace.json (for chrome://tracing or Perfetto)")
     # --stage dpo
-    p.add_argument("--stage", choices=("dpo",),
-                   help="dpo: preference tuning of the --init_from model (a chat model) on --data's pairs "
-                        "(python -m data.pairs), against a frozen copy of it (train/dpo.py)")
     p.add_argument("--dpo_beta", type=float, metavar="BETA",
                    help="--stage dpo: the scale of the implicit rewards beta log(pi/pi_ref) (default 0.1)")
     p.add_argument("--dpo_nll", type=float, metavar="W",
@@ -290,10 +329,36 @@ def parse_args(argv=None):
     for key, value in preset.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
+    rl_problem = rl_settings(args)
+    if rl_problem:
+        parser.error(rl_problem)
     problems, notes = validate_args(args)
     if problems:
         parser.error("; ".join(problems))
     return args, notes
+
+
+RL_DEFAULTS = dict(rl_tasks="count", rl_prompts=16, rl_samples=8, rl_temperature=1.0, rl_kl=0.0, rl_std=False,
+                   rl_max_tokens=32, rl_eval_prompts=48)
+
+
+def rl_settings(args):
+    """--stage rl: fill in its defaults; its questions a step are the batch size. -> a problem, or None."""
+    given = [k for k in RL_DEFAULTS if getattr(args, k) is not None and k in args._given]
+    if args.stage != "rl":
+        return f"--{given[0]} is a setting of --stage rl" if given else None
+    if not args.init_from and not args.resume:
+        return "--stage rl trains an assistant: give --init_from PATH (a chat fine-tuned run)"
+    for key, value in RL_DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if "batch_size" in args._given and "rl_prompts" in args._given and args.batch_size != args.rl_prompts:
+        return f"--stage rl: --batch_size {args.batch_size} and --rl_prompts {args.rl_prompts} are the same " \
+               "setting (questions a step): give one"
+    if "batch_size" in args._given and "rl_prompts" not in args._given:
+        args.rl_prompts = args.batch_size
+    args.batch_size = args.rl_prompts
+    return None
 
 
 AT_LEAST_1 = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "eval_interval", "eval_iters",
@@ -400,7 +465,7 @@ def check_resume(args, meta, dataset, notes):
     if meta.get("dataset") == "coref" and args.data:
         raise ValueError(f"--resume: {where} was trained on the lesson corpus, not on --data {args.data}: "
                          "drop --data, or use another --out_dir")
-    if meta.get("dataset") != "coref" and not args.data:
+    if meta.get("dataset") != "coref" and not args.data and args.stage != "rl":     # (rl's add task reads no text)
         raise ValueError(f"--resume: {where} was trained on a text file ({trained_on or meta.get('dataset')}): "
                          f"pass --data {trained_on or 'FILE'} to resume it")
     if tokenizer_to_json(dataset.tokenizer) != meta["tokenizer"]:
@@ -447,7 +512,7 @@ def same_data(args, meta, dataset, where, notes):
 RESUMED_FLAGS = ("seed", "layout", "max_iters", "batch_size", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay",
                  "beta1", "beta2", "grad_clip", "gradient_accumulation_steps", "eval_interval", "eval_iters",
                  "log_interval", "sample_tokens", "shared_batches", "always_save_checkpoint", "save_interval_s",
-                 "stage", "dpo_beta", "dpo_nll")
+                 "stage", "dpo_beta", "dpo_nll", *RL_DEFAULTS)
 
 
 def resumed_settings(out_dir):

@@ -76,7 +76,10 @@ def train(args, notes=()):
                 bar.update(1)
                 if step % args.log_interval == 0:
                     loss_value = run.read_losses()
-                    bar.set_postfix(loss=f"{loss_value:.4f}", ppl=f"{perplexity(loss_value):.2f}", lr=f"{lr:.2e}")
+                    if hasattr(dataset, "last_reward"):     # --stage rl: the mean reward of the step's answers
+                        bar.set_postfix(loss=f"{loss_value:.4f}", reward=f"{dataset.last_reward:.3f}", lr=f"{lr:.2e}")
+                    else:
+                        bar.set_postfix(loss=f"{loss_value:.4f}", ppl=f"{perplexity(loss_value):.2f}", lr=f"{lr:.2e}")
                 if run.save_due():                       # --save_interval_s
                     run.save_latest()
         if profiler:
@@ -94,7 +97,8 @@ class Run:
     def __init__(self, args, dataset, model, optimizer, state, device):
         self.args, self.dataset, self.model, self.optimizer, self.state = args, dataset, model, optimizer, state
         self.device = device
-        self.loss_fn = lm_loss                   # the objective: the language model's, next-token prediction
+        # the objective: the language model's, next-token prediction, unless the data is a stage's (train/rl.py)
+        self.loss_fn = getattr(dataset, "loss_fn", lm_loss)
         self.eval_metrics = None                 # a stage's own numbers at each evaluation: model -> {name: value}
         self.describe_metrics = None             # and how the evaluation line says them: {name: value} -> text
         self.root = dist.rank() == 0
@@ -150,6 +154,8 @@ class Run:
         return parallel.on_root(self._evaluate, step)
 
     def _evaluate(self, step, save=True):
+        if hasattr(self.dataset, "evaluate"):         # a stage measured by what the model answers, not a loss
+            return self._evaluate_answers(step, save)
         args, state = self.args, self.state
         losses = estimate_loss(self.model, self.dataset, args, self.loss_fn)
         row = dict(step=step, train_loss=round(losses["train"], 6), val_loss=round(losses["val"], 6),
@@ -174,24 +180,50 @@ class Run:
             self.say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
                      f"(perplexity {perplexity(losses['val']):.2f}" +
                      ("" if bpb is None else f", {bpb:.4f} bits per byte") + ")")
-        if self.last_eval_step != step:
-            state["log"].append(row)
-            write_log(state["log"], args.out_dir)      # up to date, whatever stops the run
+        self.log_row(row)
         if args.sample_tokens and not args.quiet:
             self.say("  sample: " + repr(sample_text(self.model, self.dataset, args, args.sample_tokens)[:300]))
-        improved = losses["val"] < state["best_val_loss"]
+        self.keep_best(step, losses["val"])
+        return losses
+
+    def _evaluate_answers(self, step, save=True):
+        """The evaluation of a stage whose data set answers questions (--stage rl): its columns in
+        log.csv (sampled and greedy accuracy), and best.npz where its error (1 - sampled accuracy)
+        is lowest. -> the columns, with "val": that error."""
+        args = self.args
+        columns, error, line = self.dataset.evaluate(self.model, args)
+        result = dict(columns, val=error)
+        if not save:
+            return result
+        self.say(f"step {step}: {line}")
+        self.log_row(dict(step=step, **columns, lr=warmup_cosine(step, args.learning_rate, args.min_lr,
+                                                                 args.warmup_iters, args.lr_decay_iters),
+                          time=round(self.clock(), 3)))
+        self.keep_best(step, error)
+        return result
+
+    def log_row(self, row):
+        if self.last_eval_step != row["step"]:
+            self.state["log"].append(row)
+            write_log(self.state["log"], self.args.out_dir)      # up to date, whatever stops the run
+
+    def keep_best(self, step, val):
+        """ckpt.npz and best.npz when ``val`` (the val loss, or a stage's error) improved."""
+        args, state = self.args, self.state
+        improved = val < state["best_val_loss"]
         with interrupts.uninterrupted():              # best_val_loss and best.npz change together
             if improved:
-                state["best_val_loss"] = losses["val"]
+                state["best_val_loss"] = val
             if step > 0 and (improved or args.always_save_checkpoint):
                 self.save(self.ckpt_path)              # the latest state, for --resume
             if step > 0 and improved:
                 self.save(os.path.join(args.out_dir, "best.npz"))
-        return losses
 
     def evaluate_only(self):
         """--eval_only: the losses of the model the run starts from, printed; nothing is written."""
         losses = parallel.on_root(self._evaluate, self.state["step"], False)
+        if hasattr(self.dataset, "evaluate"):
+            return dict(eval_only=True, step=self.state["step"], **{k: v for k, v in losses.items() if k != "val"})
         bpb = self.dataset.bits_per_byte(losses["val"])
         result = dict(eval_only=True, step=self.state["step"], train_loss=round(losses["train"], 6),
                       val_loss=round(losses["val"], 6), val_perplexity=round(perplexity(losses["val"]), 4))
@@ -239,6 +271,11 @@ class Run:
         final = self._evaluate(state["step"])
         if state["saved_step"] != state["step"]:       # (the evaluation may have saved it)
             self.save(self.ckpt_path)
+        if hasattr(dataset, "evaluate"):               # a stage measured by its answers
+            summary = dict({k: v for k, v in final.items() if k != "val"}, iters=state["step"],
+                           best_sampled_accuracy=round(1 - state["best_val_loss"], 6), **self.run_facts())
+            write_results(self.args.out_dir, state["log"], state["train_losses"], summary, self.say)
+            return summary
         summary = dict(best_val_loss=round(state["best_val_loss"], 6), val_loss=round(final["val"], 6),
                        best_val_perplexity=round(perplexity(state["best_val_loss"]), 4),
                        val_perplexity=round(perplexity(final["val"]), 4),

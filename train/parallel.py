@@ -52,11 +52,12 @@ def device_seed(seed, rank, step=0):
 
 
 def local_batch(dataset, args, rng):
-    """This process's rows of one global batch: (x, y) (or a stage's arrays), each (batch_size / N, T)."""
+    """This process's rows of one global batch: (x, y), each (batch_size / N, T) (a stage's batch
+    may hold more arrays, and more rows an item: --stage rl's are K answers to each question)."""
     world, rank = dist.world_size(), dist.rank()
     if world > 1 and args.shared_batches:
-        batch = dataset.get_batch("train", args.batch_size, args.block_size, rng)     # (B, T) each: everyone's
-        b = args.batch_size // world
+        batch = dataset.get_batch("train", args.batch_size, args.block_size, rng)   # everyone's rows
+        b = len(batch[0]) // world
         return tuple(a[rank * b:(rank + 1) * b] for a in batch)
     return dataset.get_batch("train", args.batch_size // world, args.block_size, rng)
 

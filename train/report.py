@@ -34,8 +34,15 @@ def loss_figure(plt, log_rows, train_losses):
         losses = [math.nan if v is None else v for v in train_losses]        # None: a step from before --resume
         ax.plot(range(len(losses)), losses, color="0.7", lw=0.8, label="train (each step)")
     steps = [r["step"] for r in log_rows]
-    ax.plot(steps, [r["train_loss"] for r in log_rows], "o-", label="train (eval)")
-    ax.plot(steps, [r["val_loss"] for r in log_rows], "o-", label="val (eval)")
+    if log_rows and "val_loss" not in log_rows[0]:       # --stage rl: the held-out accuracies, on a second axis
+        acc = ax.twinx()
+        for column in ("sampled_accuracy", "greedy_accuracy"):
+            acc.plot(steps, [r[column] for r in log_rows], "o-", label=column.replace("_", " ") + " (held out)")
+        acc.set_ylabel("accuracy")
+        acc.legend(loc="lower right")
+    else:
+        ax.plot(steps, [r["train_loss"] for r in log_rows], "o-", label="train (eval)")
+        ax.plot(steps, [r["val_loss"] for r in log_rows], "o-", label="val (eval)")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.legend()
@@ -52,9 +59,12 @@ def report_profile(profiler, out_dir):
 
 def write_log(log_rows, out_dir):
     f = io.StringIO()
-    fields = ["step", "train_loss", "val_loss", "train_perplexity", "val_perplexity", "lr", "time", "val_bpb"]
-    fields += [k for k in dict.fromkeys(k for row in log_rows for k in row) if k not in fields]   # a stage's own
-    writer = csv.DictWriter(f, fieldnames=fields)
+    columns = ["step", "train_loss", "val_loss", "train_perplexity", "val_perplexity", "lr", "time", "val_bpb"]
+    if log_rows and "val_loss" not in log_rows[0]:      # a stage measured by its answers (--stage rl)
+        columns = list(dict.fromkeys(k for row in log_rows for k in row))
+    else:                                               # and a stage's own numbers after them (--stage dpo)
+        columns += [k for k in dict.fromkeys(k for row in log_rows for k in row) if k not in columns]
+    writer = csv.DictWriter(f, fieldnames=columns)
     writer.writeheader()
     writer.writerows(log_rows)
     checkpoint.write_text(os.path.join(out_dir, "log.csv"), f.getvalue())

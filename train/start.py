@@ -1,5 +1,6 @@
 """Starting a run of python -m train: the data, the model and its optimizer (new, fine-tuned from
 another model, or as a checkpoint left them), and the learner's pieces for --use_exercises."""
+import argparse
 import contextlib
 import math
 import os
@@ -11,7 +12,7 @@ import tinyattn as ta
 from tinyattn import distributed as dist
 from tinyattn.models import GPT, GPTConfig
 
-from . import checkpoint, finetune, lora, memory, parallel
+from . import checkpoint, finetune, lora, memory, parallel, rl
 from .config import check_resume, schedule_ended
 from .data import load_coref, load_data
 
@@ -30,6 +31,8 @@ def setup(args, notes):
     if args.stage == "dpo":                     # preference pairs, rendered with the model's chat tokenizer
         from .dpo import load_pairs
         dataset = load_pairs(args.data, tokenizer)
+    elif args.stage == "rl":                    # the questions of the tasks, answered by the model (train/rl.py)
+        dataset = rl.load_tasks(args, tokenizer)
     else:
         dataset = load_data(args.data, tokenizer) if args.data else load_coref(seed=0, layout=args.layout)
     if pretrained:
@@ -49,7 +52,8 @@ def setup(args, notes):
         config = GPTConfig(**meta["config"])
     if device_backend.on_host:                  # refused before it is allocated, in one line
         tokens_per_row = dataset.rows["train"].shape[1] - 1 if dataset.rows is not None else config.block_size
-        memory.check_fits(config, args.batch_size // dist.world_size(), tokens_per_row, np.dtype(args.dtype).itemsize)
+        rows = args.batch_size * (args.rl_samples if args.stage == "rl" else 1)       # rl: K answers a question
+        memory.check_fits(config, rows // dist.world_size(), tokens_per_row, np.dtype(args.dtype).itemsize)
     model = pretrained.model if pretrained else GPT(config)
     if args.lora_rank:                          # only the adapters train: your LoRALinear (train/lora.py)
         trained = lora.adapt(model, lora.lora_linear(), args.lora_rank, args.lora_alpha)
@@ -74,12 +78,30 @@ def setup(args, notes):
         threads_note = checkpoint.other_thread_count(meta, device_backend.on_host)
         if threads_note:
             notes.append(threads_note)
+    if args.stage == "rl":
+        dataset.attach(model, reference_model(args, meta, pretrained) if args.rl_kl else None)
     if replaced and dist.rank() == 0:
         checkpoint.remove_run(args.out_dir)
         notes.append(replaced)
     if not args.eval_only:
         os.makedirs(args.out_dir, exist_ok=True)
     return dataset, model, optimizer, state, meta
+
+
+def reference_model(args, meta, pretrained):
+    """--rl_kl's reference: a frozen copy of the --init_from model (a resumed run loads it again)."""
+    if pretrained is None:
+        args = argparse.Namespace(**{**vars(args), "init_from": (meta.get("args") or {}).get("init_from")})
+        pretrained = finetune.load_pretrained(args)
+    else:
+        state = {k: v.numpy() for k, v in pretrained.model.state_dict().items()}
+        pretrained = finetune.Pretrained(GPT(pretrained.model.config), pretrained.tokenizer, pretrained.where)
+        pretrained.model.load_state_dict(state)
+    reference = pretrained.model.to(args.dtype).to(args.device)
+    for p in reference.parameters():
+        p.requires_grad = False
+    reference.eval()
+    return reference
 
 
 def exercises_swapped_in(wanted):
@@ -100,6 +122,8 @@ def resuming(ckpt_path, state, max_iters):
     val = best if math.isfinite(best) else log[-1]["val_loss"] if log else None
     kind = "best val loss" if math.isfinite(best) else "val loss"
     said = f"{kind} {val:.4f}" if val is not None else "not evaluated yet"
+    if log and "sampled_accuracy" in log[-1]:           # --stage rl keeps its best sampled accuracy
+        said = f"best sampled accuracy {1 - best:.4f}" if math.isfinite(best) else "not evaluated yet"
     return f"resuming {ckpt_path} at step {state['step']} of {max_iters}, {said}"
 
 
@@ -125,8 +149,9 @@ def announce(args, notes, state, meta, dataset, model, ckpt_path, say):
                  f"steps {flat_from} to {args.max_iters - 1} {'all ' if flat_from == state['step'] else ''}run "
                  f"at --min_lr {args.min_lr:g} (pass --lr_decay_iters {args.max_iters} for a schedule that ends "
                  "at --max_iters)")
-    say(f"{dataset.name}: {len(dataset.train):,} train / {len(dataset.val):,} val tokens, vocab "
-        f"{model.config.vocab_size}; model {model.num_parameters() / 1e6:.2f}M parameters on {args.device}"
+    data = dataset.describe() if hasattr(dataset, "describe") else \
+        f"{dataset.name}: {len(dataset.train):,} train / {len(dataset.val):,} val tokens"
+    say(f"{data}, vocab {model.config.vocab_size}; model {model.num_parameters() / 1e6:.2f}M parameters on {args.device}"
         f"{'' if args.dtype == 'float32' else ', in ' + args.dtype}")
     pids = dist.gather_object(os.getpid())      # a process that dies is named by its pid (mpiexec says which)
     if world > 1 and root:

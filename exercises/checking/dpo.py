@@ -1,4 +1,4 @@
-"""The checks of exercise 19 of EXERCISES.md: the DPO loss."""
+"""The checks of exercise 20 of EXERCISES.md: the DPO loss."""
 import numpy as np
 
 import tinyattn as ta

@@ -7,8 +7,9 @@ package of answers: the learner's ``exercises``, or the reference solutions
 """
 from dataclasses import dataclass
 
-from . import (adamw, attention, bpe, common, cross_entropy, dpo, elementwise, embedding, engine, gqa, kv_cache,
-               layernorm, lora, matmul, online_softmax, rmsnorm, rope, softmax, sum_to, swiglu)
+from . import (adamw, attention, bpe, common, cross_entropy, dpo, elementwise, embedding, engine, gqa,
+               group_advantages, kv_cache, layernorm, lora, matmul, online_softmax, rmsnorm, rope, softmax, sum_to,
+               swiglu)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ EXERCISES = [Exercise(i + 1, name, title, tuple(checks)) for i, (name, title, ch
     ("lora", "LoRA: low-rank adapters", lora.CHECKS),
     ("bpe", "Write BPE (the tokenizer)", bpe.CHECKS),
     ("dpo", "The DPO loss", dpo.CHECKS),
+    ("group_advantages", "RL: the group-mean advantage", group_advantages.CHECKS),
 ])]
 BY_NAME = {e.name: e for e in EXERCISES}
 

@@ -948,7 +948,7 @@ WRONG["bpe"] = [
 ]
 
 
-# ---------------------------------------------------------------- 19. the DPO loss
+# ---------------------------------------------------------------- 20. the DPO loss
 def sequence_logprobs_with_the_prompt(model, x, y):
     """log p of the whole sequence, prompt included: every next token of x, not the answer's only."""
     logits, _ = model(x)
@@ -975,4 +975,49 @@ WRONG["dpo"] = [
     ("beta on one side only", answer(dpo, dpo_loss=dpo_loss_beta_on_one_side), "beta multiplies only the chosen"),
     ("the reference not frozen", answer(dpo, dpo_batch_loss=dpo_batch_loss_reference_not_frozen),
      ("the reference got a gradient", "ta.no_grad()")),
+]
+
+
+# ---------------------------------------------------------------- 21. the group-mean advantage
+from exercise_solutions import group_advantages as advantage  # noqa: E402
+
+
+def advantages_batch_mean(rewards, normalize=False):
+    """The baseline is the mean over the whole batch, not over each question's answers."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    return rewards - rewards.mean()
+
+
+def advantages_not_subtracted(rewards, normalize=False):
+    """The rewards themselves: REINFORCE without a baseline."""
+    return np.asarray(rewards, dtype=np.float64)
+
+
+def advantages_over_questions(rewards, normalize=False):
+    """The mean over axis 0, the questions, instead of each question's answers."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    return rewards - rewards.mean(0, keepdims=True)
+
+
+def advantages_integer_mean(rewards, normalize=False):
+    """Integer arithmetic: the group's mean floored."""
+    rewards = np.asarray(rewards)
+    return rewards - rewards.sum(1, keepdims=True) // rewards.shape[1]
+
+
+def advantages_std_unguarded(rewards, normalize=False):
+    """Divides by the std everywhere: 0 / 0 in a group whose answers all scored the same."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    out = rewards - rewards.mean(1, keepdims=True)
+    return out / rewards.std(1, keepdims=True) if normalize else out
+
+
+WRONG["group_advantages"] = [
+    ("the mean over the whole batch", answer(advantage, group_advantages=advantages_batch_mean),
+     "mean over the whole batch"),
+    ("no baseline subtracted", answer(advantage, group_advantages=advantages_not_subtracted),
+     "are the rewards themselves"),
+    ("the mean over the questions", answer(advantage, group_advantages=advantages_over_questions), "axis 0"),
+    ("an integer mean", answer(advantage, group_advantages=advantages_integer_mean), "work in floats"),
+    ("the std unguarded", answer(advantage, group_advantages=advantages_std_unguarded), "std 0"),
 ]

@@ -1,4 +1,4 @@
-"""Reference solution: the DPO loss (exercise 19 of EXERCISES.md)."""
+"""Reference solution: the DPO loss (exercise 20 of EXERCISES.md)."""
 import tinyattn as ta
 import tinyattn.nn.functional as F
 

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import tinyattn as ta
-import tinyattn.nn.functional as F
 import train.rl as rl
 from data.chat import CHAT_TOKENS, END, render_prompt
 from data.tasks import Task, words_of

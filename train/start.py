@@ -13,7 +13,7 @@ from tinyattn.models import GPT, GPTConfig
 
 from . import checkpoint, finetune, lora, memory, parallel
 from .config import check_resume, schedule_ended
-from .data import load_coref, load_data
+from .data import load_coref, load_data, load_mix
 
 
 def setup(args, notes):
@@ -30,6 +30,11 @@ def setup(args, notes):
     dataset = load_data(args.data, tokenizer) if args.data else load_coref(seed=0, layout=args.layout)
     if pretrained:
         notes.append(finetune.fit_args(args, pretrained, dataset))
+    if args.mix_data:
+        if not hasattr(dataset, "add_mix"):
+            raise ValueError(f"--mix_data mixes text into conversations: --data {args.data} is not a conversation "
+                             "folder (python -m data.prepare CONVS.jsonl writes one)")
+        dataset.add_mix(*load_mix(args.mix_data, dataset.tokenizer), args.mix_fraction)
     device_backend = ta.backend.get_backend(args.device)      # a clear error when CUDA is missing
     ta.manual_seed(args.seed)
 

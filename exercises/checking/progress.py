@@ -8,7 +8,7 @@ package of answers: the learner's ``exercises``, or the reference solutions
 from dataclasses import dataclass
 
 from . import (adamw, attention, bpe, common, cross_entropy, elementwise, embedding, engine, gqa, kv_cache,
-               layernorm, lora, matmul, online_softmax, rmsnorm, rope, softmax, sum_to, swiglu)
+               layernorm, lora, loss_mask, matmul, online_softmax, rmsnorm, rope, softmax, sum_to, swiglu)
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ EXERCISES = [Exercise(i + 1, name, title, tuple(checks)) for i, (name, title, ch
     ("kv_cache", "KV cache", kv_cache.CHECKS),
     ("lora", "LoRA: low-rank adapters", lora.CHECKS),
     ("bpe", "Write BPE (the tokenizer)", bpe.CHECKS),
+    ("loss_mask", "The loss mask of a conversation", loss_mask.CHECKS),
 ])]
 BY_NAME = {e.name: e for e in EXERCISES}
 

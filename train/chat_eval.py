@@ -12,8 +12,10 @@ With --text FILE, also the language model's val loss and bits per byte on the fi
 A base model, pretrained on text alone, has no ids for the chat tokens (nor for characters the
 text lacks, such as "+"). It is evaluated as fine-tuning starts from it: its embedding is grown
 with a row for each missing token, at the mean of its rows (train/finetune.py's grow_vocab), and
-it reads the same prompts as the fine-tuned model. The output says so. Its language-model loss
-is the model's own, before the growth.
+it reads the same prompts as the fine-tuned model. The output says so. With the head tied to the
+embedding, a new row's logit is the mean of the others', never the largest: greedy decoding never
+writes <|end|>, so a base model's answers never end and score 0, which is what it knows of the
+format. Its language-model loss is the model's own, before the growth.
 """
 import argparse
 import json
@@ -115,7 +117,8 @@ def evaluate(args):
         added = chat.chars[tokenizer.vocab_size:] if chat.kind == "char" else \
             [t for t in chat.special_tokens if t not in tokenizer.special_tokens]
         grown = (f"{args.out_dir} has no ids for {', '.join(map(repr, added))}: evaluated with its embedding grown "
-                 f"by {len(added)} rows at the mean of its rows, as fine-tuning starts from it")
+                 f"by {len(added)} rows at the mean of its rows, as fine-tuning starts from it (such a row's logit "
+                 "is the mean of the others': greedy never writes it, so the model cannot end an answer)")
         dtype = model.wte.weight.numpy().dtype.name
         model = grow_vocab(model, chat.vocab_size).to(dtype).to(args.device).eval()
         tokenizer = chat

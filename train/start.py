@@ -49,7 +49,8 @@ def setup(args, notes):
         check_resume(args, meta, dataset, notes)
         config = GPTConfig(**meta["config"])
     if device_backend.on_host:                  # refused before it is allocated, in one line
-        tokens_per_row = dataset.rows["train"].shape[1] - 1 if dataset.rows is not None else config.block_size
+        whole_rows = dataset.rows is not None and getattr(dataset, "mix", None) is None   # (mixed rows: block_size)
+        tokens_per_row = dataset.rows["train"].shape[1] - 1 if whole_rows else config.block_size
         memory.check_fits(config, args.batch_size // dist.world_size(), tokens_per_row, np.dtype(args.dtype).itemsize)
     model = pretrained.model if pretrained else GPT(config)
     if args.lora_rank:                          # only the adapters train: your LoRALinear (train/lora.py)

@@ -296,3 +296,18 @@ def test_chat_eval_refusals_are_one_line(sft, capsys, argv, said):
 
 def test_load_data_reads_a_conversation_folder(conv):
     assert type(load_data(str(conv))).__name__ == "ConversationDataset"
+
+
+def test_a_token_folder_of_the_models_characters_mixes_as_its_text(files, base, conv, tmp_path):
+    from data.prepare import prepare
+    from train.data import load_mix
+    folder = tmp_path / "tokens"
+    prepare(str(files / "text.txt"), tokenizer=None, out_dir=folder, tokenizer_from=str(base))
+    data = load_conversations(conv)
+    ids, _ = load_mix(folder, data.tokenizer)
+    np.testing.assert_array_equal(ids, load_text(files / "text.txt", data.tokenizer).train)
+    (tmp_path / "upper.txt").write_text(TEXT.upper())
+    own = tmp_path / "own"
+    prepare(str(tmp_path / "upper.txt"), tokenizer="char", out_dir=own)         # other characters, other ids
+    with pytest.raises(ValueError, match="is not the one the conversations extend"):
+        load_mix(own, data.tokenizer)

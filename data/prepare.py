@@ -290,7 +290,8 @@ def split_point(text, specials):
 def main(argv=None):
     parser = OneLineParser(prog="python -m data.prepare",
                                      description="Tokenize a text file into train.bin / val.bin for python -m train --data DIR.")
-    parser.add_argument("file", help="a UTF-8 text file")
+    parser.add_argument("file", help="a UTF-8 text file, or a .jsonl file of conversations (one {\"messages\": [...]} "
+                                     "a line) for supervised fine-tuning")
     parser.add_argument("--tokenizer", default=None, choices=["bpe", "char"], help="a new tokenizer (default: bpe)")
     parser.add_argument("--vocab_size", type=int, default=None,
                         help="bpe only: the number of token ids, <|endoftext|> included (e.g. 1024)")
@@ -307,7 +308,14 @@ def main(argv=None):
                         help="where the files go (default: beside FILE: data/NAME/bpe1024 for data/NAME/input.txt)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the token files an --out_dir already holds (they are deleted first)")
+    parser.add_argument("--val", metavar="JSONL", default=None,
+                        help="conversations only: the val conversations (e.g. the tasks' test split); "
+                             "default: the last 10%% of FILE")
     args = parser.parse_args(argv)
+    if args.file.endswith(".jsonl"):
+        return main_conversations(parser, args)
+    if args.val is not None:
+        parser.error("--val is for a .jsonl file of conversations; a text file's val split is its last 10%")
     if args.tokenizer_from is None and args.tokenizer in (None, "bpe") and args.vocab_size is None:
         parser.error("--tokenizer bpe needs --vocab_size (e.g. --vocab_size 1024), or --tokenizer_from DIR_OR_RUN")
     try:
@@ -328,6 +336,32 @@ def main(argv=None):
     else:
         print("train on it with:")
         print(f"  python -m train --data {out}")
+    return 0
+
+
+def main_conversations(parser, args):
+    """python -m data.prepare CONVS.jsonl: a conversation folder (data/conversations.py)."""
+    from .conversations import prepare_conversations
+    for flag in ("vocab_size", "special_tokens", "tokenizer"):
+        if getattr(args, flag) is not None:
+            parser.error(f"--{flag} is for a text file; conversations take --tokenizer_from's tokenizer with "
+                         "the chat tokens added, or without it the conversations' own characters")
+    if args.add_special_token:
+        parser.error("--add_special_token is for a text file; conversations get the chat tokens")
+    try:
+        meta = prepare_conversations(args.file, args.tokenizer_from, args.val, args.out_dir, args.overwrite)
+    except (ValueError, OSError) as e:
+        print(f"python -m data.prepare: error: {e}", file=sys.stderr)
+        return 1
+    out = meta["out_dir"]
+    print(f"wrote {out}: {meta['train_conversations']:,} train and {meta['val_conversations']:,} val conversations "
+          f"(train_ids.npy, train_mask.npy, val_ids.npy, val_mask.npy), {meta['tokenizer_file']} "
+          f"(vocab {meta['vocab_size']:,}), meta.json")
+    if meta.get("tokenizer_from"):
+        print(f"fine-tune on it with:\n  python -m train --init_from {meta['tokenizer_from']} --data {out} "
+              "--out_dir OUT_DIR")
+    else:
+        print(f"train on it with:\n  python -m train --data {out}")
     return 0
 
 

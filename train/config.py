@@ -210,6 +210,12 @@ def build_parser():
     p.add_argument("--profile", action="store_true",
                    help=f"time every op over steps {PROFILE_STEPS.start}-{PROFILE_STEPS.stop - 1}, print the "
                         "table and write out_dir/trace.json (for chrome://tracing or Perfetto)")
+    # --data CONVERSATIONS (supervised fine-tuning): plain text mixed into each batch
+    p.add_argument("--mix_data", metavar="FILE_OR_DIR",
+                   help="with --data a conversation folder: a text file (or token folder) whose windows make "
+                        "up --mix_fraction of each batch's rows, so the model keeps its language model")
+    p.add_argument("--mix_fraction", type=float, metavar="F",
+                   help="the fraction of each batch's rows that are --mix_data's text (default 0.25)")
     # --stage dpo
     p.add_argument("--dpo_beta", type=float, metavar="BETA",
                    help="--stage dpo: the scale of the implicit rewards beta log(pi/pi_ref) (default 0.1)")
@@ -385,6 +391,12 @@ def validate_args(args):
         problems.append("--resume continues the run in --out_dir, --overwrite replaces it: give one of them")
     if args.data and args.layout:
         problems.append("--layout is for the 'it' corpus only, not with --data")
+    if args.mix_fraction is not None and not args.mix_data:
+        problems.append("--mix_fraction is the share of --mix_data's rows: give --mix_data too")
+    if args.mix_data and args.mix_fraction is None:
+        args.mix_fraction = 0.25
+    if args.mix_fraction is not None and not 0 < args.mix_fraction < 1:
+        problems.append(f"--mix_fraction must be in (0, 1), got {args.mix_fraction}")
     if args.lora_rank and not args.init_from:
         problems.append("--lora_rank adapts a trained model: give it with --init_from PATH")
     if args.lora_alpha is not None and not args.lora_rank:
@@ -512,7 +524,7 @@ def same_data(args, meta, dataset, where, notes):
 RESUMED_FLAGS = ("seed", "layout", "max_iters", "batch_size", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay",
                  "beta1", "beta2", "grad_clip", "gradient_accumulation_steps", "eval_interval", "eval_iters",
                  "log_interval", "sample_tokens", "shared_batches", "always_save_checkpoint", "save_interval_s",
-                 "stage", "dpo_beta", "dpo_nll", *RL_DEFAULTS)
+                 "stage", "dpo_beta", "dpo_nll", *RL_DEFAULTS, "mix_data", "mix_fraction")
 
 
 def resumed_settings(out_dir):

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from data import coref
+from data.conversations import is_conversation_folder
 from data.prepare import read_text_and_bytes
 from tinyattn.tokenizers import BPE, ENDOFTEXT, CharTokenizer
 
@@ -153,6 +154,8 @@ def load_data(path, tokenizer=None):
     """--data: a folder of python -m data.prepare's token files, or a text file (characters).
     ``tokenizer``: a trained model's, to encode a text file with (fine-tuning)."""
     if Path(path).is_dir():
+        if is_conversation_folder(path):
+            return load_conversations(path)
         return load_tokens(path)            # with --init_from, finetune.fit_args compares the tokenizers
     if tokenizer is not None and tokenizer.kind != "char":
         raise ValueError(f"--data {path}: the model reads {tokenizer.kind} tokens: write them with python -m "
@@ -237,6 +240,109 @@ def check_token_ids(path, dtype, vocab_size, tokenizer_file, chunk=1 << 24):
             raise ValueError(f"{path} holds token id {int(part[at])} (at token {start + at:,}), past the "
                              f"vocabulary of {vocab_size} ids of {tokenizer_file}: write the folder again "
                              "with python -m data.prepare")
+
+
+class ConversationDataset(Dataset):
+    """A folder of conversations from python -m data.prepare CONVS.jsonl: one conversation a
+    row, from position 0, with the loss mask (data/chat.py). Optionally plain text mixed in.
+
+    get_batch gives x (B, T), the rows padded with pad_id, and y (B, T), the next ids where the
+    mask is 1 (the assistant's tokens) and -1 elsewhere: the loss counts the assistant's tokens
+    only. With ``mix`` (the ids of a text) and ``mix_fraction``, that fraction of each train
+    batch's rows are random windows of the text instead, trained on every token: the model keeps
+    its language model while it learns the conversations (T is then block_size).
+    """
+
+    def __init__(self, ids, masks, tokenizer, name, source):
+        flat = {split: a[a >= 0].astype(np.int64) for split, a in ids.items()}
+        super().__init__(train=flat["train"], val=flat["val"], tokenizer=tokenizer, name=name, source=source,
+                         rows=ids, pad_id=0)
+        self.masks = masks                   # {"train": (N, W), "val": (M, W)} 1 on the assistant's ids
+        self.mix, self.mix_fraction = None, 0.0
+
+    def add_mix(self, ids, source, fraction):
+        """Mix windows of the text ``ids`` (1-d) into each train batch: round(fraction * B) rows."""
+        self.mix, self.mix_fraction = np.asarray(ids, dtype=np.int64), fraction
+        self.source = {"conversations": self.source, "mix": source, "mix_fraction": fraction}
+
+    def mixed_rows(self, batch_size):
+        """How many rows of a train batch of batch_size are plain text."""
+        return int(round(self.mix_fraction * batch_size)) if self.mix is not None else 0
+
+    def get_batch(self, split, batch_size, block_size, rng):
+        if split not in ("train", "val"):
+            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+        ids, mask = self.rows[split], self.masks[split]                       # (N, W)
+        width = ids.shape[1] - 1
+        if width > block_size:
+            raise ValueError(f"a conversation of {self.name} has {width} input tokens, more than block_size "
+                             f"{block_size}: train with a larger --block_size")
+        n_text = self.mixed_rows(batch_size) if split == "train" else 0
+        picked = rng.integers(0, len(ids), size=batch_size - n_text)           # (B - n_text,)
+        x = np.where(ids[picked, :-1] < 0, self.pad_id, ids[picked, :-1]).astype(np.int64)
+        y = np.where(mask[picked, 1:] == 1, ids[picked, 1:], -1).astype(np.int64)
+        if not n_text:
+            return x, y
+        pad = block_size - width                                              # the rows to block_size
+        x = np.pad(x, ((0, 0), (0, pad)), constant_values=self.pad_id)
+        y = np.pad(y, ((0, 0), (0, pad)), constant_values=-1)
+        tx, ty = random_windows(self.mix, "the --mix_data text", n_text, block_size, rng)
+        return np.concatenate([x, tx]), np.concatenate([y, ty])
+
+    def sample_ids(self):
+        """The first val conversation's prompt: the sample shows how the model answers it."""
+        from data.chat import render_prompt
+        ids = self.rows["val"][0]
+        user_turn = int(np.argmax(self.masks["val"][0] == 1))                 # where the first answer starts
+        prompt = ids[:user_turn].tolist()
+        return prompt if prompt else render_prompt(self.tokenizer, [{"role": "user", "content": ""}])
+
+
+def load_conversations(folder):
+    """A conversation folder (data/conversations.py) as a ConversationDataset, or a ValueError
+    in one line."""
+    folder = Path(folder)
+    try:
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+        tok_path = folder / meta["tokenizer_file"]
+        tok = BPE.load(tok_path) if meta["tokenizer"] == "bpe" else \
+            CharTokenizer.from_dict(json.loads(tok_path.read_text(encoding="utf-8")))
+        ids = {s: np.load(folder / f"{s}_ids.npy", allow_pickle=False) for s in ("train", "val")}
+        masks = {s: np.load(folder / f"{s}_mask.npy", allow_pickle=False) for s in ("train", "val")}
+    except FileNotFoundError as e:
+        raise ValueError(f"{folder}: no {Path(e.filename).name} (write the folder with python -m data.prepare "
+                         "CONVS.jsonl)") from None
+    except (KeyError, TypeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{folder}/meta.json: not written by python -m data.prepare ({e})") from None
+    for split in ("train", "val"):
+        a, m = ids[split], masks[split]
+        if a.ndim != 2 or a.shape != m.shape or len(a) == 0:
+            raise ValueError(f"{folder}: {split}_ids.npy {a.shape} and {split}_mask.npy {m.shape} are not two "
+                             "(N, W) arrays of the same shape")
+        if a.max() >= tok.vocab_size:
+            raise ValueError(f"{folder}/{split}_ids.npy holds token id {int(a.max())}, past the vocabulary of "
+                             f"{tok.vocab_size} ids: write the folder again with python -m data.prepare")
+    raw = b"".join((folder / name).read_bytes() for name in ("meta.json", "train_ids.npy", "train_mask.npy"))
+    return ConversationDataset(ids, masks, tok, name=folder.name, source=fingerprint(raw))
+
+
+def load_mix(path, tokenizer):
+    """--mix_data: a text file (or a char token folder) as 1-d ids of ``tokenizer``, and its fingerprint."""
+    path = Path(path)
+    if path.is_dir():
+        mixed = load_tokens(path)
+        if mixed.tokenizer.kind != tokenizer.kind or (tokenizer.kind == "char" and
+                                                       tokenizer.chars[:mixed.tokenizer.vocab_size] != mixed.tokenizer.chars) \
+                or (tokenizer.kind == "bpe" and mixed.tokenizer.ranks != tokenizer.ranks):
+            raise ValueError(f"--mix_data {path}: its tokenizer ({mixed.tokenizer.kind}, {mixed.tokenizer.vocab_size} "
+                             f"ids) is not the one the conversations extend: prepare the text with "
+                             f"python -m data.prepare FILE --tokenizer_from MODEL")
+        return np.asarray(mixed.train, dtype=np.int64), mixed.source
+    if tokenizer.kind != "char":
+        raise ValueError(f"--mix_data {path}: a {tokenizer.kind} model reads a token folder: write one with "
+                         f"python -m data.prepare {path} --tokenizer_from MODEL")
+    text = load_text(path, tokenizer)
+    return text.train, text.source
 
 
 def encode_prompt(tokenizer, text):

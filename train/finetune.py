@@ -8,8 +8,10 @@ What comes from the model: its weights, its architecture and its vocabulary. A
 character model encodes a text file with its characters (one it has never seen is
 refused); a BPE model reads a token folder that python -m data.prepare FILE
 --tokenizer_from PATH wrote with its tokenizer. A folder whose tokenizer only adds
-special tokens to the model's (chat fine-tuning's <|user|>, say) is accepted: the
-model gets an embedding row for each, started at the mean of the others. What is
+special tokens to the model's (chat fine-tuning's <|user|>, say), or for a character
+model characters and special tokens after the model's (a conversation folder of
+python -m data.prepare CONVS.jsonl --tokenizer_from PATH), is accepted: the model gets
+an embedding row for each, started at the mean of the others. What is
 new: the optimizer state, the step (0), the data and every training flag,
 dropout included. That is the difference from --resume, which continues one run
 exactly, optimizer and data streams and all.
@@ -91,10 +93,18 @@ def describe(tok):
 
 
 def added_special_tokens(model_tok, data_tok):
-    """The special tokens data_tok adds to model_tok ([] when they are the same), or None
-    when data_tok is another tokenizer. Added tokens must take ids after the model's."""
+    """The tokens data_tok adds to model_tok ([] when they are the same), or None when data_tok
+    is another tokenizer. Added tokens must take ids after the model's: a BPE may add special
+    tokens; a character tokenizer characters and special tokens (data/chat.py's chat_tokenizer),
+    its first ids being the model's tokens."""
     if tokenizer_to_json(model_tok) == tokenizer_to_json(data_tok):
         return []
+    if model_tok.kind == "char" and data_tok.kind == "char":
+        n = model_tok.vocab_size
+        if data_tok.chars[:n] != model_tok.chars or \
+                any(data_tok.special_tokens.get(s) != i for s, i in model_tok.special_tokens.items()):
+            return None
+        return data_tok.chars[n:]
     if model_tok.kind != "bpe" or data_tok.kind != "bpe" or model_tok.pattern != data_tok.pattern \
             or model_tok.ranks != data_tok.ranks:
         return None
@@ -139,8 +149,13 @@ def fit_args(args, pretrained, dataset):
         pretrained.model = grow_vocab(pretrained.model, dataset.tokenizer.vocab_size)
         config = pretrained.model.config
         rows = f"row {old} is" if len(added) == 1 else f"rows {old} to {config.vocab_size - 1} are"
-        notes.append(f"; --data adds {len(added)} special token{'s' if len(added) > 1 else ''} to the model's "
-                     f"tokenizer ({', '.join(added)}): embedding {rows} new, started at the mean of the others")
+        specials = [t for t in added if t in dataset.tokenizer.special_tokens]
+        chars = "".join(t for t in added if t not in dataset.tokenizer.special_tokens)
+        counts = [f"{n} {kind}{'s' if n > 1 else ''}" for n, kind in ((len(specials), "special token"),
+                                                                      (len(chars), "character")) if n]
+        listed = "; ".join(part for part in (", ".join(specials), repr(chars) if chars else "") if part)
+        notes.append(f"; --data adds {' and '.join(counts)} to the model's tokenizer ({listed}): embedding "
+                     f"{rows} new, started at the mean of the others")
     given = set(args._given)
     conflicts = [f"--{k} {getattr(args, k)} (the model has {getattr(config, k)})" for k in FIXED
                  if k in given and getattr(args, k) != getattr(config, k)]

@@ -386,8 +386,9 @@ def sample_text(model, dataset, args, n_tokens):
     saved = host.get_rng_state()
     host.seed(args.seed + 2)
     try:
-        prompt = dataset.sample_prompt()
-        idx = ta.tensor([dataset.tokenizer.encode(prompt)], device=args.device)
+        start = dataset.sample_ids() if hasattr(dataset, "sample_ids") else \
+            dataset.tokenizer.encode(dataset.sample_prompt())
+        idx = ta.tensor([start], device=args.device)
         out = model.generate(idx, n_tokens, temperature=0.8, top_k=20)
         return dataset.tokenizer.decode(out[0].tolist())
     finally:

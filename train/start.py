@@ -14,7 +14,7 @@ from tinyattn.models import GPT, GPTConfig
 
 from . import checkpoint, finetune, lora, memory, parallel, rl
 from .config import check_resume, schedule_ended
-from .data import load_coref, load_data
+from .data import load_coref, load_data, load_mix
 
 
 def setup(args, notes):
@@ -37,6 +37,11 @@ def setup(args, notes):
         dataset = load_data(args.data, tokenizer) if args.data else load_coref(seed=0, layout=args.layout)
     if pretrained:
         notes.append(finetune.fit_args(args, pretrained, dataset))
+    if args.mix_data:
+        if not hasattr(dataset, "add_mix"):
+            raise ValueError(f"--mix_data mixes text into conversations: --data {args.data} is not a conversation "
+                             "folder (python -m data.prepare CONVS.jsonl writes one)")
+        dataset.add_mix(*load_mix(args.mix_data, dataset.tokenizer), args.mix_fraction)
     device_backend = ta.backend.get_backend(args.device)      # a clear error when CUDA is missing
     ta.manual_seed(args.seed)
 
@@ -51,7 +56,8 @@ def setup(args, notes):
         check_resume(args, meta, dataset, notes)
         config = GPTConfig(**meta["config"])
     if device_backend.on_host:                  # refused before it is allocated, in one line
-        tokens_per_row = dataset.rows["train"].shape[1] - 1 if dataset.rows is not None else config.block_size
+        whole_rows = dataset.rows is not None and getattr(dataset, "mix", None) is None   # (mixed rows: block_size)
+        tokens_per_row = dataset.rows["train"].shape[1] - 1 if whole_rows else config.block_size
         rows = args.batch_size * (args.rl_samples if args.stage == "rl" else 1)       # rl: K answers a question
         memory.check_fits(config, rows // dist.world_size(), tokens_per_row, np.dtype(args.dtype).itemsize)
     model = pretrained.model if pretrained else GPT(config)

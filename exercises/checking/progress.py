@@ -8,8 +8,8 @@ package of answers: the learner's ``exercises``, or the reference solutions
 from dataclasses import dataclass
 
 from . import (adamw, attention, bpe, common, cross_entropy, dpo, elementwise, embedding, engine, gqa,
-               group_advantages, kv_cache, layernorm, lora, matmul, online_softmax, rmsnorm, rope, softmax, sum_to,
-               swiglu)
+               group_advantages, kv_cache, layernorm, lora, loss_mask, matmul, online_softmax, rmsnorm, rope, softmax,
+               sum_to, swiglu)
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ EXERCISES = [Exercise(i + 1, name, title, tuple(checks)) for i, (name, title, ch
     ("kv_cache", "KV cache", kv_cache.CHECKS),
     ("lora", "LoRA: low-rank adapters", lora.CHECKS),
     ("bpe", "Write BPE (the tokenizer)", bpe.CHECKS),
+    ("loss_mask", "The loss mask of a conversation", loss_mask.CHECKS),
     ("dpo", "The DPO loss", dpo.CHECKS),
     ("group_advantages", "RL: the group-mean advantage", group_advantages.CHECKS),
 ])]

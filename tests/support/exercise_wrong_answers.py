@@ -948,6 +948,45 @@ WRONG["bpe"] = [
 ]
 
 
+# ---------------------------------------------------------------- 19. the loss mask
+from exercise_solutions import loss_mask  # noqa: E402
+
+
+def render_with(trained_user=0, role_token=0, end=1, shift=False):
+    """The solution's render with one thing changed: the user's mask, the role token's, the
+    assistant's <|end|>, or every mask moved one position to the right."""
+    def render(tokenizer, messages):
+        ids, mask = [], []
+        for m in messages:
+            text = tokenizer.encode(m["content"])
+            role = tokenizer.special_tokens[loss_mask.ROLES[m["role"]]]
+            ids += [role, *text, tokenizer.special_tokens[loss_mask.END]]
+            on = 1 if m["role"] == "assistant" else trained_user
+            mask += [role_token if m["role"] == "assistant" else 0] + [on] * len(text) + [on * end]
+        return ids, ([0] + mask[:-1] if shift else mask)
+    return render
+
+
+def targets_with_zero(ids, mask):
+    """Writes 0 (a real token id) where the mask is 0."""
+    return list(ids[:-1]), [i if m == 1 else 0 for i, m in zip(ids[1:], mask[1:])]
+
+
+def targets_unshifted_mask(ids, mask):
+    """Reads the mask at t, not at t + 1, for the target ids[t + 1]."""
+    return list(ids[:-1]), [i if m == 1 else -1 for i, m in zip(ids[1:], mask[:-1])]
+
+
+WRONG["loss_mask"] = [
+    ("the user's turn trained on too", answer(loss_mask, render=render_with(trained_user=1)), "the user's turn"),
+    ("<|assistant|> in the mask", answer(loss_mask, render=render_with(role_token=1)), "the role's token is given"),
+    ("the assistant's <|end|> left out", answer(loss_mask, render=render_with(end=0)), "must learn to stop"),
+    ("the mask one position late", answer(loss_mask, render=render_with(shift=True)), "shifted by one"),
+    ("0 for no target", answer(loss_mask, targets=targets_with_zero), "write -1 there"),
+    ("the mask read at t", answer(loss_mask, targets=targets_unshifted_mask), "use mask[t + 1]"),
+]
+
+
 # ---------------------------------------------------------------- 20. the DPO loss
 def sequence_logprobs_with_the_prompt(model, x, y):
     """log p of the whole sequence, prompt included: every next token of x, not the answer's only."""

@@ -299,3 +299,25 @@ def test_addition_needs_no_text_and_resumes_without_one(assistant, tmp_path):
     assert main([*argv, "--max_iters", "2"]) == 0
     assert main(["--out_dir", str(out), "--resume", "--max_iters", "3", "--quiet"]) == 0      # the stage carries over
     assert checkpoint.read_meta(str(out / "ckpt.npz"))["step"] == 3
+
+
+def test_rl_trains_over_two_processes_and_resumes(assistant, tmp_path, monkeypatch):
+    """mpiexec -n 2: each process answers its half of the questions; the run ends, and resumes, as one."""
+    import subprocess
+    import sys
+    from test_distributed import MPIEXEC, REPO, TIMEOUT, WHY_NOT
+    if MPIEXEC is None:
+        pytest.skip(f"needs MPI: {WHY_NOT}")
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(name, "1")
+    out = tmp_path / "two"
+    for flags in (["--max_iters", "4"], ["--max_iters", "6", "--resume"]):
+        argv = rl_run(assistant, out, *flags)
+        if "--resume" in flags:                                    # a resumed run keeps its own settings
+            argv = ["--out_dir", str(out), "--data", assistant.text, "--resume", "--max_iters", "6", "--quiet"]
+        done = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "train", *argv], cwd=REPO,
+                              capture_output=True, text=True, timeout=TIMEOUT)
+        assert done.returncode == 0, done.stdout + done.stderr
+    model, _, meta = checkpoint.load(str(out / "ckpt.npz"))
+    assert meta["step"] == 6 and len(meta["train_losses"]) == 6 and meta["world_size"] == 2
+    GPT(GPTConfig(**meta["config"])).load_state_dict(model)

@@ -311,3 +311,22 @@ def test_a_token_folder_of_the_models_characters_mixes_as_its_text(files, base, 
     prepare(str(tmp_path / "upper.txt"), tokenizer="char", out_dir=own)         # other characters, other ids
     with pytest.raises(ValueError, match="is not the one the conversations extend"):
         load_mix(own, data.tokenizer)
+
+
+def test_sft_with_mixed_text_trains_over_two_processes(files, base, conv, tmp_path, monkeypatch):
+    """mpiexec -n 2: each process takes half of each batch's conversations and text rows."""
+    import subprocess
+    import sys
+    from test_distributed import MPIEXEC, REPO, TIMEOUT, WHY_NOT
+    if MPIEXEC is None:
+        pytest.skip(f"needs MPI: {WHY_NOT}")
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(name, "1")
+    out = tmp_path / "two"
+    argv = ["--init_from", str(base), "--data", str(conv), *SMALL, "--mix_data", str(files / "text.txt"),
+            "--mix_fraction", "0.25", "--eval_interval", "4", "--max_iters", "6", "--out_dir", str(out)]
+    done = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "train", *argv], cwd=REPO,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    meta = checkpoint.read_meta(str(out / "ckpt.npz"))
+    assert meta["step"] == 6 and meta["world_size"] == 2 and meta["train_losses"][-1] < meta["train_losses"][0]

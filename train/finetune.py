@@ -180,4 +180,5 @@ def resumed_tokenizer(ckpt_path):
     except (ValueError, OSError):
         return None                             # setup's checkpoint.load says what is wrong
     ran = meta.get("args") or {}
-    return tokenizer_from_json(meta["tokenizer"]) if ran.get("init_from") or ran.get("dpo_reference") else None
+    fine_tuned = ran.get("init_from") or ran.get("fine_tuned_from") or ran.get("dpo_reference")
+    return tokenizer_from_json(meta["tokenizer"]) if fine_tuned else None

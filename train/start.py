@@ -25,6 +25,7 @@ def setup(args, notes):
     if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
         raise ValueError(f"--out_dir {args.out_dir} is a file, not a folder")
     pretrained = finetune.load_pretrained(args) if args.init_from else None   # (refuses its own out_dir first)
+    args.fine_tuned_from = args.init_from or (resumed_args(ckpt_path).get("fine_tuned_from") if args.resume else None)
     writes = not args.resume and not args.eval_only           # a new run, into out_dir
     replaced = checkpoint.refuse_to_replace(args.out_dir, args.overwrite) if writes else None
     tokenizer = pretrained.tokenizer if pretrained else finetune.resumed_tokenizer(ckpt_path) if args.resume else None
@@ -108,6 +109,14 @@ def reference_model(args, meta, pretrained):
         p.requires_grad = False
     reference.eval()
     return reference
+
+
+def resumed_args(ckpt_path):
+    """The flags of the run in ckpt_path ({} where there is no readable one: setup says why later)."""
+    try:
+        return checkpoint.read_meta(ckpt_path).get("args") or {}
+    except (ValueError, OSError):
+        return {}
 
 
 def exercises_swapped_in(wanted):

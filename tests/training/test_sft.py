@@ -330,3 +330,17 @@ def test_sft_with_mixed_text_trains_over_two_processes(files, base, conv, tmp_pa
     assert done.returncode == 0, done.stdout + done.stderr
     meta = checkpoint.read_meta(str(out / "ckpt.npz"))
     assert meta["step"] == 6 and meta["world_size"] == 2 and meta["train_losses"][-1] < meta["train_losses"][0]
+
+
+def test_a_fine_tuned_run_resumes_twice_with_its_models_vocabulary(files, base, tmp_path):
+    """A resumed run saves no --init_from; its second --resume must still encode the text with the
+    model's characters, not the text's own (fewer) ones."""
+    text = (files / "text.txt").read_text()
+    fewer = tmp_path / "lower.txt"
+    fewer.write_text("".join(c for c in text if not c.isupper()) * 3)          # a subset of the characters
+    out = tmp_path / "run"
+    assert main(["--init_from", str(base), "--data", str(fewer), "--out_dir", str(out), *SMALL, "--max_iters", "4"]) == 0
+    for steps in ("6", "8"):
+        assert main(["--data", str(fewer), "--out_dir", str(out), "--resume", "--max_iters", steps, "--quiet"]) == 0
+    meta = checkpoint.read_meta(str(out / "ckpt.npz"))
+    assert meta["step"] == 8 and meta["args"]["fine_tuned_from"] == str(base)

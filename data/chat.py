@@ -17,6 +17,8 @@ never had (tiny Shakespeare has no "+" and one digit), and the model's embedding
 for each (train/finetune.py). Grown, not reserved at pretraining: the base model stays any
 nanoGPT model, and which characters a later task needs is not known when it is trained.
 """
+import json
+
 USER, ASSISTANT, END = "<|user|>", "<|assistant|>", "<|end|>"
 CHAT_TOKENS = (USER, ASSISTANT, END)
 ROLES = {"user": USER, "assistant": ASSISTANT}
@@ -79,3 +81,20 @@ def chat_tokenizer(tokenizer, conversations):
         return tokenizer.with_special_tokens(missing) if missing else tokenizer
     chars = {c for conversation in conversations for m in conversation for c in m["content"]}
     return tokenizer.extended(chars=chars, special_tokens=CHAT_TOKENS)
+
+
+def jsonl_objects(path):
+    """(line number, object) for each non-blank line of a JSONL file; a ValueError in one line
+    naming the file (and the line) where it is not UTF-8 or a line is not JSON."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = list(f)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (bad byte at offset {e.start})") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} line {number}: not JSON ({e.msg})") from None

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .chat import CHAT_TOKENS, check_messages, chat_tokenizer, render
+from .chat import CHAT_TOKENS, check_messages, chat_tokenizer, jsonl_objects, render
 
 VAL_FRACTION = 0.1
 FILES = ("train_ids.npy", "train_mask.npy", "val_ids.npy", "val_mask.npy", "tokenizer.json", "tokenizer.bpe",
@@ -27,20 +27,10 @@ FILES = ("train_ids.npy", "train_mask.npy", "val_ids.npy", "val_mask.npy", "toke
 def read_conversations(path):
     """The message lists of a JSONL file, or a ValueError in one line naming the file and line."""
     conversations = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = list(f)
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text (bad byte at offset {e.start})") from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} line {number}: not JSON ({e.msg})") from None
+    for number, item in jsonl_objects(path):
         if not isinstance(item, dict) or "messages" not in item:
-            raise ValueError(f"{path} line {number}: expected an object with \"messages\", got {line.strip()[:60]!r}")
+            raise ValueError(f"{path} line {number}: expected an object with \"messages\", got "
+                             f"{json.dumps(item)[:60]!r}")
         try:
             check_messages(item["messages"])
         except ValueError as e:

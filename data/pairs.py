@@ -23,6 +23,7 @@ import random
 import sys
 from pathlib import Path
 
+from data.chat import jsonl_objects
 from data.tasks import TASKS, OneLineParser, make_task, reference
 
 
@@ -86,19 +87,12 @@ def write_pairs(folder, text, task_names, n_train, n_test, seed=0, split_seed=0)
 def read_pairs(path):
     """The pairs of a JSONL file, each checked for its three keys (a ValueError in one line)."""
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path} line {i}: not JSON ({e.msg})") from None
-            if not isinstance(row, dict) or not all(isinstance(row.get(k), list) and row.get(k)
-                                                    for k in ("prompt", "chosen", "rejected")):
-                raise ValueError(f"{path} line {i}: a pair is {{\"prompt\": [messages], \"chosen\": [message], "
-                                 "\"rejected\": [message]}")
-            rows.append(row)
+    for i, row in jsonl_objects(path):
+        if not isinstance(row, dict) or not all(isinstance(row.get(k), list) and row.get(k)
+                                                for k in ("prompt", "chosen", "rejected")):
+            raise ValueError(f"{path} line {i}: a pair is {{\"prompt\": [messages], \"chosen\": [message], "
+                             "\"rejected\": [message]}")
+        rows.append(row)
     if not rows:
         raise ValueError(f"{path}: no pairs")
     return rows

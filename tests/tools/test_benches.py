@@ -98,3 +98,29 @@ def test_bench_denormal_prints_a_ratio_per_case_and_flushing_mode():
     assert [(r["case"], r["flush"]) for r in lines[1:]] == [("matmul", False), ("matmul", True),
                                                            ("step", False), ("step", True)]
     assert all(r["normal_ms"] > 0 and r["subnormal_over_normal"] > 0 for r in lines[1:])
+
+
+def test_bench_sft_subnormals_times_each_side_flushed_and_not(tmp_path):
+    """A run fine-tuned for two steps on a few conversations; one timed step a side and mode."""
+    from data.prepare import main as prepare
+    from train.command import main as train
+    from tinyattn.fast import denormals
+    if denormals._fenv_layout() is None:
+        pytest.skip("flushing subnormals is supported on x86-64 Linux and macOS")
+    rows = [{"messages": [{"role": "user", "content": f"spell {w}"}, {"role": "assistant", "content": " ".join(w)}]}
+            for w in ("cat", "dog", "bird", "fish", "cow", "hen", "owl", "ant", "bee", "elk")]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert prepare([str(tmp_path / "c.jsonl"), "--out_dir", str(tmp_path / "conv")]) == 0
+    assert train(["--data", str(tmp_path / "conv"), "--out_dir", str(tmp_path / "run"), "--n_layer", "1",
+                  "--n_head", "2", "--n_embd", "16", "--block_size", "32", "--batch_size", "4", "--max_iters", "2",
+                  "--eval_iters", "1", "--quiet", "--sample_tokens", "0"]) == 0
+    sides = ["tinyattn", "torch"] if HAS_TORCH and importlib.util.find_spec("transformers") else ["tinyattn"]
+    this_checkout = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = run("bench_sft_subnormals.py", "--run", str(tmp_path / "run"), "--data", str(tmp_path / "conv"),
+               "--steps", "1", "--batch_size", "4", "--sides", *sides, env=this_checkout)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert "cpu" in lines[0]
+    timed = [(r["side"], r["flush"]) for r in lines if "flush" in r]
+    assert timed == [(side, flush) for side in sides for flush in (False, True)]
+    assert all(r["not_flushed_over_flushed"] > 0 for r in lines if "not_flushed_over_flushed" in r)

@@ -100,7 +100,7 @@ def test_bench_denormal_prints_a_ratio_per_case_and_flushing_mode():
     assert all(r["normal_ms"] > 0 and r["subnormal_over_normal"] > 0 for r in lines[1:])
 
 
-def test_bench_sft_subnormals_times_each_side_flushed_and_not(tmp_path):
+def test_bench_finetune_steps_times_each_side_flushed_and_not(tmp_path):
     """A run fine-tuned for two steps on a few conversations; one timed step a side and mode."""
     from data.prepare import main as prepare
     from train.command import main as train
@@ -116,7 +116,7 @@ def test_bench_sft_subnormals_times_each_side_flushed_and_not(tmp_path):
                   "--eval_iters", "1", "--quiet", "--sample_tokens", "0"]) == 0
     sides = ["tinyattn", "torch"] if HAS_TORCH and importlib.util.find_spec("transformers") else ["tinyattn"]
     this_checkout = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = run("bench_sft_subnormals.py", "--run", str(tmp_path / "run"), "--data", str(tmp_path / "conv"),
+    done = run("bench_finetune_steps.py", "--run", str(tmp_path / "run"), "--data", str(tmp_path / "conv"),
                "--steps", "1", "--batch_size", "4", "--sides", *sides, env=this_checkout)
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

@@ -2,6 +2,8 @@
 batches with the loss mask, a char model grown for the chat tokens, plain text mixed in,
 and python -m train.chat_eval."""
 import json
+import os
+import signal
 
 import numpy as np
 import pytest
@@ -192,11 +194,27 @@ def test_mixed_rows_are_text_windows_drawn_from_the_same_stream(files, conv):
     assert xv.shape[1] < 48                                              # val: conversations only
 
 
-def test_sft_with_mixed_text_resumes_exactly(files, base, conv, tmp_path):
+@pytest.mark.parametrize("stop", ["max_iters", "ctrl-c"])
+def test_sft_with_mixed_text_resumes_exactly(files, base, conv, tmp_path, monkeypatch, stop):
+    """Stopped at step 6 (by --max_iters, or by Ctrl-C in step 5's backward), then resumed: the
+    uninterrupted run's losses and weights, to the bit."""
     flags = ["--init_from", str(base), "--data", str(conv), *SMALL, "--mix_data", str(files / "text.txt"),
              "--mix_fraction", "0.25", "--eval_interval", "4"]
     assert main([*flags, "--out_dir", str(tmp_path / "a"), "--max_iters", "12"]) == 0
-    assert main([*flags, "--out_dir", str(tmp_path / "b"), "--max_iters", "6"]) == 0
+    if stop == "max_iters":
+        assert main([*flags, "--out_dir", str(tmp_path / "b"), "--max_iters", "6"]) == 0
+    else:
+        real, calls = ta.Tensor.backward, []
+
+        def ctrl_c_in_step_5(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 6:
+                os.kill(os.getpid(), signal.SIGINT)
+            return real(*args, **kwargs)
+        with monkeypatch.context() as patched:
+            patched.setattr(ta.Tensor, "backward", ctrl_c_in_step_5)
+            assert main([*flags, "--out_dir", str(tmp_path / "b"), "--max_iters", "12"]) == 130
+        assert checkpoint.read_meta(str(tmp_path / "b" / "ckpt.npz"))["step"] == 6
     assert main(["--data", str(conv), "--out_dir", str(tmp_path / "b"), "--resume", "--max_iters", "12"]) == 0
     a, _, meta_a = checkpoint.load(str(tmp_path / "a" / "ckpt.npz"))
     b, _, meta_b = checkpoint.load(str(tmp_path / "b" / "ckpt.npz"))

@@ -25,7 +25,7 @@ def setup(args, notes):
     if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
         raise ValueError(f"--out_dir {args.out_dir} is a file, not a folder")
     pretrained = finetune.load_pretrained(args) if args.init_from else None   # (refuses its own out_dir first)
-    args.fine_tuned_from = args.init_from or (resumed_args(ckpt_path).get("fine_tuned_from") if args.resume else None)
+    args.fine_tuned_from = args.init_from     # kept in the checkpoint: a resumed run has no --init_from
     writes = not args.resume and not args.eval_only           # a new run, into out_dir
     replaced = checkpoint.refuse_to_replace(args.out_dir, args.overwrite) if writes else None
     tokenizer = pretrained.tokenizer if pretrained else finetune.resumed_tokenizer(ckpt_path) if args.resume else None
@@ -55,6 +55,8 @@ def setup(args, notes):
     if args.resume:
         model_state, optim_state, meta = checkpoint.load(ckpt_path)
         check_resume(args, meta, dataset, notes)
+        ran = meta.get("args") or {}
+        args.fine_tuned_from = ran.get("fine_tuned_from") or ran.get("init_from")
         config = GPTConfig(**meta["config"])
     if device_backend.on_host:                  # refused before it is allocated, in one line
         whole_rows = dataset.rows is not None and getattr(dataset, "mix", None) is None   # (mixed rows: block_size)
@@ -109,14 +111,6 @@ def reference_model(args, meta, pretrained):
         p.requires_grad = False
     reference.eval()
     return reference
-
-
-def resumed_args(ckpt_path):
-    """The flags of the run in ckpt_path ({} where there is no readable one: setup says why later)."""
-    try:
-        return checkpoint.read_meta(ckpt_path).get("args") or {}
-    except (ValueError, OSError):
-        return {}
 
 
 def exercises_swapped_in(wanted):

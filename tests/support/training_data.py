@@ -14,3 +14,18 @@ def error_lines(err):
     the run adapted or where it starts; an error stands alone in the lines left)."""
     return [line for line in err.strip().splitlines()
             if not line.startswith(("python -m train: note: ", "python -m train: resuming "))]
+
+
+def backward_with_ctrl_c(at_call):
+    """Tensor.backward that sends this process a real SIGINT, as Ctrl-C does, at its at_call-th
+    call (a test patches it in: the run is stopped inside that step's backward)."""
+    import signal
+    import tinyattn as ta
+    real, calls = ta.Tensor.backward, []
+
+    def backward(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == at_call:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+    return backward

@@ -1,12 +1,10 @@
 """--stage dpo: preference pairs, the DPO loss against formulas, and DPO runs through the training loop."""
 import json
-import os
 
 import numpy as np
 import pytest
 
 import tinyattn as ta
-import tinyattn.nn.functional as F
 from data.chat import CHAT_TOKENS, render
 from data.pairs import near_miss, pairs, write_pairs
 from data.tasks import make_task, words_of
@@ -18,7 +16,7 @@ from train.data import tokenizer_to_json
 from train.dpo import dpo_loss, greedy_answers, heldout_report, load_pairs, sequence_logprobs
 from train.sample import load_model
 
-from training_data import error_lines
+from training_data import backward_with_ctrl_c, error_lines
 
 TEXT = ("the quick brown fox jumps over the lazy dog while seven wizards quietly hex big jumbo "
         "crates of ivory and the kings mourn their brave knights in grim winter halls ") * 3
@@ -267,15 +265,9 @@ def test_a_model_without_chat_tokens_is_refused(chat_model, tmp_path, capsys):
 
 
 def test_ctrl_c_saves_a_dpo_run_and_resume_finishes_it_exactly(chat_model, tmp_path, capsys, monkeypatch):
-    import signal
     assert dpo(chat_model, tmp_path / "a", "--max_iters", "10", "--dpo_nll", "0.5") == 0
-    real, calls = ta.Tensor.backward, []
-
-    def patched(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 4:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(*args, **kwargs)
+    real = ta.Tensor.backward
+    patched = backward_with_ctrl_c(4)
     monkeypatch.setattr(ta.Tensor, "backward", patched)
     assert dpo(chat_model, tmp_path / "b", "--max_iters", "10", "--dpo_nll", "0.5") == 130
     monkeypatch.setattr(ta.Tensor, "backward", real)

@@ -7,8 +7,6 @@ to 0 so that the tiny model's ops count) on the threads or none, and the weights
 AdamW's state and every loss must agree to the bit; a run interrupted under one
 and resumed under the other too. Only the thread count may change the numbers.
 """
-import os
-import signal
 
 import numpy as np
 import pytest
@@ -17,7 +15,7 @@ import tinyattn as ta
 from tinyattn.fast import threads
 from train import checkpoint
 from train.command import main
-from training_data import TEXT, TINY
+from training_data import TEXT, TINY, backward_with_ctrl_c
 
 RUN = [*TINY, "--dropout", "0.1", "--eval_interval", "5", "--log_interval", "1", "--max_iters", "12"]
 FLOOR = threads.FLOOR                                                # (the fixture below sets it to 0)
@@ -92,13 +90,7 @@ def test_a_run_resumed_under_the_other_threshold_is_exact(text_file, tmp_path, m
     """Ctrl-C in step 8's backward, where every op ran on the calling thread; resumed with every op on the threads."""
     straight = tmp_path / "straight"
     assert train_with(ON_THE_THREADS, monkeypatch, ["--data", text_file, "--out_dir", str(straight), *RUN]) == 0
-    real, calls = ta.Tensor.backward, []
-
-    def ctrl_c_at_the_8th(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 8:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(*args, **kwargs)
+    ctrl_c_at_the_8th = backward_with_ctrl_c(8)
     out = tmp_path / "stopped"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ta.Tensor, "backward", ctrl_c_at_the_8th)

@@ -2,8 +2,6 @@
 batches with the loss mask, a char model grown for the chat tokens, plain text mixed in,
 and python -m train.chat_eval."""
 import json
-import os
-import signal
 
 import numpy as np
 import pytest
@@ -22,7 +20,7 @@ from train.data import load_conversations, load_data, load_text
 from train.finetune import added_special_tokens
 from train.sample import load_model
 
-from training_data import TEXT, error_lines
+from training_data import TEXT, backward_with_ctrl_c, error_lines
 
 SMALL = ["--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--block_size", "48", "--batch_size", "8",
          "--eval_iters", "2", "--warmup_iters", "2", "--lr_decay_iters", "20", "--learning_rate", "3e-3",
@@ -204,13 +202,7 @@ def test_sft_with_mixed_text_resumes_exactly(files, base, conv, tmp_path, monkey
     if stop == "max_iters":
         assert main([*flags, "--out_dir", str(tmp_path / "b"), "--max_iters", "6"]) == 0
     else:
-        real, calls = ta.Tensor.backward, []
-
-        def ctrl_c_in_step_5(*args, **kwargs):
-            calls.append(1)
-            if len(calls) == 6:
-                os.kill(os.getpid(), signal.SIGINT)
-            return real(*args, **kwargs)
+        ctrl_c_in_step_5 = backward_with_ctrl_c(6)
         with monkeypatch.context() as patched:
             patched.setattr(ta.Tensor, "backward", ctrl_c_in_step_5)
             assert main([*flags, "--out_dir", str(tmp_path / "b"), "--max_iters", "12"]) == 130

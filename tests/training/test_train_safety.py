@@ -17,7 +17,7 @@ from tinyattn.models import GPT, GPTConfig
 from train import checkpoint, start
 from train.command import main
 
-from training_data import REPO, TEXT, TINY, error_lines      # the tiny text and model the training tests use
+from training_data import REPO, TEXT, TINY, backward_with_ctrl_c, error_lines      # the tiny text and model the training tests use
 
 
 @pytest.fixture
@@ -191,13 +191,7 @@ def test_resume_after_ctrl_c_is_exact_wherever_it_lands(text_file, tmp_path, uni
 
 
 def test_ctrl_c_says_it_stops_after_the_step(text_file, tmp_path, capsys, monkeypatch):
-    real, calls = ta.Tensor.backward, []
-
-    def patched(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(*args, **kwargs)
+    patched = backward_with_ctrl_c(3)
     monkeypatch.setattr(ta.Tensor, "backward", patched)
     assert main_caught(["--data", text_file, "--out_dir", str(tmp_path / "run"), *RUN, "--max_iters", "12"]) == 130
     err = capsys.readouterr().err
@@ -279,13 +273,7 @@ def test_an_update_cut_in_two_is_never_saved(text_file, tmp_path, capsys, monkey
 
 def test_ctrl_c_writes_the_log_and_summary_and_the_clock_runs_on(text_file, tmp_path, monkeypatch):
     out = tmp_path / "run"
-    real, calls = ta.Tensor.backward, []
-
-    def patched(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 8:                                   # in step 7
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(*args, **kwargs)
+    patched = backward_with_ctrl_c(8)  # in step 7
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ta.Tensor, "backward", patched)
         assert main_caught(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 130
@@ -360,13 +348,7 @@ def test_a_resume_that_outgrows_a_fitted_schedule_says_so(text_file, tmp_path, c
     would run at --min_lr without a word."""
     out = tmp_path / "run"
     no_schedule = [a for i, a in enumerate(TINY) if "_iters" not in a and "_iters" not in TINY[i - 1]]
-    real, calls = ta.Tensor.backward, []
-
-    def patched(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 6:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(*args, **kwargs)
+    patched = backward_with_ctrl_c(6)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ta.Tensor, "backward", patched)
         assert main_caught(["--data", text_file, "--out_dir", str(out), *no_schedule, "--eval_iters", "2",

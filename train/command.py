@@ -12,7 +12,7 @@ from tinyattn.fast import tune_host_allocator
 
 from . import interrupts, parallel
 from .config import parse_args
-from .loop import Diverged, Interrupted, Stopped, train
+from .loop import Diverged, Interrupted, StoppedBySignal, train
 from .start import exercises_swapped_in
 
 
@@ -54,7 +54,7 @@ def run(argv=None):
     except Interrupted as e:
         print(f"python -m train: {e}", file=sys.stderr)
         return 130
-    except Stopped as e:                         # a signal: the run saved, then stopped
+    except StoppedBySignal as e:                 # a signal: the run saved, then stopped
         print(f"python -m train: {e}", file=sys.stderr)
         return e.code
     except (parallel.Stopped, Diverged) as e:   # every process stopped here together

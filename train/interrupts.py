@@ -111,11 +111,6 @@ class Stop:
             raise
 
 
-def active():
-    """The Stop in force (the training loop enters one)."""
-    return _active
-
-
 @contextlib.contextmanager
 def uninterrupted():
     """A block that Ctrl-C never cuts in two (a checkpoint write, the loop's bookkeeping)."""

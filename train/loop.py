@@ -32,7 +32,7 @@ from .start import announce, setup
 
 def train(args, notes=()):
     """The training run -> its summary dict. ``notes``: what parse_args adapted, printed with the
-    set-up's own. Ctrl-C, SIGTERM or SIGHUP stop it after a step: it saves, then raises Stopped.
+    set-up's own. Ctrl-C, SIGTERM or SIGHUP stop it after a step: it saves, then raises StoppedBySignal.
     Under mpiexec every process runs it (train/parallel.py says who does what)."""
     notes = list(notes)
     with parallel.together():                   # under mpiexec: an error in any process stops them all
@@ -86,7 +86,7 @@ def train(args, notes=()):
             report_profile(profiler, args.out_dir)
         if not stop.requested:
             return run.finish()                  # the final evaluation, ckpt.npz, log, plot and summary
-    run.stopped(stop)                            # saves all the steps made, then raises Stopped
+    run.stopped(stop)                            # saves all the steps made, then raises StoppedBySignal
 
 
 class Run:
@@ -296,7 +296,7 @@ class Run:
 
     def stopped(self, stop):
         """After a signal: ckpt.npz, and log.csv, loss.png and summary.json as far as the run went,
-        then Stopped (the exit status is 128 + the signal's number). Under mpiexec rank 0 alone
+        then StoppedBySignal (the exit status is 128 + the signal's number). Under mpiexec rank 0 alone
         is here (the others ignore the signals): it saves and ends the other processes."""
         state, step = self.state, self.state["step"]
         if stop.cut:
@@ -320,7 +320,7 @@ class Run:
         message = f"stopped by {stop.name} at step {step}: saved {self.ckpt_path} (continue with --resume)"
         if dist.world_size() > 1:
             dist.abort(f"python -m train: {message}; ending the other processes", stop.exit_code)
-        raise Stopped(message, stop.exit_code)
+        raise StoppedBySignal(message, stop.exit_code)
 
 
 # ---------------------------------------------------------------------------
@@ -411,7 +411,7 @@ class Interrupted(RuntimeError):
     """A Ctrl-C that left no state to save (the optimizer's update was cut in two)."""
 
 
-class Stopped(Exception):
+class StoppedBySignal(Exception):
     """A signal stopped the run after it saved: ``code`` is the exit status (128 + the signal)."""
 
     def __init__(self, message, code):

@@ -17,8 +17,6 @@ import contextlib
 import threading
 import weakref
 
-from .watch import Watched
-
 
 class _GradMode(threading.local):
     """Whether ops record a graph: one flag per thread, as in PyTorch, so a thread that runs
@@ -111,7 +109,7 @@ def inference_block():
 # --------------------------------------------------------------------------
 # Function: one op, forward and backward side by side
 # --------------------------------------------------------------------------
-class Function(metaclass=Watched):
+class Function:
     """Base class of every differentiable op, and of learners' own ops.
 
     Subclass it, write ``forward(self, *arrays, **params) -> array`` and

@@ -1,13 +1,14 @@
-"""The fast layer: all of tinyattn's speed code, in one place, behind one switch.
+"""The fast layer: all of tinyattn's speed code, in one place, asked for by name (``ta.compile``).
 
 The teaching files (autograd.py, ops.py, nn/, optim/) hold one formula per op,
 the arithmetic that defines it. This package holds what makes them fast:
 
+    compiled.py      ta.compile: a model (or a function) run on the fast layer
+    checked.py       whether the code a fast path stands in for is the library's
     ops.py           fast versions of ops, each a subclass of the teaching op
-    modules.py       layers run fast (nn.fuse): a forward on arrays where no graph is recorded
+    modules.py       layers run fast: a forward on arrays where no graph is recorded
     models.py        the same for the GPT's layers; in training, a whole block as one op
     optim.py         AdamW's step on flat buffers (AdamW(..., fused=True))
-    checked.py       what each of these stands in for, and whether it is still the library's code
     layouts.py       weights laid out for their products, inside ta.inference_mode
     threads.py       tinyattn's own CPU threads, and BLAS held at one thread beside them
     cpu_kernels.py   fused CPU kernels, compiled with numba (the ``fast`` extra)
@@ -16,58 +17,31 @@ the arithmetic that defines it. This package holds what makes them fast:
     allocator.py     glibc's malloc thresholds, for steady step times (the training program's)
     denormals.py     subnormal floats flushed to zero in every CPU thread (ta.set_flush_denormal)
 
-While the layer is on, each backend's ``fast_ops`` table maps a teaching op
-to its fast subclass, and ``Function.apply`` runs that instead. A fast op runs
+Nothing here runs unless asked for: ``ta.compile(model)`` runs the model with its
+ops' fast versions and its layers' runners, and ``AdamW(..., fused=True)`` (what a
+compiled model's ``configure_optimizer`` makes) runs the flat step. A fast op runs
 the teaching op's formula whenever a graph of its backward is recorded or its
-kernel declines (ops.FastOp), so the numbers agree either way (to float32 rounding). Layers run fast only in a model given to
-``nn.fuse`` (the training program and ``GPT.generate`` do), and AdamW's flat step
-only for ``AdamW(..., fused=True)``. Every one of them runs only while the code
-it stands in for is the library's own (checked.py): edit a formula, or replace a
-forward at run time, and yours runs.
+kernel declines (ops.FastOp), so the numbers agree either way (to float32 rounding).
+Every path runs only while the code it stands in for is the library's own
+(checked.py): edit a formula, or replace a function at run time, and yours runs.
 
-    ta.set_fast(False)        # every op runs its teaching formula, for this process
-    TINYATTN_FAST=0 python -m train ...      # the same, from the environment
-    TINYATTN_CPU_KERNELS=0    # the fast layer without numba's kernels
+    TINYATTN_CPU_KERNELS=0    # compiled, but without numba's kernels (to debug a kernel)
 """
 import os
 
-from ..optim import AdamW
-from ..backend import CupyBackend, NumpyBackend, made_backends, on_every_backend
+from ..backend import CupyBackend, NumpyBackend, on_every_backend
 from . import checked, threads
 from .allocator import tune_host_allocator  # noqa: F401
+from .compiled import compile, CompiledModule  # noqa: F401
 from .denormals import set_flush_denormal  # noqa: F401
-from .ops import FAST_OPS
-from .optim import fused_step
 from .threads import get_num_threads, set_num_threads  # noqa: F401
 
-FAST_ENV = "TINYATTN_FAST"
 CPU_KERNELS_ENV = "TINYATTN_CPU_KERNELS"
-_OFF = ("0", "off", "false", "no")
-_on = os.environ.get(FAST_ENV, "1").strip().lower() not in _OFF
-
-
-def set_fast(on=True):
-    """Turn the fast layer on or off for this process (off: every op runs its teaching formula)."""
-    global _on
-    _on = bool(on)
-    _install_everywhere()           # (fused layers and AdamW's flat step check backend.fast_ops, which goes empty)
-    if not _on:
-        threads.release_blas()
-
-
-def _install_everywhere():
-    for backend in made_backends():
-        _install(backend)
-
-
-def is_fast():
-    """True while the fast layer is on."""
-    return _on
 
 
 def _cpu_kernels():
     """The kernels of cpu_kernels.py and cpu_block.py, or {} without numba or with TINYATTN_CPU_KERNELS=0."""
-    if os.environ.get(CPU_KERNELS_ENV, "1").strip().lower() in _OFF:
+    if os.environ.get(CPU_KERNELS_ENV, "1").strip().lower() in ("0", "off", "false", "no"):
         return {}
     try:
         from .cpu_kernels import KERNELS
@@ -83,11 +57,9 @@ def _cuda_kernels():
 
 
 def _install(backend):
-    """Give a backend the fast ops (while the layer is on, each while the code it stands in for is
-    the library's) and its kernels (loaded on first use)."""
-    backend.fast_ops = {teaching: fast for teaching, fast in FAST_OPS.items()
-                        if checked.runs(fast.__name__)} if _on else {}     # (off: nothing to check, or say)
-    if not hasattr(backend, "products"):            # the CPU's variant splits its products over the threads
+    """Give a backend its products (on the CPU split over the threads) and its kernels (loaded
+    on first use). Neither runs until a compiled model or AdamW(fused=True) asks."""
+    if not hasattr(backend, "products"):
         backend.products = (threads.CpuProducts if isinstance(backend, NumpyBackend) else threads.Products)(backend.xp)
     if isinstance(backend, NumpyBackend):
         backend.load_kernels = _cpu_kernels
@@ -95,6 +67,5 @@ def _install(backend):
         backend.load_kernels = _cuda_kernels
 
 
-AdamW.fused_step = fused_step
-checked.on_change.append(_install_everywhere)
 on_every_backend(_install)
+checked.note()                  # the library's code as imported: what each compiled call compares with

@@ -1,7 +1,6 @@
-"""The GPT's own layers run fast (tinyattn/models/gpt.py): the runners nn.fuse sets on them.
+"""The GPT's own layers run fast (tinyattn/models/gpt.py): their runners, for ta.compile.
 
-They sit above the models, as the models sit above nn; tinyattn's __init__ imports this
-module last, which adds them to nn.fuse.
+They sit above the models, as the models sit above nn.
 
 In training on the CPU, a Block records one op, BlockOp, whose forward and backward are
 one kernel each (cpu_block.py): a quarter less time a step for the small GPTs than op by
@@ -19,7 +18,7 @@ from .. import autograd
 from ..autograd import Function, constant, is_grad_enabled
 from ..models import gpt
 from ..nn import attention, functional as F, modules
-from . import checked, threads
+from . import threads
 from .modules import RUNNERS, Runner, attention_refuses, first, idle, linear_on_arrays, no_graph, not_library
 
 
@@ -34,7 +33,6 @@ class MLP(Runner):
     """Without a graph: c_fc, the GELU kernel and c_proj on arrays."""
 
     teaching = gpt.MLP
-    path = "MLP"
 
     def refuses(self, mlp):
         return _mlp_refuses(mlp)
@@ -142,7 +140,6 @@ class Block(Runner):
     the kernel and both residual adds on arrays, around the fast attention and MLP."""
 
     teaching = gpt.Block
-    path = "Block"
 
     def check(self, block):
         """Why the block cannot run on arrays (its layer norms), or None; and, kept in ``one_op``, why
@@ -168,9 +165,6 @@ class Block(Runner):
         text = super().describe(block)
         if text.startswith("fused: off"):
             return text
-        if not checked.runs("fused block"):
-            return f"{text}; one op in training: off, {checked.where(checked.status()['fused block'][0])} " \
-                   "is not the library's"
         why = self.one_op
         if why is None and block.ln_1.weight.backend.kernel("block") is None:
             why = "no block kernel here (on the CPU it needs numba: pip install numba)"
@@ -202,12 +196,12 @@ class Block(Runner):
 
     def _one_op_parameters(self, block, x):
         """The block's parameters, in BlockOp's order, where this call runs as one op, else None: a
-        graph is recorded on the CPU with the block kernel loaded, nothing watches the ops, the
-        code it stands in for is the library's, no dropout is at work but DropHead's, and the
+        graph is recorded on the CPU with the block kernel loaded, nothing watches the ops, no
+        dropout is at work but DropHead's, and the
         attention is the naive (not tiled) one over a batch that shares evenly over the threads."""
         attn, mlp = block.attn, block.mlp
         if not (autograd.hooks is None and x.backend.fast_ops and 0 not in x.shape
-                and x.dtype in _FLOATS and checked.runs("fused block") and x.backend.kernel("block") is not None
+                and x.dtype in _FLOATS and x.backend.kernel("block") is not None
                 and (not attn.training or attn.dropout == 0.0) and idle(attn.resid_dropout) and idle(mlp.dropout)):
             return None
         params = (block.ln_1.weight, block.ln_1.bias, attn.c_attn.weight, attn.c_attn.bias, attn.c_proj.weight,
@@ -234,7 +228,6 @@ class GPT(Runner):
     final layer norm and the head on arrays, around the fast blocks."""
 
     teaching = gpt.GPT
-    path = "GPT"
 
     def refuses(self, model):
         return first(not_library(model.wte, "wte", modules.Embedding), not_library(model.wpe, "wpe", modules.Embedding),
@@ -281,20 +274,13 @@ RUNNERS.extend([MLP, Block, GPT])
 RUNNERS_BY_CLASS = {runner.teaching: runner for runner in RUNNERS}
 
 
-def fuse(model, on=True):
-    """nn.fuse: give each layer of ``model`` that is, or derives from, one the fast layer knows
-    (MultiHeadAttention and the GPT's MLP, Block and GPT) a runner; with on=False take them away."""
-    root = model.__dict__.get("_fused")
-    if on and root is not None and root.fused_at == modules.changes:   # (fused, and no layer changed since)
-        return
+def runners(model):
+    """{layer: its runner} for each layer of ``model`` that is, or derives from, one the fast layer
+    knows (MultiHeadAttention and the GPT's MLP, Block and GPT): ta.compile's layers. (A layer of a
+    class derived from one runs its own forward: the runner says why.)"""
+    out = {}
     for module in model.modules():
         runner = next((RUNNERS_BY_CLASS[cls] for cls in type(module).__mro__ if cls in RUNNERS_BY_CLASS), None)
-        if not on or runner is None:
-            module.__dict__.pop("_fused", None)
-        elif type(module.__dict__.get("_fused")) is not runner:      # (fused already: as it was)
-            object.__setattr__(module, "_fused", runner(module))
-    if on and "_fused" in model.__dict__:
-        model.__dict__["_fused"].fused_at = modules.changes
-
-
-modules.fusers.append(fuse)
+        if runner is not None:
+            out[module] = runner()
+    return out

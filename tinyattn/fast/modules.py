@@ -1,4 +1,4 @@
-"""Layers run fast: what ``nn.fuse(model)`` sets on a layer, and MultiHeadAttention's forward on arrays.
+"""Layers run fast in a compiled model: the runners, and MultiHeadAttention's forward on arrays.
 
 Running a trained model (GPT.generate, ta.inference_mode) records no graph,
 so the ops a layer's forward is made of need not be recorded one by one: a
@@ -8,14 +8,14 @@ block's layer norms and residual adds, its MLP's two products and GELU),
 with the same arithmetic as the fast ops (backend.products, attention_arrays,
 the gelu and layer norm kernels).
 
-``nn.fuse(model)`` gives each layer it knows a ``Runner`` (Module.__call__ calls
-it in place of forward). The runner decides once, and again whenever an
+``ta.compile(model)`` gives each layer of the model that one of these knows a
+``Runner`` (compiled.py), which Module.__call__ calls in place of forward while
+the compiled model runs. The runner decides once, and again whenever an
 attribute of any layer was set (``nn.modules.changes``), whether the layer is
 the library's own with its own parts (``refuses``: None, or why not), and on
 each call whether this call can run fast (``run``: None where not: a graph
 that could be recorded, a profiler or anomaly detection watching, a dtype or
-shape it does not take). Wherever it does not, and whenever the code it stands
-in for is not the library's (checked.py), the layer's own forward runs.
+shape it does not take). Wherever it does not, the layer's own forward runs.
 """
 import math
 import weakref
@@ -24,27 +24,23 @@ from .. import autograd
 from ..autograd import constant, is_grad_enabled
 from ..nn import attention, modules
 from ..ops import causal_mask
-from . import checked
 from .ops import attention_arrays
 
 
 class Runner:
-    """The fast version of one layer, set on it by nn.fuse. Subclasses name the teaching class they
-    stand in for (``teaching``) and the path of checked.py (``path``), and write ``refuses`` and ``run``."""
+    """The fast version of one kind of layer. Subclasses name the teaching class they stand in
+    for (``teaching``), and write ``refuses`` and ``run``."""
 
     teaching = None
-    path = None
     says = "on arrays where no graph is recorded"
 
-    def __init__(self, module):
-        self.module = weakref.ref(module)   # (for print(model): a layer holds its runner, not the other way)
+    def __init__(self):
         self.decided = None                 # nn.modules.changes when ``why`` was decided
         self.why = None
-        self.fused_at = None                # (on a model's own runner) nn.modules.changes when nn.fuse walked it
 
     def __call__(self, module, args, kwargs):
         self._decide(module)
-        if self.why is None and self.path not in checked.OFF:            # (checked at import: fast/__init__.py)
+        if self.why is None:
             out = self.run(module, *args, **kwargs)
             if out is not None:
                 return out
@@ -69,16 +65,9 @@ class Runner:
     def run(self, module, *args, **kwargs):
         return None
 
-    def __repr__(self):
-        module = self.module()
-        return "fused: -" if module is None else self.describe(module)
-
     def describe(self, module):
         """What print(model) shows: how this layer runs."""
         self._decide(module)
-        differ = checked.status()[self.path]
-        if self.why is None and differ:
-            return f"fused: off, {checked.where(differ[0])} is not the library's"
         return f"fused: {self.says}" if self.why is None else f"fused: off, {self.why}"
 
 
@@ -131,7 +120,6 @@ class MultiHeadAttention(Runner):
     place, the attention kernel and the output product, on arrays."""
 
     teaching = attention.MultiHeadAttention
-    path = "MultiHeadAttention"
     kernels = ("attention_one_query",)                  # (and the fast ops': attention, linear's products)
 
     def refuses(self, attn):

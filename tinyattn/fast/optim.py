@@ -1,7 +1,7 @@
 """AdamW's step on flat buffers: the same arithmetic as ``tinyattn.optim.AdamW``, one pass per group.
 
-``AdamW(..., fused=True)`` (what ``GPT.configure_optimizer`` makes) runs ``fused_step`` in
-place of its loop while ``AdamW.step`` and ``AdamW.update`` are the library's own (fast/checked.py).
+``AdamW(..., fused=True)`` (what a compiled GPT's ``configure_optimizer`` makes) runs ``fused_step``
+in place of its loop while the code it stands in for is the library's own (fast/checked.py).
 """
 import math
 
@@ -22,10 +22,11 @@ def fused_step(opt):
     temporaries, or one pass of the ``adamw_`` kernel; the numbers are bit for bit the loop's."""
     params = opt.parameters()
     backend = params[0].backend
-    if not (backend.on_host and backend.ufunc_out and backend.fast_ops):
+    if not (backend.on_host and backend.ufunc_out):
         return False
-    cls = type(opt)
-    if not (checked.runs("AdamW") and cls.step is optim.AdamW.step and cls.update is optim.AdamW.update):
+    cls = type(opt)                                      # (a subclass with a step or update of its own: its loop)
+    if not (cls.step is optim.AdamW.step and cls.update is optim.AdamW.update
+            and "AdamW's flat step" in checked.allowed()):
         return False
     if any(p.grad is None or p.backend is not backend or p.dtype != params[0].dtype for p in params):
         return False

@@ -131,10 +131,10 @@ class GPT(nn.Module):
         ``overrides``: dropout, head_dropout (for fine-tuning)."""
         return hf.from_hf(cls, folder, **overrides)
 
-    def configure_optimizer(self, weight_decay, learning_rate, betas, fused=True):
+    def configure_optimizer(self, weight_decay, learning_rate, betas, fused=False):
         """AdamW over the parameters that train (requires_grad), decaying matrices (ndim >= 2)
-        only: not biases or LayerNorm weights. fused: let the fast layer run AdamW's step on
-        flat buffers (the same arithmetic; see AdamW)."""
+        only: not biases or LayerNorm weights. fused: AdamW's step on flat buffers (the same
+        arithmetic; see AdamW), which a model made by ta.compile asks for."""
         from ..optim import AdamW
         params = [p for p in self.parameters() if p.requires_grad]
         decay = [p for p in params if p.ndim >= 2]
@@ -159,7 +159,6 @@ class GPT(nn.Module):
                 (top_p is not None and not 0 < top_p <= 1):                       # (NaN fails too)
             raise ValueError(f"generate: need temperature >= 0, top_k >= 1 and top_p in (0, 1]; got temperature "
                              f"{temperature}, top_k {top_k}, top_p {top_p}")
-        nn.fuse(self)                                   # the fast layer may decode on arrays (print(model) says)
         was_training = self.training
         self.eval()
         block = self.config.block_size

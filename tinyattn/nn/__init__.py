@@ -2,8 +2,8 @@
 from . import functional  # noqa: F401
 from . import utils  # noqa: F401
 from .modules import (Module, Parameter, Linear, Embedding, LayerNorm, Dropout, GELU, ReLU,
-                      Sequential, ModuleList, fuse)
+                      Sequential, ModuleList)
 from .attention import MultiHeadAttention, KVCache
 
 __all__ = ["Module", "Parameter", "Linear", "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU",
-           "Sequential", "ModuleList", "MultiHeadAttention", "KVCache", "fuse", "functional", "utils", "attention"]
+           "Sequential", "ModuleList", "MultiHeadAttention", "KVCache", "functional", "utils", "attention"]

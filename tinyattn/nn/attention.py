@@ -15,7 +15,6 @@ import math
 from ..autograd import Function
 from ..ops import MaskedSoftmax, cat, causal_mask, check_same_dtype, constant, masked_softmax, matrix_transpose, softmax
 from ..tensor import ones
-from ..watch import Watched
 from .flash import flash_attention
 from .functional import dropout
 from .modules import Dropout, Linear, Module, expect_shape
@@ -225,7 +224,7 @@ class MultiHeadAttention(Module):
         return dropout(ones(B, self.n_head, 1, 1, dtype=dtype, device=device), self.head_dropout)
 
 
-class KVCache(metaclass=Watched):          # (Watched: see tinyattn/watch.py)
+class KVCache:
     """Keys and values of the tokens seen so far, for one attention layer.
 
     They live in two buffers, (B, H, capacity, D), that double in length when

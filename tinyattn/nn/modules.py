@@ -5,7 +5,6 @@ from collections import OrderedDict
 from .. import autograd as _engine
 from ..tensor import Tensor, ones, rand, randn, tensor, zeros
 from ..backend import dtype_of_host, get_backend, is_device
-from ..watch import Watched
 from . import functional as F
 
 
@@ -43,26 +42,12 @@ def _note_call(module, args, out):
     ctx.module_call = (module, args, ctx.__dict__.get("module_call"))   # (its inputs; a call noted before)
 
 
-changes = 0     # how many times an attribute of any module was set: what nn.fuse decided about a
+changes = 0     # how many times an attribute of any module was set: what ta.compile decided about a
                 # model's layers is decided again after a change (a layer replaced, keep_weights set)
+compiled = None  # while a model made by ta.compile runs: {layer: its fast version} (tinyattn/fast/compiled.py)
 
 
-def fuse(model, on=True):
-    """Let the fast layer (tinyattn/fast) run ``model``'s layers fast where it can: each GPT block as
-    one op in training, and the GPT's layers as a few array calls where no graph is recorded
-    (decoding). Only the library's own layers with its own code take part: a layer, a forward or a
-    formula of yours runs as written, and ``print(model)`` says which layers run fused and why the
-    others do not. ``on=False`` undoes it. The numbers are those of the layers op by op, to float32
-    rounding. Returns ``model``."""
-    for fuser in fusers:
-        fuser(model, on)
-    return model
-
-
-fusers = []     # the fast layer's transform (tinyattn/fast/models.py) adds itself here
-
-
-class Module(metaclass=Watched):
+class Module:
     """Base class of layers. Assign Parameters and Modules as attributes; they
     are registered in order, so ``parameters()`` always comes in the same order."""
 
@@ -96,8 +81,8 @@ class Module(metaclass=Watched):
     def __call__(self, *args, **kwargs):
         if _engine.hooks is not None:             # ta.detect_anomaly checks the parameters first
             _engine.hooks.module_called(self)
-        fused = self.__dict__.get("_fused")       # set by nn.fuse: runs self.forward wherever it does not apply
-        out = self.forward(*args, **kwargs) if fused is None else fused(self, args, kwargs)
+        fast = compiled.get(self) if compiled else None       # (ta.compile's version of this layer, if any)
+        out = self.forward(*args, **kwargs) if fast is None else fast(self, args, kwargs)
         _note_call(self, args, out)
         return out
 
@@ -196,12 +181,11 @@ class Module(metaclass=Watched):
     def num_parameters(self):
         return sum(p.numel() for p in self.parameters())
 
-    def __repr__(self):
-        lines = [f"  ({name}): " + repr(m).replace("\n", "\n  ") for name, m in self._modules.items()]
-        extra = self.extra_repr()
-        fused = self.__dict__.get("_fused")       # what nn.fuse chose for this layer, and why
-        if fused is not None:
-            extra = f"{extra}, {fused}" if extra else str(fused)
+    def __repr__(self, note=None):
+        """The layers as a tree. ``note(layer)``, if given, adds its text to each layer's line
+        (ta.compile's print says so how each layer runs)."""
+        lines = [f"  ({name}): " + m.__repr__(note).replace("\n", "\n  ") for name, m in self._modules.items()]
+        extra = ", ".join(text for text in (self.extra_repr(), note and note(self)) if text)
         if not lines:
             return f"{type(self).__name__}({extra})"
         return f"{type(self).__name__}({extra}\n" + "\n".join(lines) + "\n)"

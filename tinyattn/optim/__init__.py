@@ -2,16 +2,16 @@
 
 Updates work on raw arrays, in place, outside the autodiff graph. The fast
 layer (``tinyattn/fast``) has a faster AdamW step with the same arithmetic,
-which ``AdamW(..., fused=True)`` asks for (``GPT.configure_optimizer`` does).
+which ``AdamW(..., fused=True)`` asks for (``configure_optimizer`` of a model made by
+``ta.compile`` does).
 """
 import math
 import numbers
 
 from ..tensor import Tensor
-from ..watch import Watched
 
 
-class Optimizer(metaclass=Watched):
+class Optimizer:
     """Holds parameter groups (dicts with "params" and hyperparameters) and per-parameter state."""
 
     def __init__(self, params, defaults):
@@ -128,20 +128,21 @@ class SGD(Optimizer):
 class AdamW(Optimizer):
     """Adam with decoupled weight decay (Loshchilov and Hutter): p -= lr * wd * p, then the Adam step.
 
-    ``fused=True``: the fast layer may run the step on flat buffers, one pass over every parameter
-    (tinyattn/fast/optim.py), with the same arithmetic, as long as ``step`` and ``update`` below are
-    the library's own; the moments stay each parameter's, in ``state``. Else this loop runs.
+    ``fused=True`` asks for the fast layer's step on flat buffers, one pass over every parameter
+    (tinyattn/fast/optim.py), with the same arithmetic, as in PyTorch; it runs while ``step`` and
+    ``update`` below are the library's own, and the moments stay each parameter's, in ``state``.
+    Else this loop runs.
     """
-
-    fused_step = None       # the fast layer's step, (optimizer) -> True where it ran; None without it
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, fused=False):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.fused = fused
 
     def step(self):
-        if self.fused and AdamW.fused_step is not None and AdamW.fused_step(self):
-            return
+        if self.fused:
+            from ..fast.optim import fused_step
+            if fused_step(self):                         # (False where it cannot run: then the loop)
+                return
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:

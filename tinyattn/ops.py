@@ -8,8 +8,8 @@ they can be differentiated again. Arrays that backward needs go through
 Each op here is the arithmetic that defines it, and nothing else. The fast
 layer (``tinyattn/fast``) has faster versions of some of them, subclasses
 that run the same arithmetic with fused kernels, threads or BLAS tricks, and
-fall back to these formulas whenever they cannot; ``ta.set_fast(False)``
-runs these formulas everywhere.
+fall back to these formulas whenever they cannot. They run only inside a
+model (or function) given to ``ta.compile``; everywhere else these formulas run.
 """
 import functools
 import math

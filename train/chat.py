@@ -29,7 +29,7 @@ import tinyattn.nn as nn
 from data.chat import CHAT_TOKENS, answer_text, render_prompt
 from tinyattn.models.gpt import sample_next
 
-from .config import OneLineParser, at_least
+from .config import OneLineParser, add_compile_flag, at_least
 from .sample import finite_at_least_0, load_model
 
 PROG = "python -m train.chat"
@@ -52,6 +52,7 @@ def build_parser():
                         "else it is refused (default 16)")
     p.add_argument("--seed", type=at_least(0), default=1337)
     p.add_argument("--device", default="cpu")
+    add_compile_flag(p)
     return p
 
 
@@ -76,7 +77,6 @@ def stream(model, prompt, max_new_tokens, temperature=0.0, top_k=None, stop=()):
     if len(prompt) + max_new_tokens - 1 > model.config.block_size:
         raise ValueError(f"{len(prompt)} prompt tokens and {max_new_tokens} new ones do not fit block_size "
                          f"{model.config.block_size}")
-    nn.fuse(model)                                     # the fast layer may decode on arrays, as in generate
     device = model.wte.weight.device
     caches = [nn.KVCache() for _ in model.h]           # one a block: the keys and values read so far
     idx = ta.tensor([prompt], device=device)           # (1, T): the whole conversation, once
@@ -200,6 +200,7 @@ def main(argv=None):
     try:
         model, tokenizer = load_model(args.out_dir, args.device, args.checkpoint)
         check_chat_model(tokenizer, args.out_dir)
+        model = ta.compile(model, disable=not args.compile)
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1

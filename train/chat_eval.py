@@ -28,7 +28,7 @@ import tinyattn as ta
 from data.chat import END, answer_text, chat_tokenizer, render_prompt
 from data.tasks import TASKS, WORD_TASKS, make_task
 
-from .config import OneLineParser, at_least
+from .config import OneLineParser, add_compile_flag, at_least
 from .data import load_text
 from .finetune import grow_vocab
 from .sample import load_model
@@ -50,6 +50,7 @@ def build_parser():
     p.add_argument("--max_new_tokens", type=at_least(1), default=32, help="the longest answer read (default 32)")
     p.add_argument("--batch_size", type=at_least(1), default=64, help="prompts answered together (default 64)")
     p.add_argument("--device", default="cpu")
+    add_compile_flag(p)
     p.add_argument("--json", metavar="PATH", help="also write the numbers to PATH as JSON")
     return p
 
@@ -104,6 +105,7 @@ def evaluate(args):
         raise ValueError(f"the word tasks ({', '.join(t for t in names if t in WORD_TASKS)}) take their words from "
                          "a text: pass --text FILE (or --task_text FILE)")
     model, tokenizer = load_model(args.out_dir, args.device, args.checkpoint)
+    model = ta.compile(model, disable=not args.compile)
     lm = None
     if args.text:
         loss, bpb = text_loss(model, tokenizer, args.text, args.device)
@@ -121,6 +123,7 @@ def evaluate(args):
                  "is the mean of the others': greedy never writes it, so the model cannot end an answer)")
         dtype = model.wte.weight.numpy().dtype.name
         model = grow_vocab(model, chat.vocab_size).to(dtype).to(args.device).eval()
+        model = ta.compile(model, disable=not args.compile)
         tokenizer = chat
     results = {}
     for task in tasks:

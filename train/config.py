@@ -67,6 +67,13 @@ def yes_or_no(text):
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def add_compile_flag(parser):
+    """nanoGPT's --compile: the model runs on the fast layer (ta.compile) unless --compile False."""
+    parser.add_argument("--compile", nargs="?", const=True, default=True, type=yes_or_no, metavar="BOOL",
+                        help="run the model with ta.compile: fused blocks, fast ops, AdamW's flat step "
+                             "(default True; --compile False runs every op's teaching formula)")
+
+
 def positive_float(text):
     """An argparse type: a finite number above 0."""
     value = float(text)
@@ -105,7 +112,7 @@ ALIASES = {"--lr": "--learning_rate", "--epochs": "--max_iters", "--steps": "--m
 
 def close_flags(parser, name):
     """The flags most like ``name`` (a mistyped flag, or a config file's unknown setting)."""
-    flags = [f for action in parser._actions if action.help != argparse.SUPPRESS      # (--compile: refused)
+    flags = [f for action in parser._actions if action.help != argparse.SUPPRESS
              for f in action.option_strings if f.startswith("--")]
     full = "--" + name.lstrip("-")                           # -lr and --lr alike
     close = [ALIASES[full]] if full in ALIASES else [full] if full in flags else []
@@ -143,8 +150,7 @@ def build_parser():
     p.add_argument("--init_from", metavar="PATH",
                    help="fine-tune: start a new run from a trained model (a checkpoint, or a Hugging Face GPT-2 "
                         "folder written by GPT.export_hf), with its vocabulary and a fresh optimizer")
-    p.add_argument("--compile", dest="_compile", nargs="?", const=True, type=yes_or_no,
-                   help=argparse.SUPPRESS)         # nanoGPT's flag: refused in parse_args, with what to use instead
+    add_compile_flag(p)
     p.add_argument("--lora_rank", type=at_least(1), metavar="R",
                    help="with --init_from: train low-rank adapters of rank R (your LoRALinear, exercise 17) "
                         "around each block's attn.c_attn, every other weight frozen")
@@ -276,7 +282,7 @@ def read_config_file(path, parser):
     except (SyntaxError, UnicodeDecodeError, ValueError) as e:
         where = f" line {e.lineno}" if getattr(e, "lineno", None) else ""
         raise ValueError(f"config file {path}{where}: not Python that reads ({type(e).__name__})") from None
-    actions = {a.dest.lstrip("_"): a for a in parser._actions if a.dest != "help"}   # compile is _compile
+    actions = {a.dest: a for a in parser._actions if a.dest != "help"}
     settings = {}
     for i, node in enumerate(tree.body):
         where = f"config file {path} line {node.lineno}"
@@ -317,12 +323,9 @@ def parse_args(argv=None):
         except ValueError as e:
             parser.error(str(e))
     args = parser.parse_args(argv)
-    if vars(args).pop("_compile"):
-        parser.error("--compile: tinyattn has no compiler; its fast layer runs by default instead (fused ops, "
-                     "each GPT block as one op; ta.set_fast(False) turns it off): drop --compile")
     if args.init_from in NANOGPT_INIT_FROM and not os.path.exists(args.init_from):
         parser.error(NANOGPT_INIT_FROM[args.init_from])
-    args._given = sorted(k for k, v in vars(args).items() if v is not None and k not in ("device", "seed"))
+    args._given = sorted(k for k, v in vars(args).items() if v is not None and k not in ("device", "seed", "compile"))
     if args.resume and args.init_from:
         parser.error("--resume continues a run, --init_from starts a new one from a model: give one of them")
     preset = {**COMMON, **PRESETS["text" if args.data else "coref"], "seed": DEFAULT_SEED}

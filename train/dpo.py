@@ -215,7 +215,7 @@ def load_reference(path, args):
                                                 data=None)).model
     for p in reference.parameters():
         p.requires_grad = False
-    reference = ta.nn.fuse(reference.to(args.dtype).to(args.device))
+    reference = ta.compile(reference.to(args.dtype).to(args.device), disable=not getattr(args, "compile", True))
     reference.eval()
     return reference
 
@@ -271,18 +271,19 @@ def task_of(pair):
 
 
 @ta.no_grad()
-def heldout_report(out_dir, data, device="cpu", max_new_tokens=32):
+def heldout_report(out_dir, data, device="cpu", max_new_tokens=32, compile=True):
     """For each task of data/test.jsonl: the greedy exact match of the model in out_dir, and for a
     DPO run its implicit-reward accuracy against its reference. -> {task: {...}}."""
     from .sample import load_model
     model, tokenizer = load_model(out_dir, device)
+    model = ta.compile(model, disable=not compile)
     meta = checkpoint_meta(out_dir)
     rows = read_pairs(os.path.join(data, "test.jsonl"))
     args = meta.get("args") or {}
     objective = None
     if args.get("dpo_reference"):
         ns = SimpleNamespace(out_dir=os.path.join(out_dir, "eval"), dtype=args.get("dtype") or "float32",
-                             device=device)
+                             device=device, compile=compile)
         objective = DPOObjective(load_reference(args["dpo_reference"], ns), args["dpo_beta"])
     width = max(len(render_answer(tokenizer, p["prompt"], a)[0]) for p in rows for a in (p["chosen"], p["rejected"]))
     report = {}
@@ -309,15 +310,17 @@ def checkpoint_meta(out_dir):
 def main(argv=None):
     import argparse
     import json
+    from .config import add_compile_flag
     parser = argparse.ArgumentParser(prog="python -m train.dpo",
                                      description="Held-out pairs: each task's greedy exact match, and for a DPO "
                                                  "run its implicit-reward accuracy and log-prob drift.")
     parser.add_argument("--out_dir", required=True, help="a run (SFT or DPO) with ckpt.npz")
     parser.add_argument("--data", required=True, help="a folder of python -m data.pairs (its test.jsonl is read)")
     parser.add_argument("--device", default="cpu")
+    add_compile_flag(parser)
     args = parser.parse_args(argv)
     try:
-        report = heldout_report(args.out_dir, args.data, args.device)
+        report = heldout_report(args.out_dir, args.data, args.device, compile=args.compile)
     except (OSError, ValueError) as e:
         parser.exit(1, f"{parser.prog}: error: {e}\n")
     print(json.dumps(report))

@@ -7,7 +7,7 @@ import tinyattn as ta
 from tinyattn.models import GPT, GPTConfig
 
 from . import checkpoint, finetune
-from .config import OneLineParser, at_least
+from .config import OneLineParser, add_compile_flag, at_least
 from .data import default_start, encode_prompt, tokenizer_from_json
 
 
@@ -31,6 +31,7 @@ def build_parser():
                         'default: <eos> for a word model that has it, else none)')
     p.add_argument("--seed", type=at_least(0), default=1337)
     p.add_argument("--device", default="cpu")
+    add_compile_flag(p)
     return p
 
 
@@ -68,6 +69,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         model, tokenizer = load_model(args.out_dir, args.device, args.checkpoint)
+        model = ta.compile(model, disable=not args.compile)
         start = encode_prompt(tokenizer, args.start) if args.start else default_start(tokenizer)
         if not start:
             raise ValueError("--start is empty")

@@ -68,7 +68,7 @@ def setup(args, notes):
         trained = lora.adapt(model, lora.lora_linear(), args.lora_rank, args.lora_alpha)
         notes.append(f"--lora_rank {args.lora_rank}: {trained:,} adapter parameters train, the model's "
                      f"{model.num_parameters() - trained:,} are frozen")
-    model = ta.nn.fuse(model.to(args.dtype).to(args.device))  # each block one op in training, where the fast layer can
+    model = ta.compile(model.to(args.dtype).to(args.device), disable=not args.compile)   # nanoGPT's --compile
     optimizer = model.configure_optimizer(args.weight_decay, args.learning_rate, (args.beta1, args.beta2))
     if args.resume:
         model.load_state_dict(model_state)
@@ -110,7 +110,7 @@ def reference_model(args, meta, pretrained):
     for p in reference.parameters():
         p.requires_grad = False
     reference.eval()
-    return reference
+    return ta.compile(reference, disable=not args.compile)
 
 
 def exercises_swapped_in(wanted):
@@ -161,7 +161,9 @@ def announce(args, notes, state, meta, dataset, model, ckpt_path, say):
     data = dataset.describe() if hasattr(dataset, "describe") else \
         f"{dataset.name}: {len(dataset.train):,} train / {len(dataset.val):,} val tokens"
     say(f"{data}, vocab {model.config.vocab_size}; model {model.num_parameters() / 1e6:.2f}M parameters on {args.device}"
-        f"{'' if args.dtype == 'float32' else ', in ' + args.dtype}")
+        f"{'' if args.dtype == 'float32' else ', in ' + args.dtype}, "
+        + ("compiled (ta.compile; --compile False runs the formulas)" if args.compile else
+           "not compiled (every op runs its teaching formula)"))
     pids = dist.gather_object(os.getpid())      # a process that dies is named by its pid (mpiexec says which)
     if world > 1 and root:
         threads = f" (OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']})" if "OMP_NUM_THREADS" in os.environ else ""

@@ -46,19 +46,26 @@ def compile(model=None, *, disable=False):
     return compiled
 
 
+_inside = []                # the paths allowed by each compiled call running now (outermost first)
+
+
 @contextlib.contextmanager
 def running(layers=None):
     """Inside: every op's fast version, and ``layers`` ({layer: runner}) in place of those layers'
-    forwards, each while the code it stands in for is the library's (checked.allowed)."""
-    allowed = checked.allowed()
+    forwards, each while the code it stands in for is the library's (checked.allowed: asked by the
+    outermost compiled call; one inside it, a compiled model called by a compiled function, runs
+    as it was told)."""
+    allowed = _inside[0] if _inside else checked.allowed()
     ops = FAST_OPS if "the fast ops" in allowed else {}
     before = modules.compiled, [(backend, backend.fast_ops) for backend in made_backends()]
     modules.compiled = layers if "the fused layers" in allowed else None
     for backend, _ in before[1]:
         backend.fast_ops = ops
+    _inside.append(allowed)
     try:
         yield
     finally:
+        _inside.pop()
         modules.compiled = before[0]
         for backend, was in before[1]:
             backend.fast_ops = was

@@ -25,9 +25,9 @@ The loops are in Python, one tile at a time: on the CPU one head at a time
 big enough for BLAS to run at full speed), elsewhere all heads at once,
 batched. Tiles are computed transposed, keys x queries, so the reductions
 over keys (the row max, the row sum) run down the columns, which numpy does
-fast. The fast layer (``tinyattn/fast``) shares the heads over the CPU's
-threads and runs each tile's elementwise work as one fused kernel, around
-these loops.
+fast. In a compiled model (``ta.compile``), the fast layer (``tinyattn/fast``)
+shares the heads over the CPU's threads and runs each tile's elementwise work
+as one fused kernel, around these loops.
 """
 import math
 

@@ -5,7 +5,7 @@ and softplus come from ``tinyattn/ops.py``.
 Cross-entropy, layer norm, linear and attention are each one Function with
 its backward written by hand, in Tensor ops, so it can be differentiated
 twice. As in ops.py, each is only its formula: the fast layer
-(``tinyattn/fast``) runs faster versions of them where it can.
+(``tinyattn/fast``) runs faster versions of them in a compiled model (``ta.compile``).
 """
 import math
 

@@ -120,12 +120,13 @@ def tiny_model(steps=60, seed=0, batch_size=16, learning_rate=3e-3, **config):
     dataset = load_coref(seed=0)
     ta.manual_seed(seed)
     cfg = GPTConfig(vocab_size=dataset.tokenizer.vocab_size, **{**TINY_CONFIG, **config})
-    model = ta.nn.fuse(GPT(cfg))
-    optimizer = model.configure_optimizer(0.0, learning_rate, (0.9, 0.99))
+    model = GPT(cfg)
+    compiled = ta.compile(model)                       # trained on the fast layer; returned as the model itself
+    optimizer = compiled.configure_optimizer(0.0, learning_rate, (0.9, 0.99))
     rng = np.random.default_rng(seed)
     for _ in range(steps):
         x, y = dataset.get_batch("train", batch_size, cfg.block_size, rng)      # (B, T) each
-        _, loss = model(ta.tensor(x), ta.tensor(y))
+        _, loss = compiled(ta.tensor(x), ta.tensor(y))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()

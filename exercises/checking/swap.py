@@ -4,13 +4,15 @@
         ...                               # tinyattn now runs your softmax, LayerNorm, AdamW, ...
 
 Each passing exercise of "Build the core" names the library attributes it
-replaces. They are patched on entry and restored on exit.
+replaces. They are patched on entry and restored on exit. The training program
+compiles its model (``--compile``, on by default): the compiled model finds your
+functions in place of the library's and its fast paths step aside, so your pieces
+run, with one line on stderr naming what is not the library's.
 """
 import contextlib
 import importlib
 import math
 
-import tinyattn as ta
 
 from .common import load_exercise
 from .progress import check_all
@@ -176,7 +178,7 @@ def use_exercises(package="exercises", say=print):
     """
     results = [r for r in check_all(package) if r.exercise.name in SWAPS or r.exercise.name in NOT_SWAPPED]
     passing = [r.exercise.name for r in results if r.passing and r.exercise.name in SWAPS]
-    saved, fast = [], ta.is_fast()
+    saved = []
     try:
         patches = [(path, attr, replacement, load_exercise(name, package))
                    for name in passing for path, attr, replacement in SWAPS[name]]
@@ -186,14 +188,11 @@ def use_exercises(package="exercises", say=print):
             owner = _owner(path)
             saved.append((owner, attr, owner.__dict__[attr]))
             setattr(owner, attr, replacement(module))
-        if passing:
-            ta.set_fast(False)          # the library's formulas with your pieces in them, to compare to the bit
         say(describe(results, passing, package))
         yield passing
     finally:
         for owner, attr, value in reversed(saved):
             setattr(owner, attr, value)
-        ta.set_fast(fast)
 
 
 def describe(results, passing, package):
@@ -204,9 +203,6 @@ def describe(results, passing, package):
     waiting = [f"{r.exercise.name} ({r.status})" for r in results if r.exercise.name in SWAPS and not r.passing]
     if waiting:
         lines.append("  still the library's: " + ", ".join(waiting))
-    if passing:
-        lines.append("  the fast layer is off for this run (ta.set_fast(False)), so that it is the library's formulas "
-                     "with your pieces in them, to the last bit (with it on, your pieces would run too)")
     lines += [f"  {line}" for line in _where_yours_run(set(passing))]
     for name, why in NOT_SWAPPED.items():
         if name in [r.exercise.name for r in results if r.passing]:

@@ -1,18 +1,23 @@
 """python -m train --use_exercises: the learner's passing pieces run inside the library.
 
 With every reference solution swapped in, a short training run gives the same
-losses as the library's own run, to the last bit, and the solutions' code is what ran.
+losses as the library's own run of its formulas (--compile False), to the last bit,
+and the solutions' code is what ran: compiled, the identity check sees the swapped
+functions and the fast paths step aside, with one line on stderr.
 """
 import collections
 import pathlib
 import shutil
 import sys
 
+import numpy as np
 import pytest
 
 import tinyattn as ta
 import tinyattn.nn.functional as F
 from tinyattn import ops
+from tinyattn.fast import checked
+from tinyattn.models import GPT, GPTConfig
 from train.command import main
 from train.config import parse_args
 from train.loop import train
@@ -25,6 +30,8 @@ from training_data import TEXT, TINY
 from conftest import record_applied_ops
 
 SHORT = ["--max_iters", "6", "--eval_interval", "3", "--sample_tokens", "12"]
+FORMULAS = ["--compile", "False"]
+NOTICE = "tinyattn: not the library's code"
 
 
 @pytest.fixture
@@ -34,8 +41,20 @@ def text_file(tmp_path):
     return str(path)
 
 
-def short_run(text_file, out_dir):
-    return train(*parse_args(["--data", text_file, "--out_dir", str(out_dir), *TINY, *SHORT]))
+def short_run(text_file, out_dir, *flags):
+    return train(*parse_args(["--data", text_file, "--out_dir", str(out_dir), *TINY, *SHORT, *flags]))
+
+
+def notices(err):
+    """The identity check's lines in a run's stderr."""
+    return [line for line in err.splitlines() if line.startswith(NOTICE)]
+
+
+@pytest.fixture
+def library_code_seen():
+    """A compiled call that finds the library's code: the check speaks again when the same
+    functions are swapped in as in a test before (it says only what differs from its last call)."""
+    assert checked.allowed() == set(checked.DEPENDS)
 
 
 def counting(calls, name, fn):
@@ -45,12 +64,10 @@ def counting(calls, name, fn):
     return wrapper
 
 
-def test_with_every_solution_swapped_in_the_run_matches_the_library(text_file, tmp_path, monkeypatch):
-    ta.set_fast(False)                            # as the swapped-in run does: the library's formulas
-    try:
-        library = short_run(text_file, tmp_path / "library")
-    finally:
-        ta.set_fast(True)
+def test_with_every_solution_swapped_in_the_run_matches_the_library(text_file, tmp_path, monkeypatch, capsys,
+                                                                     library_code_seen):
+    library = short_run(text_file, tmp_path / "library", *FORMULAS)     # the library's formulas
+    capsys.readouterr()
 
     calls = collections.Counter()                 # the solutions' plain functions and methods, counted
     monkeypatch.setattr(sum_to, "sum_to", counting(calls, "sum_to", sum_to.sum_to))
@@ -60,13 +77,13 @@ def test_with_every_solution_swapped_in_the_run_matches_the_library(text_file, t
     said = []
     with use_exercises(SOLUTIONS, say=said.append) as swapped:
         applied = record_applied_ops(monkeypatch)      # every Function class applied during the run
-        yours = short_run(text_file, tmp_path / "yours")
+        yours = short_run(text_file, tmp_path / "yours")               # compiled (the default)
     assert swapped == list(SWAPS)
-    assert "11 of 11 pieces are yours" in said[0] and "the fast layer is off for this run" in said[0]
+    assert len(notices(capsys.readouterr().err)) == 1     # a dozen functions swapped: one line says so
+    assert "11 of 11 pieces are yours" in said[0]
     assert "softmax passes, but this GPT does not call it" in said[0]     # named, and why it did not run
     assert "Exp and Log pass, but this GPT does not call them" in said[0]
     assert "your Tanh runs in GELU's backward" in said[0] and elementwise.Tanh in applied
-    assert ta.is_fast()                                                   # put back after the run
 
     for key in ("val_loss", "train_loss", "best_val_loss"):
         assert yours[key] == library[key], key            # the same numbers to the last bit
@@ -81,6 +98,37 @@ def test_the_swap_is_undone_after_the_run():
     with use_exercises(SOLUTIONS, say=lambda line: None):
         assert F.cross_entropy is cross_entropy.cross_entropy and ta.nn.KVCache is kv_cache.KVCache
     assert (F.cross_entropy, ops.MatMul, ta.Tensor.backward, ta.optim.AdamW, ta.nn.KVCache) == before
+
+
+def test_compiled_the_swapped_pieces_run_and_one_line_says_so(capsys, monkeypatch, library_code_seen):
+    """ta.compile in a swapped-in run: the identity check finds the solutions in place of the
+    library's functions; the fast ops, the fused layers and AdamW's flat step step aside, one
+    line on stderr says so, and the solutions run. After the swap the compiled paths run again."""
+    config = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=11, dropout=0.0)
+    idx = ta.tensor(np.arange(16).reshape(2, 8) % 11)
+    capsys.readouterr()
+    with use_exercises(SOLUTIONS, say=lambda line: None):
+        applied = record_applied_ops(monkeypatch)       # (a replaced Function.apply: named too)
+        model = ta.compile(GPT(config))
+        optimizer = model.configure_optimizer(0.1, 1e-3, (0.9, 0.95))    # fused=True: yours takes it, aside
+        for _ in range(2):
+            _, loss = model(idx, idx)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        model.generate(idx[:, :2], 3)
+    said = notices(capsys.readouterr().err)
+    assert len(said) == 1, said
+    assert "ops.py: ops.Exp" in said[0] and "tensor.py: Tensor.backward" in said[0]
+    assert "AdamW's flat step, the fast ops, the fused layers step aside, and your code runs" in said[0]
+    assert {matmul.MatMul, layernorm.LayerNorm, cross_entropy.CrossEntropy, attention.Attention} <= applied
+    assert not {cls for cls in applied if cls.__module__.startswith("tinyattn.fast")}
+    assert isinstance(optimizer, adamw.AdamW)
+
+    monkeypatch.undo()                                   # (Function.apply, recorded above, is the library's again)
+    ta.compile(GPT(config))
+    assert checked.allowed() == set(checked.DEPENDS)     # every compiled path runs again
+    assert not notices(capsys.readouterr().err)
 
 
 def test_the_flag_says_what_it_swapped(text_file, tmp_path, capsys):
@@ -103,7 +151,7 @@ def test_pieces_that_no_op_of_the_gpt_is_made_of_run_where_the_librarys_formulas
     for name in ("softmax", "elementwise"):
         shutil.copy(pathlib.Path(softmax.__file__).parent / f"{name}.py", package / f"{name}.py")
     monkeypatch.syspath_prepend(str(tmp_path))
-    library = short_run(text_file, tmp_path / "library")
+    library = short_run(text_file, tmp_path / "library", *FORMULAS)
     said, calls = [], collections.Counter()
     with use_exercises("some_solutions", say=said.append) as swapped:
         monkeypatch.setattr(ta.ops, "softmax", counting(calls, "softmax", ta.ops.softmax))

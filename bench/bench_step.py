@@ -11,9 +11,10 @@ The config is nanoGPT's shakespeare_char: 6 layers, 6 heads, 384 channels,
 block 256, batch 64, dropout 0.2, vocabulary 65. One step is forward,
 backward, clip_grad_norm_(1.0), AdamW, zero_grad, on the same batch for every side:
 
-    tinyattn           train.loop.train_step, with the fast layer (tinyattn/fast) and its fused kernels
+    tinyattn           train.loop.train_step on ta.compile(GPT(...)), the compiled model's optimizer
+                       (AdamW's flat step): the fast layer (tinyattn/fast) and its fused kernels
                        (CuPy's on "cuda"; on "cpu" numba's, with the fast extra)
-    tinyattn_unfused   the same with ta.set_fast(False): every op runs its teaching formula (what the
+    tinyattn_unfused   the same GPT not compiled: every op runs its teaching formula (what the
                        fast layer saves; skip it with --no_unfused)
     tinyattn_1thread   with --one_thread: ta.set_num_threads(1), so BLAS splits the products with its
                        own threads and every other pass runs on one core (what tinyattn's threads buy)
@@ -124,24 +125,19 @@ def make_torch_gpt(torch, cfg):
 
 # ---------------------------------------------------------------- the sides
 class TinyattnSide:
-    def __init__(self, cfg, device, x, y, fused=True, threads=None):
+    def __init__(self, cfg, device, x, y, compiled=True, threads=None):
         self.backend = get_backend(device)
-        self.fused = fused
         self.threads = ta.get_num_threads() if threads is None else threads
-        ta.set_fast(fused)
         ta.manual_seed(0)
         config = GPTConfig(**{k: cfg[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout")})
-        self.model = ta.nn.fuse(GPT(config).to(device), fused)   # with ta.set_fast(fused): op by op when False
+        model = GPT(config).to(device)
+        self.model = ta.compile(model) if compiled else model       # not compiled: op by op, the formulas
         self.optimizer = self.model.configure_optimizer(WEIGHT_DECAY, LR, BETAS)
         self.batches = [(ta.tensor(xb, device=device), ta.tensor(yb, device=device)) for xb, yb in zip(x, y)]
         self.batch, self.i = self.batches[:1], 0
 
-    def _set_fused(self):
-        ta.set_fast(self.fused)
-        ta.set_num_threads(self.threads)
-
     def step(self):
-        self._set_fused()
+        ta.set_num_threads(self.threads)
         self.i += 1
         return train_step(self.model, self.optimizer, [self.batches[self.i % len(self.batches)]], GRAD_CLIP)
 
@@ -212,7 +208,7 @@ def same_architecture_check(torch, tiny_side, torch_side, x, y):
     torch_side.model.train()
     a, b = loss_ta.item(), loss_torch.item()
     return {"loss_tinyattn": a, "loss_torch": b, "rel_diff": abs(a - b) / abs(b),
-            "parameters_tinyattn": tiny_side.model.num_parameters(non_embedding=False),
+            "parameters_tinyattn": sum(p.numel() for p in tiny_side.model.parameters()),
             "parameters_torch": sum(p.numel() for p in torch_side.model.parameters())}
 
 
@@ -325,7 +321,7 @@ def main(argv=None):
     p.add_argument("--blocks", type=int, default=6, help="timed blocks per side")
     p.add_argument("--steps", type=int, default=10, help="steps per block")
     p.add_argument("--budget_s", type=float, default=90.0, help="no new block starts after this many seconds")
-    p.add_argument("--no_unfused", action="store_true", help="skip the tinyattn side without fused kernels")
+    p.add_argument("--no_unfused", action="store_true", help="skip the tinyattn side not compiled (its formulas)")
     p.add_argument("--one_thread", action="store_true",
                    help="also time tinyattn with ta.set_num_threads(1): numpy's BLAS threads instead of "
                         "tinyattn's own (what tinyattn's threads buy)")
@@ -359,11 +355,11 @@ def main(argv=None):
         torch.backends.cuda.matmul.allow_tf32 = False             # plain float32, as CuPy's default
         torch.backends.cudnn.allow_tf32 = False
 
-    sides = {"tinyattn": TinyattnSide(cfg, args.device, x, y, fused=True)} if args.sides != "torch" else {}
+    sides = {"tinyattn": TinyattnSide(cfg, args.device, x, y, compiled=True)} if args.sides != "torch" else {}
     if not args.no_unfused and args.sides != "torch":
-        sides["tinyattn_unfused"] = TinyattnSide(cfg, args.device, x, y, fused=False)
+        sides["tinyattn_unfused"] = TinyattnSide(cfg, args.device, x, y, compiled=False)
     if args.one_thread and args.sides != "torch":
-        sides["tinyattn_1thread"] = TinyattnSide(cfg, args.device, x, y, fused=True, threads=1)
+        sides["tinyattn_1thread"] = TinyattnSide(cfg, args.device, x, y, compiled=True, threads=1)
     if torch is not None:
         sides["torch"] = TorchSide(torch, cfg, args.device, x, y)
 

@@ -101,8 +101,8 @@ def main(argv=None):
     dataset = load_text(args.data)
     cfg = dict(BABY, vocab_size=dataset.tokenizer.vocab_size)
     ta.manual_seed(HYPER["seed"])
-    model = ta.nn.fuse(GPT(GPTConfig(**{k: cfg[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size",
-                                                       "dropout")})))
+    model = ta.compile(GPT(GPTConfig(**{k: cfg[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size",
+                                                         "dropout")})))     # as python -m train runs it
     torch_model = make_torch_gpt(torch, cfg)
     with torch.no_grad():                                      # the same starting weights
         named = dict(torch_model.named_parameters())

@@ -8,7 +8,8 @@ GPT of bench_step.py) and decode greedily (temperature 0) from the same
 prompt of --prompt tokens up to the model's block size, so every new token
 runs one position through the cache:
 
-    tinyattn   GPT.generate(idx, n, temperature=0), under ta.no_grad()
+    tinyattn   ta.compile(GPT).generate(idx, n, temperature=0), under ta.no_grad():
+               compiled, so it decodes on arrays (not compiled, every op runs its formula)
     torch      the same loop in PyTorch: keys and values written into
                preallocated (B, H, block, D) buffers, SDPA over the filled part,
                argmax of the last position's logits, under torch.inference_mode()
@@ -38,7 +39,7 @@ from bench_step import CONFIGS, cpu_info, import_torch, make_torch_gpt  # (besid
 
 
 def make_models(torch, cfg):
-    """(tinyattn GPT, PyTorch GPT) with the same weights, in eval mode."""
+    """(tinyattn GPT compiled, PyTorch GPT) with the same weights, in eval mode."""
     ta.manual_seed(0)
     config = GPTConfig(**{k: cfg[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")}, dropout=0.0)
     ours = GPT(config)
@@ -49,7 +50,7 @@ def make_models(torch, cfg):
             p.copy_(torch.from_numpy(named[name].numpy()))
     ours.eval()
     theirs.eval()
-    return ours, theirs
+    return ta.compile(ours), theirs
 
 
 def torch_generate(torch, model, cfg, idx, new_tokens):

@@ -1,7 +1,7 @@
 """Benchmark: a training step with subnormal weights, with subnormals flushed to zero and without.
 
     python3 bench/bench_denormal.py                          # baby: 4 layers, 128 channels, block 64, batch 12
-    python3 bench/bench_denormal.py --fast on --steps 11     # the fast layer on only, more steps
+    python3 bench/bench_denormal.py --fast on --steps 11     # the compiled model only, more steps
     python3 bench/bench_denormal.py --config tiny --steps 1 --repeats 1 --size 64     # a smoke test
 
 A float32 below 2**-126 in size is subnormal, and an x86 CPU takes a slow path
@@ -16,7 +16,8 @@ every thread that computes read and write them as zero (tinyattn/fast/denormals.
              zero_grad) with its weights normal, then with half the entries of each weight matrix
              set to 2**-129; the weights are put back before each step (untimed), as one step of
              AdamW would make them normal again. The median of --steps steps, after one untimed
-             step; with the fast layer on, off, or both (--fast)
+             step; the GPT compiled (ta.compile: the fast layer), not compiled (its formulas), or
+             both (--fast on, off, both)
 
 One JSON line for the CPU, then one per case and mode: normal_ms, subnormal_ms and
 their ratio, subnormal_over_normal (about 1 where subnormals cost nothing extra).
@@ -79,11 +80,10 @@ class Step:
     """A GPT, its AdamW and a few random batches; its weights as made, and with subnormals seeded in."""
 
     def __init__(self, cfg, fast):
-        ta.set_fast(fast)
         ta.manual_seed(0)
         names = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout")
         config = GPTConfig(**{k: cfg[k] for k in names})
-        self.model = ta.nn.fuse(GPT(config), fast)
+        self.model = ta.compile(GPT(config), disable=not fast)      # not compiled: every op's formula
         self.optimizer = self.model.configure_optimizer(WEIGHT_DECAY, LR, BETAS)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         rng = np.random.default_rng(0)
@@ -118,7 +118,8 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=20, help="timed products per matmul case and mode (20)")
     p.add_argument("--size", type=int, default=512, help="n of the (n, n) @ (n, n) product (512)")
     p.add_argument("--fast", default="both", choices=["on", "off", "both"],
-                   help="time the step with the fast layer on, off (every op's teaching formula) or both")
+                   help="time the step compiled (on: ta.compile, the fast layer), not compiled (off: every "
+                        "op's teaching formula) or both")
     args = p.parse_args(argv)
     if min(args.steps, args.repeats, args.size) < 1:
         p.error("--steps, --repeats and --size must be at least 1")

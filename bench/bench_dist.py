@@ -66,7 +66,7 @@ def worker(args):
         raise SystemExit(f"bench_dist: the {args.config} config's batch {batch} does not split over {world} processes")
     backend = ta.backend.get_backend(args.device)
     ta.manual_seed(0)
-    model = ta.nn.fuse(GPT(GPTConfig(dropout=0.0, **cfg)).to(args.device))
+    model = ta.compile(GPT(GPTConfig(dropout=0.0, **cfg)).to(args.device))     # as python -m train runs it
     optimizer = model.configure_optimizer(0.1, 1e-3, (0.9, 0.99))
     dist.broadcast_parameters(model.parameters())
     averager = dist.GradAverager(model.parameters())

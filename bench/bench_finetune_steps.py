@@ -9,7 +9,7 @@ Late in fine-tuning a model is sure of its answers: most of its probabilities ar
 are many of its gradients. Where they fall below 2**-126 (float32) the CPU takes a slow path for
 each operation that reads or makes them, unless subnormals are flushed to zero. This continues
 a trained chat run (``--run``, a checkpoint of ``python -m train ... --data CONVERSATIONS``) in
-tinyattn (``train_step``: forward, backward, clip, AdamW, fused as ``python -m train`` runs it)
+tinyattn (``train_step``: forward, backward, clip, AdamW, compiled as ``python -m train`` runs it)
 and in PyTorch (the same weights as a ``GPT2LMHeadModel`` through ``export_hf``, the same
 batches, the same AdamW), each with flushing off (``ta.set_flush_denormal(False)``,
 ``torch.set_flush_denormal(False)``) and on:
@@ -67,7 +67,7 @@ def tinyattn_loss(stage, run):
         reference = load_model(run)[0]
         for p in reference.parameters():
             p.requires_grad = False
-        return dpo.DPOObjective(reference, 0.1)
+        return dpo.DPOObjective(ta.compile(reference), 0.1)
     return rl.rl_loss if stage == "rl" else lm_loss
 
 
@@ -100,7 +100,7 @@ def torch_loss(stage, hf, reference):
 
 def tinyattn_steps(stage, run, data, steps):
     model, _ = load_model(run)
-    model = ta.nn.fuse(model.train())
+    model = ta.compile(model.train())
     optimizer = model.configure_optimizer(WEIGHT_DECAY, LR, BETAS)
     loss_fn = tinyattn_loss(stage, run)
     times = []

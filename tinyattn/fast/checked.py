@@ -36,7 +36,7 @@ DEPENDS = {
     "the fast ops": ENGINE + ("nn/functional.py", "nn/attention.py", "nn/flash.py"),
     "the fused layers": ENGINE + ("nn/functional.py", "nn/attention.py", "nn/flash.py", "nn/modules.py",
                                   "models/gpt.py"),
-    "AdamW's flat step": ENGINE + ("optim/__init__.py",),
+    "the fused AdamW": ENGINE + ("optim/__init__.py",),
 }
 FILES = sorted({f for files in DEPENDS.values() for f in files})
 
@@ -73,7 +73,8 @@ def module_of(file):
 
 
 def _is_code(value):
-    return inspect.isfunction(value) or isinstance(value, (type, staticmethod, classmethod, property))
+    """Functions, classes, cached functions and other callables, and a class's descriptors."""
+    return callable(value) or isinstance(value, (staticmethod, classmethod, property))
 
 
 class _Noted:
@@ -85,15 +86,15 @@ class _Noted:
         self.spaces = []                                 # (file, owner's name, namespace, names, getter, values)
         for file in FILES:
             module = module_of(file)
-            self._note(file, module.__name__, vars(module))
+            self._note(file, "", vars(module))
             for value in list(vars(module).values()):
                 if isinstance(value, type) and value.__module__ == module.__name__:
                     self._note(file, value.__qualname__, vars(value))
 
     def _note(self, file, owner, namespace):
         names = [name for name, value in namespace.items() if _is_code(value)]
-        if names:
-            get = operator.itemgetter(*names)
+        if names:                                        # (itemgetter of one name gives a value, not a tuple)
+            get = operator.itemgetter(*names) if len(names) > 1 else lambda space, name=names[0]: (space[name],)
             self.spaces.append((file, owner, namespace, names, get, get(namespace)))
 
     def changed(self):
@@ -105,13 +106,14 @@ class _Noted:
                     continue
             except KeyError:
                 pass
-            out.setdefault(file, []).extend(f"{owner}.{name}".removeprefix("tinyattn.")
+            out.setdefault(file, []).extend(f"{owner}.{name}" if owner else name
                                             for name, was in zip(names, values) if namespace.get(name) is not was)
         return out
 
 
 _noted = None
-_edited = None              # {file: "is edited"} for files whose fingerprint is not the library's (first compile)
+EDITED = ("(edited)",)
+_edited = None              # {file: EDITED} for each file whose fingerprint is not the library's (first compile)
 _said = {}                  # what the last notice named: {file: [names]}
 
 
@@ -127,7 +129,7 @@ def differences():
     global _edited
     if _edited is None:
         from .fingerprints import FINGERPRINTS
-        _edited = {f: ["the file is edited"] for f, p in file_fingerprints().items() if FINGERPRINTS.get(f) != p}
+        _edited = {f: EDITED for f, p in file_fingerprints().items() if FINGERPRINTS.get(f) != p}
     changed = _noted.changed()
     return {**changed, **_edited} if _edited else changed
 
@@ -141,11 +143,19 @@ def allowed():
     if differ != _said:
         _said = differ
         if differ:
-            what = "; ".join(f"{f}: {', '.join(sorted(names)[:4])}" + (f" and {len(names) - 4} more" * (len(names) > 4))
-                             for f, names in sorted(differ.items()))
-            print(f"tinyattn: not the library's code ({what}); {', '.join(sorted(off))} "
+            paths = [p for p in DEPENDS if p in off]
+            paths = ", ".join(paths[:-1]) + " and " + paths[-1] if len(paths) > 1 else paths[0]
+            print(f"tinyattn: {', '.join(_what(f, names) for f, names in sorted(differ.items()))}; {paths} "
                   f"step{'s' * (len(off) == 1)} aside, and your code runs", file=sys.stderr)
     return DEPENDS.keys() - off
+
+
+def _what(file, names):
+    """'nn/attention.py is edited', 'tensor.py: Tensor.mean is not the library's'."""
+    if names is EDITED:
+        return f"{file} is edited"
+    shown = ", ".join(sorted(names)[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return f"{file}: {shown} {'is' if len(names) == 1 else 'are'} not the library's"
 
 
 def write():

@@ -26,7 +26,7 @@ def fused_step(opt):
         return False
     cls = type(opt)                                      # (a subclass with a step or update of its own: its loop)
     if not (cls.step is optim.AdamW.step and cls.update is optim.AdamW.update
-            and "AdamW's flat step" in checked.allowed()):
+            and "the fused AdamW" in checked.allowed()):
         return False
     if any(p.grad is None or p.backend is not backend or p.dtype != params[0].dtype for p in params):
         return False

@@ -1,3 +1,5 @@
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -5,6 +7,7 @@ import tinyattn as ta
 from tinyattn.autograd import Function
 from tinyattn.backend import get_backend
 from tinyattn.fast import denormals
+from tinyattn.fast.compiled import running
 
 
 def make_tensors(arrays, device="cpu", dtype="float64"):
@@ -47,12 +50,12 @@ def kernel_and_formula(case, device, dtype, monkeypatch, seed=11):
     """A KernelCase run with the device's kernels on, then off: (fused, formula) host arrays.
 
     Fails unless every kernel that the case names really ran."""
-    ta.set_fast(True)                               # (the kernels are the fast layer's; conftest puts it back)
     backend = get_backend(device)
     calls = count_kernel_calls(backend, monkeypatch)
     arrays = case.inputs(np.random.default_rng(seed))
     monkeypatch.setattr(backend, "use_kernels", True)
-    fused = case.run(arrays, device, dtype)
+    with running():                                 # (the kernels are the fast ops', which run compiled)
+        fused = case.run(arrays, device, dtype)
     monkeypatch.setattr(backend, "use_kernels", False)
     formula = case.run(arrays, device, dtype)
     assert case.kernels <= set(calls), f"{case.name} on {device}: kernels that ran: {calls}"
@@ -61,15 +64,18 @@ def kernel_and_formula(case, device, dtype, monkeypatch, seed=11):
 
 @pytest.fixture(params=["cpu-kernels", "numpy", "formulas"])
 def cpu_kernels(request, monkeypatch):
-    """Run a test three ways: the fast layer with the CPU's fused kernels (numba), the fast layer
-    with numpy in place of the kernels, and the fast layer off (every op's teaching formula)."""
+    """Run a test three ways: compiled with the CPU's fused kernels (numba), compiled with numpy
+    in place of the kernels, and not compiled (every op's teaching formula). Compiled: the whole
+    test runs as inside a call of a compiled model (its ops' fast versions)."""
     cpu = get_backend("cpu")
     if request.param == "cpu-kernels" and not cpu.kernels:
         pytest.skip("no CPU kernels here (numba is not installed, or TINYATTN_CPU_KERNELS=0)")
     monkeypatch.setattr(cpu, "use_kernels", request.param == "cpu-kernels")
     if request.param == "formulas":
-        ta.set_fast(False)                          # (fast_switch_as_it_was puts it back after the test)
-    return request.param
+        yield request.param
+        return
+    with running():
+        yield request.param
 
 
 @pytest.fixture
@@ -77,20 +83,17 @@ def rng():
     return np.random.default_rng(0)
 
 
+def compiled_ops(on=True):
+    """A context in which ops run as inside a compiled model's call (their fast versions) with
+    on=True, and as written (their formulas) with on=False."""
+    return running() if on else contextlib.nullcontext()
+
+
 @pytest.fixture
 def fast_layer_on():
-    """For a test of the fast layer itself: on for the test, in a TINYATTN_FAST=0 run too."""
-    ta.set_fast(True)
-
-
-@pytest.fixture(autouse=True)
-def fast_switch_as_it_was():
-    """A test that turns the fast layer on or off gets it put back as the run began (off for the whole
-    run under TINYATTN_FAST=0; a test's own ``set_fast(True)`` must not turn it on for the tests after)."""
-    was = ta.is_fast()
-    yield
-    if ta.is_fast() != was:
-        ta.set_fast(was)
+    """For a test of the fast ops: the whole test runs as inside a call of a compiled model."""
+    with running():
+        yield
 
 
 @pytest.fixture(autouse=True)

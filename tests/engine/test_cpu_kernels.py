@@ -42,8 +42,11 @@ def test_the_strict_device_never_gets_the_cpu_kernels():
     assert get_backend("strict").kernels == {}
 
 
-needs_kernels = pytest.mark.skipif(not (get_backend("cpu").kernels and ta.is_fast()),
-                                   reason="no CPU kernels in use (numba not installed, or the fast layer off)")
+def needs_kernels(test):
+    """A test of the CPU kernels: skipped without them, and run as inside a compiled model's call
+    (the fast ops are what asks for them)."""
+    test = pytest.mark.skipif(not get_backend("cpu").kernels, reason="no CPU kernels (numba not installed)")(test)
+    return pytest.mark.usefixtures("fast_layer_on")(test)
 
 
 @needs_kernels
@@ -297,9 +300,6 @@ def test_layer_norm_without_keeping_xhat_gives_the_same_output(shape, dtype):
 
 @needs_kernels
 def test_layer_norm_saves_xhat_with_grad_mode_on_and_not_under_no_grad(monkeypatch):
-    from tinyattn.fast import is_fast
-    if not is_fast():
-        pytest.skip("the fast layer is off: the teaching LayerNorm keeps nothing")
     cpu = get_backend("cpu")
     monkeypatch.setattr(cpu, "use_kernels", True)
     x = ta.tensor(np.random.default_rng(13).standard_normal((4, 16)), dtype="float32")

@@ -181,11 +181,6 @@ def test_blas_stays_at_one_thread_from_the_first_split_until_given_back(split_ev
     threads.split(lambda i, j: None, 10, work=1)                     # held once, not again
     ta.set_num_threads(1)                                            # gives BLAS its threads back
     assert [lib.get_num_threads() for lib in libs] == before and not threads.blas_held()
-    monkeypatch.setattr(threads, "_num_threads", 3)
-    threads.split(lambda i, j: None, 10, work=1)
-    ta.set_fast(False)                                               # so does turning the fast layer off
-    ta.set_fast(True)
-    assert [lib.get_num_threads() for lib in libs] == before
 
 
 def test_one_thread_leaves_blas_alone(monkeypatch):

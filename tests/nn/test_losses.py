@@ -6,6 +6,7 @@ import pytest
 import tinyattn as ta
 import tinyattn.nn.functional as F
 from tinyattn.fast import ops as fast_ops
+from conftest import compiled_ops
 
 
 def log_softmax(x):
@@ -34,11 +35,11 @@ def sample(rng, n=40, classes=65):
 
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_each_reduction_gives_the_formulas_loss_and_gradient_with_the_fast_layer_on_and_off(fast, reduction, rng):
-    ta.set_fast(fast)                                   # (conftest puts the switch back)
+def test_each_reduction_gives_the_formulas_loss_and_gradient_compiled_or_not(fast, reduction, rng):
     logits, targets = sample(rng)
     x = ta.tensor(logits, requires_grad=True)
-    loss = F.cross_entropy(x, ta.tensor(targets), ignore_index=-1, reduction=reduction)
+    with compiled_ops(fast):
+        loss = F.cross_entropy(x, ta.tensor(targets), ignore_index=-1, reduction=reduction)
     u = rng.standard_normal(loss.shape).astype(np.float32)     # a random cotangent
     loss.backward(ta.tensor(u))
     rows, grad = per_row_loss(logits, targets, -1)
@@ -53,16 +54,16 @@ def test_each_reduction_gives_the_formulas_loss_and_gradient_with_the_fast_layer
 @pytest.mark.parametrize("fast", [True, False])
 def test_only_the_default_reduction_runs_the_fast_cross_entropy(fast, rng):
     """The fast op stands in for the CrossEntropy op (the mean); the other reductions are composed."""
-    ta.set_fast(fast)
     logits, targets = sample(rng)
     x = ta.tensor(logits, requires_grad=True)
-    mean = F.cross_entropy(x, ta.tensor(targets), ignore_index=-1)
-    assert isinstance(mean.grad_fn, F.CrossEntropy)
-    assert isinstance(mean.grad_fn, fast_ops.CrossEntropy) == fast
-    for kw in ({"reduction": "sum"}, {"reduction": "none"}, {"weight": ta.ones(65)}, {"label_smoothing": 0.1}):
-        out = F.cross_entropy(x, ta.tensor(targets), ignore_index=-1, **kw)
-        assert not isinstance(out.grad_fn, F.CrossEntropy)
-    same = F.cross_entropy(x, ta.tensor(targets), ignore_index=-1, weight=ta.ones(65))   # the composed mean
+    with compiled_ops(fast):
+        mean = F.cross_entropy(x, ta.tensor(targets), ignore_index=-1)
+        assert isinstance(mean.grad_fn, F.CrossEntropy)
+        assert isinstance(mean.grad_fn, fast_ops.CrossEntropy) == fast
+        for kw in ({"reduction": "sum"}, {"reduction": "none"}, {"weight": ta.ones(65)}, {"label_smoothing": 0.1}):
+            out = F.cross_entropy(x, ta.tensor(targets), ignore_index=-1, **kw)
+            assert not isinstance(out.grad_fn, F.CrossEntropy)
+        same = F.cross_entropy(x, ta.tensor(targets), ignore_index=-1, weight=ta.ones(65))   # the composed mean
     np.testing.assert_allclose(same.item(), mean.item(), rtol=1e-6)
 
 

@@ -338,7 +338,7 @@ def gpt_block_steps(n_head, head_dropout=0.0):
         from tinyattn.models import GPTConfig, gpt
         x = ta.tensor(arrays[0], dtype=dtype, device=device, requires_grad=True)
         B, T, C = x.shape
-        block = ta.nn.fuse(gpt.Block(GPTConfig(n_layer=1, n_head=n_head, n_embd=C, block_size=T, dropout=0.0,
+        block = ta.compile(gpt.Block(GPTConfig(n_layer=1, n_head=n_head, n_embd=C, block_size=T, dropout=0.0,
                                                head_dropout=head_dropout)))
         params = list(block.parameters())          # ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj: weight, bias
         for p, a in zip(params, arrays[1:], strict=True):
@@ -357,7 +357,7 @@ def decode_steps(n_head, prompt):
     def run(arrays, device, dtype):
         import tinyattn as ta
         x = ta.tensor(arrays[0], dtype=dtype, device=device)
-        attn = ta.nn.fuse(ta.nn.MultiHeadAttention(x.shape[-1], n_head))
+        attn = ta.compile(ta.nn.MultiHeadAttention(x.shape[-1], n_head))
         for p, a in zip(attn.parameters(), arrays[1:], strict=True):   # c_attn, c_proj: weight, bias
             p.set_(ta.tensor(a, dtype=dtype, device=device))
         cache, outs = ta.nn.KVCache(), []

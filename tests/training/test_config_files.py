@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import tinyattn as ta
 import train
 from train import checkpoint
 from train.command import main
@@ -159,11 +158,11 @@ def test_float64_trains_through_the_loop_as_float32_does(text_file, tmp_path):
         np.testing.assert_allclose(weight, f32_state[name], atol=1e-3, err_msg=name)
 
 
-def test_float64_with_the_fast_layer_off_is_the_same_run(text_file, tmp_path):
-    """The fast layer's float64 paths, or its fallbacks, against the teaching formulas."""
+def test_float64_compiled_or_not_is_the_same_run(text_file, tmp_path):
+    """The fast layer's float64 paths, or its fallbacks, against the teaching formulas (--compile False)."""
     fast = run(text_file, tmp_path / "fast", "--max_iters", "8", "--eval_interval", "4", "--dtype", "float64")
-    ta.set_fast(False)                                          # (put back by the conftest's fixture)
-    slow = run(text_file, tmp_path / "slow", "--max_iters", "8", "--eval_interval", "4", "--dtype", "float64")
+    slow = run(text_file, tmp_path / "slow", "--max_iters", "8", "--eval_interval", "4", "--dtype", "float64",
+               "--compile", "False")
     np.testing.assert_allclose(step_losses(tmp_path / "fast"), step_losses(tmp_path / "slow"), rtol=1e-9)
     assert fast["val_loss"] == pytest.approx(slow["val_loss"], rel=1e-9)
 

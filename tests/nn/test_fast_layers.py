@@ -1,10 +1,11 @@
-"""The fast layers (tinyattn/fast/modules.py and fast/models.py), which nn.fuse sets on a model: a
-GPT's attention, MLP and block as a few array calls where no graph is recorded, each block as one op
-in training, the teaching forward everywhere else.
+"""The fast layers (tinyattn/fast/modules.py and fast/models.py), which run for a model made by
+``ta.compile``: a GPT's attention, MLP and block as a few array calls where no graph is recorded,
+each block as one op in training, the teaching forward everywhere else.
 
-Each test compares the fast path with the teaching path of the same model (``ta.set_fast(False)``:
-the runners then see no fast ops and call the layer's forward), and counts with spies which path
-ran, so that no comparison is the teaching path against itself.
+Each test compares the compiled model with the same model not compiled (the teaching path: every
+op's formula, no runner), and counts with spies which path ran, so that no comparison is the
+teaching path against itself. Nothing here turns the fast ops on outside a compiled call: each
+test compiles what it tests (a model, a layer, or a function of ops).
 """
 import collections
 import contextlib
@@ -18,24 +19,26 @@ import tinyattn.nn as nn
 from exercise_solutions import kv_cache as learner_kv_cache
 from exercise_solutions import lora as learner_lora
 from tinyattn.backend import get_backend
+from tinyattn.fast import checked
 from tinyattn.fast import models as fast_models
 from tinyattn.fast import modules as fast_modules
+from tinyattn.fast import ops as fast_ops
+from tinyattn.fast.compiled import CompiledModule
 from tinyattn.models import GPT, GPTConfig, gpt
 from tinyattn.nn import attention
 
-pytestmark = pytest.mark.usefixtures("fast_layer_on")           # (in a TINYATTN_FAST=0 run too)
 TOL = {"float32": dict(rtol=1e-5, atol=1e-5), "float64": dict(rtol=1e-12, atol=1e-12)}
 PATHS = ("attention", "mlp", "block", "gpt")
 
 
 def gpt_model(dtype="float32", **kw):
-    """A small GPT in eval mode. init="default" (Embedding N(0, 1), uniform Linears): logits of
-    order one, so a wrong product or a missing bias shows; the layer norms' weights and biases
-    moved off 1 and 0, so that each layer norm is its own."""
+    """A small GPT in eval mode, not compiled. init="default" (Embedding N(0, 1), uniform Linears):
+    logits of order one, so a wrong product or a missing bias shows; the layer norms' weights and
+    biases moved off 1 and 0, so that each layer norm is its own."""
     ta.manual_seed(0)
     cfg = dict(block_size=64, vocab_size=13, n_layer=2, n_head=2, n_embd=16, init="default")
     cfg.update(kw)
-    model = nn.fuse(GPT(GPTConfig(**cfg))).eval()
+    model = GPT(GPTConfig(**cfg)).eval()
     rng = np.random.default_rng(2)
     for name, p in model.named_parameters():
         if ".ln_" in name or name.startswith("ln_"):
@@ -48,17 +51,21 @@ def random_ids(B, T, vocab=13, seed=1):
     return ta.tensor(np.random.default_rng(seed).integers(0, vocab, (B, T)))
 
 
-@contextlib.contextmanager
-def fast_layer_off():
-    ta.set_fast(False)
-    try:
-        yield
-    finally:
-        ta.set_fast(True)
-
-
 def no_graph(mode):
     return ta.no_grad() if mode == "no_grad" else ta.inference_mode()
+
+
+def attributes(model):
+    """{path: the names in the layer's __dict__} of every layer: what compiling may not add to."""
+    return {name: set(m.__dict__) for name, m in model.named_modules()}
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_compiled():
+    """After each test, no layer's runner and no fast op is left on: they run only inside a call."""
+    yield
+    assert nn.modules.compiled is None
+    assert not get_backend("cpu").fast_ops
 
 
 @pytest.fixture
@@ -80,6 +87,19 @@ def array_paths(monkeypatch):
     monkeypatch.setattr(fast_models, "linear_on_arrays", counted("mlp", fast_models.linear_on_arrays))
     monkeypatch.setattr(fast_models, "_layer_norm", counted("block", fast_models._layer_norm))
     monkeypatch.setattr(fast_models, "_logits", counted("gpt", fast_models._logits))
+    return calls
+
+
+@pytest.fixture
+def runner_calls(monkeypatch):
+    """Counts of the runners called in place of a layer's forward, by the layer's class name."""
+    calls = collections.Counter()
+    call = fast_modules.Runner.__call__
+
+    def counted(self, module, args, kwargs):
+        calls[type(module).__name__] += 1
+        return call(self, module, args, kwargs)
+    monkeypatch.setattr(fast_modules.Runner, "__call__", counted)
     return calls
 
 
@@ -118,31 +138,73 @@ def decode(model, idx, ends, cache=nn.KVCache):
 PROMPT_THEN_TOKENS = [10, 13] + list(range(14, 41))   # a prompt, a chunk of 3, then one at a time past 16 and 32
 
 
-# ---------------------------------------------------------------- what nn.fuse sets, and says
-def test_fuse_keeps_every_class_and_gives_the_librarys_layers_a_runner():
+# ---------------------------------------------------------------- what ta.compile sets, and says
+def test_compile_keeps_every_class_sets_nothing_on_the_layers_and_gives_the_librarys_layers_a_runner(runner_calls):
     model = gpt_model()
     block = model.h[0]
+    seen = []                                                           # nn.modules.compiled, seen by lm_head
+    model.lm_head.forward = lambda x, head=model.lm_head: seen.append(nn.modules.compiled) or nn.Linear.forward(head, x)
+    before = attributes(model)
+    compiled = ta.compile(model)
+    assert isinstance(compiled, CompiledModule) and compiled._orig_mod is model and ta.compile(compiled) is compiled
     assert type(model) is gpt.GPT and type(block) is gpt.Block and type(block.mlp) is gpt.MLP
     assert type(block.attn) is attention.MultiHeadAttention
-    assert {type(m.__dict__["_fused"]) for m in (model, block, block.mlp, block.attn)} == {
-        fast_models.GPT, fast_models.Block, fast_models.MLP, fast_modules.MultiHeadAttention}
-    assert "_fused" not in block.ln_1.__dict__ and "_fused" not in block.attn.c_attn.__dict__
-    nn.fuse(model, on=False)
+    assert compiled.h is model.h and compiled.config is model.config
+    assert [id(p) for p in compiled.parameters()] == [id(p) for p in model.parameters()]
+    assert list(compiled.state_dict()) == list(model.state_dict())     # (no _orig_mod. prefix)
+    assert compiled.train() is compiled and model.training and block.attn.training
+    compiled.eval()
+    assert not model.training and not block.mlp.training
+    idx = random_ids(1, 4)
+    with ta.inference_mode():
+        fast = compiled(idx)[0].numpy()
+    (layers,) = seen                                                    # during the call: {layer: runner}
+    assert {m: type(r) for m, r in layers.items()} == {
+        **{model: fast_models.GPT}, **{b: fast_models.Block for b in model.h},
+        **{b.mlp: fast_models.MLP for b in model.h}, **{b.attn: fast_modules.MultiHeadAttention for b in model.h}}
+    assert runner_calls["GPT"] == 1 and runner_calls["Block"] == 2 and runner_calls["MultiHeadAttention"] == 2
+    assert nn.modules.compiled is None                                  # and after it, nothing
+    repr(compiled)
+    assert attributes(model) == before                                  # nothing set on any layer
     assert not [m for m in model.modules() if "_fused" in m.__dict__]
-    assert "_fused" not in GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=4, vocab_size=5)).__dict__
+    runner_calls.clear()
+    with ta.inference_mode():
+        plain = model(idx)[0].numpy()                                   # the model itself runs no runner
+    assert seen[1:] == [None] and not runner_calls and attributes(model) == before
+    np.testing.assert_allclose(fast, plain, **TOL["float32"])
 
 
-def test_print_model_says_which_blocks_run_fused_and_why_not():
+def test_print_compiled_says_which_blocks_run_fused_and_why_not_and_print_model_says_nothing(capsys):
     model = gpt_model(n_layer=3)
     model.h[1].ln_2 = RMSNorm(16)
     model.h[2].mlp.gelu = nn.GELU("none")
-    text = repr(model)
+    plain = repr(model)
+    compiled = ta.compile(model)
+    print(compiled)
+    text = capsys.readouterr().out
+    header = ", ".join(f"{path}: on" for path in checked.DEPENDS)
+    first_lines = f"CompiledModule({header}\n  (_orig_mod): GPT(fused: on arrays where no graph is recorded\n"
+    assert text.startswith(first_lines), text
+    assert "the fast ops: on, the fused layers: on" in text
     blocks = [line for line in text.splitlines() if line.strip().startswith("(") and "Block(" in line]
     assert len(blocks) == 3, text
     one_op = "one op in training" if get_backend("cpu").kernel("block") else "no block kernel here"
-    assert one_op in blocks[0] and "off" not in blocks[0].replace("no block kernel", ""), blocks[0]
+    assert one_op in blocks[0] and "off" not in blocks[0].replace("one op in training: off, no block kernel", "")
     assert "fused: off, ln_2 is RMSNorm, not the library's LayerNorm" in blocks[1], blocks[1]
     assert "one op in training: off, its activation is not the library's GELU(approximate='tanh')" in blocks[2]
+    mlps = [line.strip() for line in text.splitlines() if "(mlp): MLP(" in line]
+    attns = [line.strip() for line in text.splitlines() if "(attn): MultiHeadAttention(" in line]
+    assert mlps[:2] == ["(mlp): MLP(fused: on arrays where no graph is recorded"] * 2, mlps
+    assert mlps[2] == "(mlp): MLP(fused: off, its activation is not the library's GELU(approximate='tanh')", mlps
+    assert attns == ["(attn): MultiHeadAttention(fused: on arrays where no graph is recorded"] * 3, attns
+    assert text.count("fused:") == 1 + 3 + 3 + 3                        # the GPT, its blocks, MLPs and attentions
+    assert text.endswith("\n)\n")
+    # the model inside, its notes taken out, is the model's own print
+    inner = text[text.index("GPT("):-len("\n)\n")].replace("\n  ", "\n")
+    unnoted = "\n".join(line.split("(fused: ")[0] + "(" if "(fused: " in line else line for line in inner.splitlines())
+    assert unnoted == plain
+    print(model)                                                        # the model itself: no notes
+    assert "fused" not in capsys.readouterr().out and "fused" not in plain and repr(model) == plain
     assert repr(nn.LayerNorm(4)) == "LayerNorm((4,), eps=1e-05)"                # (layers without a runner)
 
 
@@ -157,6 +219,65 @@ class RMSNorm(nn.Module):
         return x * ((x * x).mean(-1, keepdim=True) + 1e-5) ** -0.5 * self.weight
 
 
+class MyMLP(nn.Module):
+    """An MLP of the learner's own (ReLU), counting its calls without setting an attribute."""
+
+    def __init__(self, n, dtype):
+        super().__init__()
+        self.c_fc, self.c_proj = nn.Linear(n, 2 * n), nn.Linear(2 * n, n)
+        for p in self.parameters():
+            p.data = p.data.astype(dtype)
+        self.calls = []
+
+    def forward(self, x):
+        self.calls.append(x.shape)
+        return self.c_proj(self.c_fc(x).relu())
+
+
+def a_library_mlp(model, dtype):
+    """A new MLP of the library's own, its weights not the model's."""
+    ta.manual_seed(7)
+    mlp = gpt.MLP(model.config)
+    for p in mlp.parameters():
+        p.data = (p.data + 0.1).astype(dtype)
+    return mlp
+
+
+@pytest.mark.parametrize("new", ["MyMLP", "a new library MLP"])
+def test_a_layer_replaced_after_compile_runs_at_the_next_call(new, array_paths, runner_calls):
+    """The runners are found again after any layer's attribute is set: the new layer's forward
+    runs (a learner's), or its runner (the library's), never the old layer's."""
+    model = gpt_model("float64")
+    compiled = ta.compile(model)
+    idx = random_ids(3, 20)
+    with ta.inference_mode():
+        before = compiled(idx)[0].numpy()
+    assert array_paths["mlp"] == (4 if "mlp" in paths_here() else 0)     # two products, in each of two MLPs
+    old = compiled.h[0].mlp
+    mlp = MyMLP(16, "float64") if new == "MyMLP" else a_library_mlp(model, "float64")
+    compiled.h[0].mlp = mlp
+    assert model.h[0].mlp is mlp
+    array_paths.clear()
+    runner_calls.clear()
+    with ta.inference_mode():
+        fast = compiled(idx)[0].numpy()
+    if new == "MyMLP":
+        assert mlp.calls == [(3, 20, 16)] and runner_calls["MLP"] == 1          # the other block's MLP
+        assert set(array_paths) == paths_here(), array_paths
+        assert array_paths["mlp"] == (2 if "mlp" in paths_here() else 0)
+        text = repr(compiled)
+        assert "(mlp): MyMLP(\n" in text and "mlp is MyMLP, not the library's MLP" in text, text
+    else:
+        assert runner_calls["MLP"] == 2 and array_paths["mlp"] == (4 if "mlp" in paths_here() else 0)
+    assert old not in [m for m in model.modules()]
+    assert np.abs(fast - before).max() > 1e-3                           # the new layer changes the logits
+    array_paths.clear()
+    with ta.inference_mode():
+        teaching = model(idx)[0].numpy()
+    assert not array_paths
+    np.testing.assert_allclose(fast, teaching, **TOL["float64"])
+
+
 # ---------------------------------------------------------------- the same numbers both ways
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
@@ -165,11 +286,11 @@ def test_logits_on_arrays_match_the_teaching_path(dtype, mode, B, kernels, array
     model = gpt_model(dtype)
     idx = random_ids(B, 20)
     with no_graph(mode):
-        fast = model(idx)[0]
+        fast = ta.compile(model)(idx)[0]
     assert set(array_paths) == expected_paths(kernels), array_paths
     assert fast.dtype == dtype and not fast.requires_grad
     array_paths.clear()
-    with fast_layer_off(), no_graph(mode):
+    with no_graph(mode):
         teaching = model(idx)[0]
     assert not array_paths
     np.testing.assert_allclose(fast.numpy(), teaching.numpy(), **TOL[dtype])
@@ -182,10 +303,10 @@ def test_logits_through_the_kv_cache_match_the_teaching_path(dtype, mode, B, ker
     model = gpt_model(dtype)
     idx = random_ids(B, 40)
     with no_graph(mode):
-        fast = decode(model, idx, PROMPT_THEN_TOKENS)
+        fast = decode(ta.compile(model), idx, PROMPT_THEN_TOKENS)
     assert set(array_paths) == expected_paths(kernels), array_paths
     array_paths.clear()
-    with fast_layer_off(), no_graph(mode):
+    with no_graph(mode):
         teaching = decode(model, idx, PROMPT_THEN_TOKENS)
         whole = model(idx)[0].numpy()                                   # (and the cache changes nothing)
     assert not array_paths
@@ -195,14 +316,18 @@ def test_logits_through_the_kv_cache_match_the_teaching_path(dtype, mode, B, ker
 
 @pytest.mark.parametrize("B", [1, 3])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_greedy_generate_writes_the_same_tokens_both_ways(B, dtype, array_paths):
-    model = gpt_model(dtype, block_size=32)
+def test_greedy_generate_writes_the_same_tokens_both_ways_and_leaves_the_model_as_it_was(B, dtype, array_paths,
+                                                                                          runner_calls):
+    model = gpt_model(dtype, block_size=32).train()                     # (generate puts the mode back)
+    before = attributes(model)
     idx = random_ids(B, 5)
-    fast = model.generate(idx, 40, temperature=0).numpy()               # past 16 and 32: the window slides
-    assert array_paths["attention"] > 0
-    with fast_layer_off():
-        teaching = model.generate(idx, 40, temperature=0).numpy()
-        uncached = model.generate(idx, 40, temperature=0, use_cache=False).numpy()
+    teaching = model.generate(idx, 40, temperature=0).numpy()           # past 16 and 32: the window slides
+    assert not array_paths and not runner_calls                         # the plain model: no runner ran
+    assert nn.modules.compiled is None and attributes(model) == before and model.training
+    uncached = model.generate(idx, 40, temperature=0, use_cache=False).numpy()
+    fast = ta.compile(model).generate(idx, 40, temperature=0).numpy()
+    assert array_paths["attention"] > 0 and runner_calls["GPT"] == 40
+    assert nn.modules.compiled is None and attributes(model) == before and model.training
     np.testing.assert_array_equal(fast, teaching)
     np.testing.assert_array_equal(fast, uncached)
 
@@ -212,15 +337,18 @@ def test_without_biases_the_block_falls_back_and_the_logits_still_match(array_pa
     so the Block runs its teaching forward around the fast attention and MLP, and the GPT its
     final layer norm and head."""
     model = gpt_model("float64", bias=False)
+    compiled = ta.compile(model)
     block = model.h[0]
     assert block.attn.c_attn.bias is None and block.mlp.c_fc.bias is None and block.ln_1.bias is None
     idx = random_ids(3, 40)
     with ta.inference_mode():
-        fast = model(idx)[0].numpy()
-        fast_cached = decode(model, idx, PROMPT_THEN_TOKENS)
+        fast = compiled(idx)[0].numpy()
+        fast_cached = decode(compiled, idx, PROMPT_THEN_TOKENS)
     assert set(array_paths) == paths_here() - {"block", "gpt"}, array_paths
-    with fast_layer_off(), ta.inference_mode():
+    array_paths.clear()
+    with ta.inference_mode():
         teaching = model(idx)[0].numpy()
+    assert not array_paths
     np.testing.assert_allclose(fast, teaching, **TOL["float64"])
     np.testing.assert_allclose(fast_cached, teaching, **TOL["float64"])
 
@@ -229,10 +357,12 @@ def test_exact_gelu_takes_the_teaching_mlp_and_the_logits_still_match(array_path
     model = gpt_model("float64", gelu="none")
     idx = random_ids(3, 20)
     with ta.inference_mode():
-        fast = model(idx)[0].numpy()
+        fast = ta.compile(model)(idx)[0].numpy()
     assert set(array_paths) == paths_here() - {"mlp"}, array_paths
-    with fast_layer_off(), ta.inference_mode():
+    array_paths.clear()
+    with ta.inference_mode():
         teaching = model(idx)[0].numpy()
+    assert not array_paths
     np.testing.assert_allclose(fast, teaching, **TOL["float64"])
 
 
@@ -242,50 +372,57 @@ def test_frozen_parameters_with_grad_on_run_on_arrays(array_paths):
     for p in model.parameters():
         p.requires_grad = False
     idx = random_ids(3, 20)
-    fast = model(idx)[0]
+    fast = ta.compile(model)(idx)[0]
     assert not fast.requires_grad and set(array_paths) == paths_here()
-    with fast_layer_off():
-        teaching = model(idx)[0].numpy()
+    array_paths.clear()
+    teaching = model(idx)[0].numpy()
+    assert not array_paths
     np.testing.assert_allclose(fast.numpy(), teaching, **TOL["float64"])
 
 
 # ---------------------------------------------------------------- where the teaching forward runs
 def test_training_runs_the_teaching_forward_and_gives_the_teaching_gradients(array_paths):
     model = gpt_model("float64").train()                                # dropout 0: only the graph stops it
+    compiled = ta.compile(model)
     idx, targets = random_ids(3, 20), random_ids(3, 20, seed=2)
-    _, loss = model(idx, targets)
+    _, loss = compiled(idx, targets)
     loss.backward()
     assert not array_paths
     grads = {name: p.grad.numpy() for name, p in model.named_parameters()}
     model.zero_grad()
-    with fast_layer_off():
-        _, teaching_loss = model(idx, targets)
-        teaching_loss.backward()
+    _, teaching_loss = model(idx, targets)
+    teaching_loss.backward()
     np.testing.assert_allclose(loss.item(), teaching_loss.item(), rtol=1e-12)
     for name, p in model.named_parameters():
         np.testing.assert_allclose(grads[name], p.grad.numpy(), **TOL["float64"], err_msg=name)
 
 
-def test_an_input_that_requires_grad_runs_the_teaching_forward(array_paths):
+def test_an_input_that_requires_grad_runs_the_teaching_forward(array_paths, runner_calls):
     """Frozen parameters, but the input wants a gradient (as for a saliency map)."""
     ta.manual_seed(0)
-    mha = nn.fuse(nn.MultiHeadAttention(16, 2)).eval()
+    mha = nn.MultiHeadAttention(16, 2).eval()
     for p in mha.parameters():
         p.requires_grad = False
     x = ta.randn(2, 5, 16, requires_grad=True)
-    mha(x, is_causal=True).sum().backward()
+    ta.compile(mha)(x, is_causal=True).sum().backward()
+    assert runner_calls["MultiHeadAttention"] == 1                      # (asked, and it declined)
     assert not array_paths and x.grad is not None and np.abs(x.grad.numpy()).sum() > 0
+    fast, x.grad = x.grad.numpy(), None
+    mha(x, is_causal=True).sum().backward()
+    np.testing.assert_allclose(fast, x.grad.numpy(), **TOL["float32"])
 
 
 @pytest.mark.parametrize("watch", ["profile", "detect_anomaly"])
 def test_under_a_profiler_or_anomaly_detection_every_op_is_recorded(watch, array_paths):
     model = gpt_model(n_layer=1)
+    compiled = ta.compile(model)
     idx = random_ids(3, 20)
     with ta.no_grad():
-        fast = model(idx)[0].numpy()
+        fast = compiled(idx)[0].numpy()
+    assert array_paths
     array_paths.clear()
     with ta.no_grad(), (ta.profile() if watch == "profile" else ta.detect_anomaly()) as watching:
-        watched = model(idx)[0].numpy()
+        watched = compiled(idx)[0].numpy()
     assert not array_paths
     np.testing.assert_allclose(watched, fast, **TOL["float32"])
     if watch == "profile":
@@ -297,14 +434,16 @@ def test_under_a_profiler_or_anomaly_detection_every_op_is_recorded(watch, array
 
 def test_keep_weights_runs_the_teaching_forward_and_keeps_them(array_paths):
     ta.manual_seed(0)
-    mha = nn.fuse(nn.MultiHeadAttention(16, 2)).eval()
+    mha = nn.MultiHeadAttention(16, 2).eval()
+    compiled = ta.compile(mha)
     x = ta.randn(3, 7, 16)
     with ta.no_grad():
-        fast = mha(x, is_causal=True).numpy()
+        fast = compiled(x, is_causal=True).numpy()
         assert array_paths["attention"] > 0
         array_paths.clear()
-        mha.keep_weights = True
-        kept = mha(x, is_causal=True).numpy()
+        compiled.keep_weights = True                                    # (set on the layer itself)
+        assert mha.keep_weights
+        kept = compiled(x, is_causal=True).numpy()
     assert not array_paths
     np.testing.assert_allclose(kept, fast, **TOL["float32"])
     w = mha.last_weights.numpy()
@@ -316,7 +455,7 @@ def test_keep_weights_runs_the_teaching_forward_and_keeps_them(array_paths):
 @pytest.mark.parametrize("mask", ["none", "not causal", "boolean", "additive"])
 def test_attention_that_is_not_just_causal_runs_the_teaching_forward(mask, array_paths):
     ta.manual_seed(0)
-    mha = nn.fuse(nn.MultiHeadAttention(16, 2)).eval()
+    mha = nn.MultiHeadAttention(16, 2).eval()
     x = ta.randn(3, 7, 16)
     rng = np.random.default_rng(4)
     allowed = rng.random((7, 7)) < 0.6
@@ -325,10 +464,12 @@ def test_attention_that_is_not_just_causal_runs_the_teaching_forward(mask, array
               "boolean": dict(attn_mask=ta.tensor(allowed)),
               "additive": dict(attn_mask=ta.tensor(rng.standard_normal((7, 7)), dtype="float32"))}[mask]
     with ta.inference_mode():
-        fast = mha(x, **kwargs).numpy()
+        fast = ta.compile(mha)(x, **kwargs).numpy()
     assert array_paths["attention"] == (2 if mask == "none" else 0)
-    with fast_layer_off(), ta.inference_mode():
+    array_paths.clear()
+    with ta.inference_mode():
         teaching = mha(x, **kwargs).numpy()
+    assert not array_paths
     np.testing.assert_allclose(fast, teaching, **TOL["float32"])
 
 
@@ -365,33 +506,38 @@ def counting_forward(module, forward):
 @pytest.mark.parametrize("kind", ["Linear subclass", "LoRALinear"])
 @pytest.mark.parametrize("where", ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"])
 def test_an_adapter_in_place_of_a_linear_is_called(where, kind, array_paths):
+    """The adapter is set after compile, and after a compiled call: the next call runs it."""
     model = gpt_model("float64", n_layer=1)
+    compiled = ta.compile(model)
     idx = random_ids(3, 20)
     with ta.inference_mode():
-        plain = model(idx)[0].numpy()
+        plain = compiled(idx)[0].numpy()
     layer_name, linear_name = where.split(".")
-    layer = getattr(model.h[0], layer_name)
+    layer = getattr(compiled.h[0], layer_name)
     adapter = with_adapter(getattr(layer, linear_name), kind)
     setattr(layer, linear_name, adapter)
     array_paths.clear()
     with ta.inference_mode():
-        fast = model(idx)[0].numpy()
-        fast_cached = decode(model, idx, [10] + list(range(11, 21)))
+        fast = compiled(idx)[0].numpy()
+        fast_cached = decode(compiled, idx, [10] + list(range(11, 21)))
     assert adapter.calls == 1 + 11
     assert set(array_paths) == paths_here() - {"attention" if layer_name == "attn" else "mlp"}, array_paths
     assert np.abs(fast - plain).max() > 1e-3                            # the adapter changes the logits
-    with fast_layer_off(), ta.inference_mode():
+    array_paths.clear()
+    with ta.inference_mode():
         teaching = model(idx)[0].numpy()
+    assert not array_paths and adapter.calls == 1 + 11 + 1
     np.testing.assert_allclose(fast, teaching, **TOL["float64"])
     np.testing.assert_allclose(fast_cached, teaching, **TOL["float64"])
 
 
 def test_a_learners_kv_cache_is_used_through_the_teaching_path(array_paths, monkeypatch):
     model = gpt_model()
+    compiled = ta.compile(model)
     idx = random_ids(3, 40)
     with ta.inference_mode():
-        library = decode(model, idx, PROMPT_THEN_TOKENS)
-        greedy = model.generate(idx[:, :5], 30, temperature=0).numpy()
+        library = decode(compiled, idx, PROMPT_THEN_TOKENS)
+        greedy = compiled.generate(idx[:, :5], 30, temperature=0).numpy()
     assert array_paths["attention"] > 0
     array_paths.clear()
     appends = collections.Counter()
@@ -402,79 +548,91 @@ def test_a_learners_kv_cache_is_used_through_the_teaching_path(array_paths, monk
         return append(self, k, v)
     monkeypatch.setattr(learner_kv_cache.KVCache, "append", counted_append)
     with ta.inference_mode():
-        learners = decode(model, idx, PROMPT_THEN_TOKENS, cache=learner_kv_cache.KVCache)
+        learners = decode(compiled, idx, PROMPT_THEN_TOKENS, cache=learner_kv_cache.KVCache)
     assert appends["append"] == 2 * len(PROMPT_THEN_TOKENS) and array_paths["attention"] == 0
     np.testing.assert_allclose(learners, library, **TOL["float32"])
     monkeypatch.setattr(ta.nn, "KVCache", learner_kv_cache.KVCache)     # what generate makes
-    np.testing.assert_array_equal(model.generate(idx[:, :5], 30, temperature=0).numpy(), greedy)
-    assert array_paths["attention"] == 0
+    np.testing.assert_array_equal(compiled.generate(idx[:, :5], 30, temperature=0).numpy(), greedy)
+    assert array_paths["attention"] == 0 and appends["append"] > 2 * len(PROMPT_THEN_TOKENS)
 
 
 @pytest.mark.parametrize("which", ["dropout", "head_dropout", "attention dropout"])
 def test_training_mode_with_dropout_runs_the_teaching_forward(which, array_paths):
     model = gpt_model("float64", n_layer=1, **{"head_dropout" if which == "head_dropout" else "dropout": 0.3})
+    compiled = ta.compile(model)
     if which == "attention dropout":                                    # on the attention weights alone
         for layer in model.modules():
             if type(layer) is nn.Dropout:
                 layer.p = 0.0
     idx = random_ids(3, 20)
     with ta.no_grad():
-        clean = model(idx)[0].numpy()                                   # eval: dropout does nothing
+        clean = compiled(idx)[0].numpy()                                # eval: dropout does nothing
         array_paths.clear()
-        model.train()
+        compiled.train()
         ta.manual_seed(5)
-        dropped = model(idx)[0].numpy()
+        dropped = compiled(idx)[0].numpy()
     assert set(array_paths) == paths_here() - ({"attention", "mlp", "gpt"} if which == "dropout" else {"attention"})
     assert np.abs(dropped - clean).max() > 1e-3
-    with fast_layer_off(), ta.no_grad():
+    array_paths.clear()
+    with ta.no_grad():
         ta.manual_seed(5)
         teaching = model(idx)[0].numpy()
+    assert not array_paths
     np.testing.assert_allclose(dropped, teaching, **TOL["float64"])
 
 
 @pytest.mark.parametrize("cached", [False, True])
 def test_a_sequence_long_enough_for_the_tiled_path_runs_the_teaching_forward(cached, array_paths, monkeypatch):
     model = gpt_model("float64")
+    compiled = ta.compile(model)
     idx = random_ids(3, 40)
-    run = (lambda: decode(model, idx, PROMPT_THEN_TOKENS)) if cached else (lambda: model(idx)[0].numpy())
+    run = (lambda m: decode(m, idx, PROMPT_THEN_TOKENS)) if cached else (lambda m: m(idx)[0].numpy())
     with ta.inference_mode():
-        naive = run()
+        naive = run(compiled)
     assert array_paths["attention"] > 0
     array_paths.clear()
     tiled = collections.Counter()
-    flash = attention.flash_attention
+    forward = fast_ops.FlashAttention.forward      # (the fast op's: a spy on the library's own flash_attention
+                                                   # would be a replacement of its code, and turn the paths off)
 
-    def counted_flash(*args, **kwargs):
+    def counted_flash(self, *args, **kwargs):
         tiled["calls"] += 1
-        return flash(*args, **kwargs)
-    monkeypatch.setattr(attention, "flash_attention", counted_flash)
+        return forward(self, *args, **kwargs)
+    monkeypatch.setattr(fast_ops.FlashAttention, "forward", counted_flash)
     monkeypatch.setattr(attention, "TILED_MIN_SCORES", 1)               # every length is "long"
     with ta.inference_mode():
-        long = run()
+        long = run(compiled)
     assert array_paths["attention"] == 0 and tiled["calls"] > 0
     np.testing.assert_allclose(long, naive, **TOL["float64"])
+    tiled.clear()
+    array_paths.clear()
+    with ta.inference_mode():
+        teaching = run(model)
+    assert not array_paths and not tiled                               # (the teaching FlashAttention)
+    np.testing.assert_allclose(long, teaching, **TOL["float64"])
 
 
-def test_a_dropout_left_training_in_an_eval_model_still_samples(array_paths):
+def test_a_dropout_left_training_in_an_eval_model_still_samples(runner_calls):
     """Monte Carlo dropout: model.eval(), then the Dropout layers alone put back in training mode.
     The teaching forward samples in them; the fast forward must too (or fall back)."""
     ta.manual_seed(0)
     mha = nn.MultiHeadAttention(8, 2, dropout=0.5).eval()
     mha.resid_dropout.train()
+    compiled = ta.compile(mha)
     x = ta.randn(1, 4, 8)
     with ta.no_grad():
-        first, second = mha(x, is_causal=True).numpy(), mha(x, is_causal=True).numpy()
+        first, second = compiled(x, is_causal=True).numpy(), compiled(x, is_causal=True).numpy()
+    assert runner_calls["MultiHeadAttention"] == 2
     assert not np.array_equal(first, second)
 
 
 # ---------------------------------------------------------------- errors stay the teaching ones
-def error_both_ways(fn, error=ValueError):
-    """The message of what ``fn`` raises with the fast layer on (under no_grad) and off."""
+def error_both_ways(module, call, error=ValueError):
+    """The message of what ``call(layer)`` raises (under no_grad) for ``module`` compiled and as it is."""
     messages = []
-    for off in (False, True):
-        with (fast_layer_off() if off else contextlib.nullcontext()), ta.no_grad():
-            with pytest.raises(error) as err:
-                fn()
+    for layer in (ta.compile(module), module):
+        with ta.no_grad(), pytest.raises(error) as err:
+            call(layer)
         messages.append(str(err.value))
     return messages
 
@@ -482,42 +640,48 @@ def error_both_ways(fn, error=ValueError):
 def test_a_wrong_shape_gives_the_teaching_error():
     mha = nn.MultiHeadAttention(8, 2).eval()
     message = "MultiHeadAttention expects (B, T, C) with C = 8, got (5, 8)"
-    fast, teaching = error_both_ways(lambda: mha(ta.randn(5, 8), is_causal=True))
+    fast, teaching = error_both_ways(mha, lambda m: m(ta.randn(5, 8), is_causal=True))
     assert fast == teaching and message in fast
-    fast, teaching = error_both_ways(lambda: mha(ta.randn(2, 5, 4), is_causal=True))
+    fast, teaching = error_both_ways(mha, lambda m: m(ta.randn(2, 5, 4), is_causal=True))
     assert fast == teaching and "got (2, 5, 4)" in fast
     block = gpt_model(n_embd=8).h[0]
-    fast, teaching = error_both_ways(lambda: block(ta.randn(5, 8)))
+    fast, teaching = error_both_ways(block, lambda m: m(ta.randn(5, 8)))
     assert fast == teaching and message in fast
 
 
 def test_a_cache_of_another_batch_gives_the_teaching_error():
-    model = gpt_model()
-
-    def run():
+    def run(model):
         caches = [nn.KVCache() for _ in model.h]
         model(random_ids(3, 10), kv_caches=caches)
         model(random_ids(1, 1), kv_caches=caches)
-    fast, teaching = error_both_ways(run)
+    fast, teaching = error_both_ways(gpt_model(), run)
     assert fast == teaching and "do not fit the cached (B, H, T, D) = (3, 2, 10, 8)" in fast
 
 
 def test_a_float64_input_to_float32_weights_gives_the_teaching_error():
     mha = nn.MultiHeadAttention(8, 2).eval()
-    fast, teaching = error_both_ways(lambda: mha(ta.randn(2, 5, 8, dtype="float64"), is_causal=True), TypeError)
+    fast, teaching = error_both_ways(mha, lambda m: m(ta.randn(2, 5, 8, dtype="float64"), is_causal=True), TypeError)
     assert fast == teaching and "float64" in fast and "float32" in fast
 
 
-def test_a_forward_set_on_a_layer_itself_is_called():
+@pytest.mark.parametrize("when", ["before compile", "after a compiled call"])
+def test_a_forward_set_on_a_layer_itself_is_called(when, runner_calls):
     """A learner records activations by wrapping one layer's forward: the array path must not skip it."""
     ta.manual_seed(0)
     model = GPT(GPTConfig(block_size=16, vocab_size=11, n_layer=1, n_head=2, n_embd=8)).eval()
+    compiled = ta.compile(model)
+    idx = ta.tensor(np.zeros((1, 4), dtype=np.int64))
+    if when == "after a compiled call":
+        with ta.no_grad():
+            compiled(idx)
     seen = []
     for layer in (model.h[0].attn.c_attn, model.h[0].mlp.c_fc, model.h[0].ln_1):
         real = layer.forward
         layer.forward = lambda x, real=real, layer=layer: seen.append(layer) or real(x)
+    runner_calls.clear()
     with ta.no_grad():
-        model(ta.tensor(np.zeros((1, 4), dtype=np.int64)))
+        compiled(idx)
+    assert runner_calls["GPT"] == 1                                      # (asked, and each fell back)
     assert {id(layer) for layer in seen} == {id(model.h[0].attn.c_attn), id(model.h[0].mlp.c_fc), id(model.h[0].ln_1)}
 
 
@@ -526,29 +690,35 @@ def test_the_gpt_with_targets_runs_the_teaching_forward_and_its_loss(array_paths
     model = gpt_model("float64")
     idx, targets = random_ids(3, 20), random_ids(3, 20, seed=4)
     with ta.inference_mode():
-        logits, loss = model(idx, targets)
+        logits, loss = ta.compile(model)(idx, targets)
     assert array_paths["gpt"] == 0 and array_paths["attention"] > 0      # the blocks are still fast
-    with fast_layer_off(), ta.inference_mode():
+    array_paths.clear()
+    with ta.inference_mode():
         want_logits, want_loss = model(idx, targets)
+    assert not array_paths
     np.testing.assert_allclose(logits.numpy(), want_logits.numpy(), **TOL["float64"])
     np.testing.assert_allclose(loss.item(), want_loss.item(), **TOL["float64"])
 
 
-def test_the_gpts_array_path_refuses_ids_out_of_range_as_the_teaching_path_does():
+def test_the_gpts_array_path_refuses_ids_out_of_range_as_the_teaching_path_does(runner_calls):
     model = gpt_model()
+    compiled = ta.compile(model)
     bad = ta.tensor([[1, 2, 13]])                                       # vocab_size 13
     with ta.inference_mode(), pytest.raises(IndexError) as fast:
-        model(bad)
-    with fast_layer_off(), ta.inference_mode(), pytest.raises(IndexError) as teaching:
+        compiled(bad)
+    assert runner_calls["GPT"] == 1
+    with ta.inference_mode(), pytest.raises(IndexError) as teaching:
         model(bad)
     assert str(fast.value) == str(teaching.value) and "[0, 13)" in str(fast.value)
     with ta.inference_mode(), pytest.raises(ValueError, match="longer than block_size"):
-        model(random_ids(1, 65))                                        # block_size 64
+        compiled(random_ids(1, 65))                                     # block_size 64
+    assert runner_calls["GPT"] == 2 and nn.modules.compiled is None     # (put back after an error too)
 
 
 @pytest.mark.parametrize("what", ["head subclass", "a forward set on wte", "dropout on"])
 def test_the_gpt_falls_back_where_it_holds_more_than_the_librarys_parts(what, array_paths):
     model = gpt_model("float64")
+    compiled = ta.compile(model)
     idx = random_ids(3, 20)
     if what == "head subclass":                                         # tied weights kept
         model.lm_head = with_adapter(model.lm_head, "Linear subclass")
@@ -560,30 +730,33 @@ def test_the_gpt_falls_back_where_it_holds_more_than_the_librarys_parts(what, ar
         model.drop.train()
     ta.manual_seed(3)
     with ta.inference_mode():
-        fast = model(idx)[0].numpy()
+        fast = compiled(idx)[0].numpy()
     assert array_paths["gpt"] == 0 and array_paths["attention"] > 0
     if what == "head subclass":
         assert model.lm_head.calls == 1 and model.lm_head.weight is model.wte.weight
+    array_paths.clear()
     ta.manual_seed(3)
-    with fast_layer_off(), ta.inference_mode():
+    with ta.inference_mode():
         teaching = model(idx)[0].numpy()
+    assert not array_paths
     np.testing.assert_allclose(fast, teaching, **TOL["float64"])
 
 
 def test_the_gpts_array_path_gives_the_teaching_paths_errors_for_ids_elsewhere_and_a_short_position_table():
     model = gpt_model()
+    compiled = ta.compile(model)
     idx = random_ids(1, 8)
     if importlib.util.find_spec("array_api_strict") is not None:      # ids on another device
         elsewhere = idx.to("strict")
         with ta.inference_mode(), pytest.raises(RuntimeError) as fast:
-            model(elsewhere)
-        with fast_layer_off(), ta.inference_mode(), pytest.raises(RuntimeError) as teaching:
+            compiled(elsewhere)
+        with ta.inference_mode(), pytest.raises(RuntimeError) as teaching:
             model(elsewhere)
         assert str(fast.value) == str(teaching.value) and "one device" in str(fast.value)
     model.wpe.weight.data = model.wpe.weight.data[:4]                   # fewer positions than block_size
     with ta.inference_mode(), pytest.raises(IndexError) as fast:
-        model(idx)
-    with fast_layer_off(), ta.inference_mode(), pytest.raises(IndexError) as teaching:
+        compiled(idx)
+    with ta.inference_mode(), pytest.raises(IndexError) as teaching:
         model(idx)
     assert str(fast.value) == str(teaching.value) and "[0, 4)" in str(fast.value)
 
@@ -613,8 +786,9 @@ def training_grads(model, idx, targets, **backward):
 
 
 def teaching_grads(model, idx, targets):
-    with fast_layer_off():
-        loss, fused, grads = training_grads(model, idx, targets)
+    """training_grads of the model itself (not compiled): no block runs as one op."""
+    assert not isinstance(model, CompiledModule)
+    loss, fused, grads = training_grads(model, idx, targets)
     assert fused == 0
     return loss, grads
 
@@ -636,7 +810,7 @@ def test_training_runs_each_block_as_one_op_with_the_teaching_gradients(dtype, B
     model = gpt_model(dtype, head_dropout=head_dropout).train()
     idx, targets = random_ids(B, 20), random_ids(B, 20, seed=2)
     ta.manual_seed(5)
-    loss, fused, grads = training_grads(model, idx, targets)
+    loss, fused, grads = training_grads(ta.compile(model), idx, targets)
     assert fused == 2                                                   # both blocks
     ta.manual_seed(5)                                                   # DropHead: the same heads dropped
     want_loss, want = teaching_grads(model, idx, targets)
@@ -647,13 +821,14 @@ def test_training_runs_each_block_as_one_op_with_the_teaching_gradients(dtype, B
 @needs_block_kernel
 def test_a_fused_block_passes_gradcheck():
     ta.manual_seed(0)
-    block = nn.fuse(gpt.Block(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=6, dropout=0.0)))
+    block = gpt.Block(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=6, dropout=0.0))
+    compiled = ta.compile(block)
     params = list(block.parameters())
     for p in params:
         p.data = p.data.astype("float64") + 0.1
     x = ta.randn(2, 6, 8, dtype="float64", requires_grad=True)
-    assert block_ops(block(x).sum()) == 1
-    assert ta.gradcheck(lambda x, *ps: block(x), [x] + params)
+    assert block_ops(compiled(x).sum()) == 1 and block_ops(block(x).sum()) == 0
+    assert ta.gradcheck(lambda x, *ps: compiled(x), [x] + params)
 
 
 def unusual_block(model, how, monkeypatch):
@@ -676,13 +851,14 @@ def unusual_block(model, how, monkeypatch):
                                  "long attention", "no kernels", "a profiler"])
 def test_a_block_the_fused_op_does_not_take_trains_op_by_op(how, monkeypatch):
     model = gpt_model("float64", bias=how != "no biases").train()
+    compiled = ta.compile(model)                                        # (the changes come after it)
     unusual_block(model, how, monkeypatch)
     if how == "no kernels":
         monkeypatch.setattr(get_backend("cpu"), "use_kernels", False)
     idx, targets = random_ids(3, 20), random_ids(3, 20, seed=2)
     ta.manual_seed(5)
     with ta.profile() if how == "a profiler" else contextlib.nullcontext():
-        loss, fused, grads = training_grads(model, idx, targets)
+        loss, fused, grads = training_grads(compiled, idx, targets)
     assert fused == 0
     ta.manual_seed(5)
     want_loss, want = teaching_grads(model, idx, targets)
@@ -698,39 +874,39 @@ def test_a_fused_block_differentiates_twice_op_by_op(head_dropout):
     model = gpt_model("float64", n_layer=1, head_dropout=head_dropout).train()
     idx, targets = random_ids(6, 10), random_ids(6, 10, seed=2)
 
-    def grad_norm_grads():
+    def grad_norm_grads(run):
         model.zero_grad()
         ta.manual_seed(5)
-        _, loss = model(idx, targets)
+        _, loss = run(idx, targets)
         fused = block_ops(loss)
         grads = ta.autograd.grad(loss, list(model.parameters()), create_graph=True)
         sum((g * g).sum() for g in grads).backward()
         return fused, {name: p.grad.numpy() for name, p in model.named_parameters()}
-    fused, got = grad_norm_grads()
+    fused, got = grad_norm_grads(ta.compile(model))
     assert fused == 1
-    with fast_layer_off():
-        _, want = grad_norm_grads()
+    fused, want = grad_norm_grads(model)
+    assert fused == 0
     assert_same_grads(got, want, "float64")
 
 
 @needs_block_kernel
 def test_the_graph_drawing_shows_a_fused_blocks_ops():
     model = gpt_model(n_layer=1).train()
-    _, loss = model(random_ids(2, 10), random_ids(2, 10, seed=2))
+    _, loss = ta.compile(model)(random_ids(2, 10), random_ids(2, 10, seed=2))
     assert block_ops(loss) == 1
     fused = ta.viz.graph(loss)
-    with fast_layer_off():
-        _, teaching_loss = model(random_ids(2, 10), random_ids(2, 10, seed=2))
-        teaching = ta.viz.graph(teaching_loss)
+    _, teaching_loss = model(random_ids(2, 10), random_ids(2, 10, seed=2))
+    assert block_ops(teaching_loss) == 0
+    teaching = ta.viz.graph(teaching_loss)
     assert "BlockOp" not in fused and "Attention" in fused and "GeluTanh" in fused
     labels = lambda dot: sorted(line.split('label="')[1].split("\\n")[0] for line in dot.splitlines() if 'label="' in line)   # noqa: E731
     assert labels(fused) == labels(teaching)
 
 
 def a_block(dtype="float64", C=8, H=2, **kw):
-    """A lone GPT block (training mode) with weights moved off their initial values."""
+    """A lone GPT block (training mode, not compiled) with weights moved off their initial values."""
     ta.manual_seed(0)
-    block = nn.fuse(gpt.Block(GPTConfig(n_layer=1, n_head=H, n_embd=C, block_size=16, **kw)))
+    block = gpt.Block(GPTConfig(n_layer=1, n_head=H, n_embd=C, block_size=16, **kw))
     rng = np.random.default_rng(3)
     for p in block.parameters():
         p.data = (p.data + 0.1 * rng.standard_normal(p.shape)).astype(dtype)
@@ -744,19 +920,19 @@ def test_a_fused_blocks_second_backward_differentiates_the_block_as_it_ran():
     block = a_block(head_dropout=0.5)
     x = ta.randn(2, 5, 8, dtype="float64", requires_grad=True)
 
-    def second(fast):
-        with contextlib.nullcontext() if fast else fast_layer_off():
-            block.train()
-            ta.manual_seed(1)
-            y = block(x)
-            fused = block_ops(y.sum())
-            block.eval()
-            (gx,) = ta.autograd.grad((y * y).sum(), [x], create_graph=True)
-            (ggx,) = ta.autograd.grad((gx * gx).sum(), [x])
-            return fused, gx.numpy(), ggx.numpy()
-    fused, gx, ggx = second(True)
+    def second(run):
+        block.train()
+        ta.manual_seed(1)
+        y = run(x)
+        fused = block_ops(y.sum())
+        block.eval()
+        (gx,) = ta.autograd.grad((y * y).sum(), [x], create_graph=True)
+        (ggx,) = ta.autograd.grad((gx * gx).sum(), [x])
+        return fused, gx.numpy(), ggx.numpy()
+    fused, gx, ggx = second(ta.compile(block))
     assert fused == 1
-    _, want_gx, want_ggx = second(False)
+    fused, want_gx, want_ggx = second(block)
+    assert fused == 0
     np.testing.assert_allclose(gx, want_gx, **TOL["float64"])
     np.testing.assert_allclose(ggx, want_ggx, **TOL["float64"])
 
@@ -766,7 +942,7 @@ def test_drawing_a_fused_block_leaves_the_generator_and_draws_what_ran():
     block = a_block(head_dropout=0.5)
     x = ta.randn(2, 5, 8, dtype="float64", requires_grad=True)
     block.eval()                                                        # no DropHead in this forward
-    y = block(x)
+    y = ta.compile(block)(x)
     assert block_ops(y.sum()) == 1
     block.train()
     backend = get_backend("cpu")
@@ -784,12 +960,13 @@ def test_a_fused_block_split_over_three_threads_gives_the_same_gradients_every_t
     monkeypatch.setattr(threads, "FLOOR", 0)
     monkeypatch.setattr(threads, "_num_threads", 3)
     block = a_block("float32", C=16, H=4)
+    compiled = ta.compile(block)
     x = ta.randn(6, 6, 16, requires_grad=True)
     g = ta.tensor(np.random.default_rng(0).standard_normal((6, 6, 16)).astype(np.float32))
     runs = []
     for _ in range(8):
         block.zero_grad()
-        y = block(x)
+        y = compiled(x)
         assert block_ops(y.sum()) == 1
         y.backward(g)
         runs.append(b"".join(p.grad.numpy().tobytes() for p in block.parameters()))
@@ -801,7 +978,7 @@ def test_a_fused_block_split_over_three_threads_gives_the_same_gradients_every_t
 def test_a_tool_watching_only_the_backward_sees_the_blocks_ops(watch):
     model = gpt_model("float64", n_layer=1).train()
     idx, targets = random_ids(2, 10), random_ids(2, 10, seed=2)
-    _, loss = model(idx, targets)
+    _, loss = ta.compile(model)(idx, targets)
     assert block_ops(loss) == 1
     with ta.profile() if watch == "profile" else ta.detect_anomaly() as watching:
         loss.backward()
@@ -815,28 +992,37 @@ def test_a_tool_watching_only_the_backward_sees_the_blocks_ops(watch):
 
 @needs_block_kernel
 @pytest.mark.parametrize("B", [0, 3])
-def test_an_empty_batch_or_one_that_does_not_share_evenly_runs_op_by_op(B, monkeypatch):
+def test_an_empty_batch_or_one_that_does_not_share_evenly_runs_op_by_op(B, monkeypatch, runner_calls):
     from tinyattn.fast import threads
     monkeypatch.setattr(threads, "MIN_WORK", 0)                         # (3 sequences would split)
     monkeypatch.setattr(threads, "FLOOR", 0)
     monkeypatch.setattr(threads, "_num_threads", 2)
     block = a_block()
     x = ta.randn(B, 5, 8, dtype="float64", requires_grad=True)
-    y = block(x)
+    y = ta.compile(block)(x)
+    assert runner_calls["Block"] == 1                                   # (asked, and it declined)
     assert y.shape == (B, 5, 8) and block_ops(y.sum()) == 0
 
 
-def test_the_fast_layer_off_runs_erfs_formula(monkeypatch):
+def test_only_a_compiled_call_runs_erfs_kernel(monkeypatch):
+    """Ops outside any model: a function compiled by ta.compile runs the fast ops (erf's kernel),
+    the same function as it is runs the formula, before and after the compiled call."""
     cpu = get_backend("cpu")
     calls = collections.Counter()
     kernels = ("erf", "gelu_erf") if cpu.kernel("erf") is not None else ()
     for name in kernels:
         monkeypatch.setitem(cpu.kernels, name, lambda a, fn=cpu.kernels[name], name=name: calls.update([name]) or fn(a))
     x = ta.randn(4, 6, dtype="float64")
-    with fast_layer_off():
-        teaching = (x.erf().numpy(), nn.functional.gelu(x).numpy())
+
+    def erf_and_gelu(x):
+        return x.erf().numpy(), nn.functional.gelu(x).numpy()
+    teaching = erf_and_gelu(x)
     assert not calls
-    fast = (x.erf().numpy(), nn.functional.gelu(x).numpy())
-    assert calls == collections.Counter(kernels)                        # one call each with the layer on
-    for a, b in zip(fast, teaching):
+    fast = ta.compile(erf_and_gelu)(x)
+    assert calls == collections.Counter(kernels)                        # one call each, compiled
+    assert not cpu.fast_ops
+    again = erf_and_gelu(x)
+    assert calls == collections.Counter(kernels)                        # and none after
+    for a, b, c in zip(fast, teaching, again):
         np.testing.assert_allclose(a, b, **TOL["float64"])
+        np.testing.assert_array_equal(b, c)

@@ -14,6 +14,13 @@ that one's memory and spinning BLAS threads cannot touch another's:
     torch   torch.nn.functional.scaled_dot_product_attention, when PyTorch is installed
             (in this Python, or in the one given by --torch_python)
 
+tinyattn's three run compiled: the forward is a function wrapped by ta.compile, so
+its ops are the fast layer's (compiled kernels, threads), and so is the backward of
+the ops it made, though out.backward() runs outside the call. Not compiled, the same
+call runs the teaching formulas (the fast layer runs only where ta.compile asks for
+it). Each record's fast_ops says whether the fast ops did run (false where the
+library's teaching code was edited: they step aside, saying so on stderr).
+
 Prints one JSON object per line:
     {"kind": "config", ...}
     {"kind": "point", "impl": "tiled", "n": 4096, "ms_median": ..., "ms_runs": [...],
@@ -39,11 +46,11 @@ packages too: numba and threadpoolctl), a run of each side in turn, --repeats
 times, the side that goes first alternating, so that a machine whose speed
 drifts moves both alike (no memory measure there). One line per implementation and N:
     {"kind": "side_by_side", "impl": "tiled", "n": 4096, "ms_median": ..., "torch_ms_median": ...,
-     "time_over_torch": ..., "ms_runs": [...], "torch_ms_runs": [...], "cpu_kernels": true, ...,
+     "time_over_torch": ..., "ms_runs": [...], "torch_ms_runs": [...], "fast_ops": true, "cpu_kernels": true, ...,
      "rel_err_vs_torch": {"out": ..., "dq": ..., "dk": ..., "dv": ...}}
 time_over_torch is tinyattn's median time over PyTorch's (1.0: as fast; 1.25: a quarter longer);
-cpu_kernels and threadpoolctl say whether tinyattn ran with its compiled kernels and with BLAS
-held at one thread (without either it is slower).
+fast_ops, cpu_kernels and threadpoolctl say whether tinyattn ran its fast ops, with its compiled
+kernels and with BLAS held at one thread (without any of them it is slower).
 """
 import argparse
 import json
@@ -81,10 +88,15 @@ def inputs(args, n):
 
 
 def tinyattn_step(args, impl):
-    """A function (q, k, v, u) -> [out, dq, dk, dv] as arrays, and the tensors it uses."""
+    """A function (q, k, v, u) -> [out, dq, dk, dv] as arrays, and the tensors it uses; its
+    forward compiled (ta.compile: the fast ops, whose backward runs fast too)."""
     import tinyattn as ta
     import tinyattn.nn.functional as F
     kwargs = {} if impl == "auto" else {"impl": impl}
+
+    @ta.compile
+    def forward(q, k, v):                                     # the ops made here are the fast layer's
+        return F.scaled_dot_product_attention(q, k, v, is_causal=args.causal, **kwargs)
 
     def make(arrays):
         q, k, v = (ta.tensor(a, dtype=args.dtype, requires_grad=True) for a in arrays[:3])
@@ -93,8 +105,8 @@ def tinyattn_step(args, impl):
     def step(q, k, v, u):
         for t in (q, k, v):
             t.grad = None
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=args.causal, **kwargs)
-        out.backward(u)
+        out = forward(q, k, v)
+        out.backward(u)                                       # (the fast ops' backward, outside the call)
         return [out.data] + [t.grad.data for t in (q, k, v)]
     return make, step
 
@@ -122,12 +134,13 @@ def without_threadpoolctl():
 
 
 def how_tinyattn_ran():
-    """What decides tinyattn's speed here: its compiled kernels (numba), threadpoolctl, its threads."""
+    """What decides tinyattn's speed here: the fast ops (compiled, and the library's code), its
+    compiled kernels (numba), threadpoolctl, its threads."""
     import tinyattn as ta
     from tinyattn.backend import get_backend
-    from tinyattn.fast import threads
-    return {"cpu_kernels": bool(get_backend("cpu").kernels), "threadpoolctl": bool(threads.blas_controllers()),
-            "tinyattn_threads": ta.get_num_threads()}
+    from tinyattn.fast import checked, threads
+    return {"fast_ops": "the fast ops" in checked.allowed(), "cpu_kernels": bool(get_backend("cpu").kernels),
+            "threadpoolctl": bool(threads.blas_controllers()), "tinyattn_threads": ta.get_num_threads()}
 
 
 def worker(args):

@@ -14,11 +14,16 @@ which its memory measure needs, but then drift lands between the paths):
     tiled   F.scaled_dot_product_attention(..., impl="tiled")
     torch   torch.nn.functional.scaled_dot_product_attention (PyTorch installed in this Python)
 
+tinyattn's paths run compiled: each forward is a function wrapped by ta.compile, so its
+ops are the fast layer's, and so is the backward of the ops it made (out.backward()
+runs outside the call). Not compiled, the same call runs the teaching formulas.
+
 Prints one JSON line per shape: the median ms of each path, tiled / naive where
 both ran, and each tinyattn path over torch where torch ran, with the largest
 relative difference (max |a - b| / max |b|) of the output and of dq, dk, dv
 from PyTorch's. Where tiled / naive is above 1, auto should stay naive
-(TILED_MIN_SCORES in tinyattn/nn/attention.py).
+(TILED_MIN_SCORES in tinyattn/nn/attention.py). fast_ops says whether the fast ops ran (false
+where the library's teaching code was edited: they step aside, saying so on stderr).
 """
 import argparse
 import json
@@ -30,6 +35,7 @@ import numpy as np
 
 import tinyattn as ta
 import tinyattn.nn.functional as F
+from tinyattn.fast import checked
 from tinyattn.nn import attention
 
 SHAPES = ["1,8,256", "1,8,384", "1,8,512", "1,8,768", "1,8,1024", "4,6,256"]
@@ -39,6 +45,11 @@ PATHS = ["naive", "tiled"]
 class Tinyattn:
     def __init__(self, impl, arrays):
         self.impl = impl
+
+        @ta.compile
+        def forward(q, k, v):                            # the ops made here are the fast layer's
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, impl=impl)
+        self.forward = forward
         self.q, self.k, self.v = (ta.tensor(a, requires_grad=True) for a in arrays[:3])
         self.u = ta.tensor(arrays[3])
 
@@ -47,8 +58,8 @@ class Tinyattn:
         for t in (self.q, self.k, self.v):
             t.grad = None
         start = time.perf_counter()
-        out = F.scaled_dot_product_attention(self.q, self.k, self.v, is_causal=True, impl=self.impl)
-        out.backward(self.u)
+        out = self.forward(self.q, self.k, self.v)
+        out.backward(self.u)                             # (the fast ops' backward, outside the call)
         ms = (time.perf_counter() - start) * 1000
         self.result = [t.numpy() for t in (out, self.q.grad, self.k.grad, self.v.grad)]
         return ms
@@ -99,6 +110,8 @@ def measure(B, H, T, paths, repeats, rng, torch=None, settle=0.0):
     if "torch" in median:
         row.update({f"{p}_over_torch": round(median[p] / median["torch"], 3) for p in paths if p != "torch"})
     row.update(threshold_scores=attention.TILED_MIN_SCORES, auto=attention.attention_impl(ta.tensor(arrays[0]), ta.tensor(arrays[1])))
+    if any(p != "torch" for p in paths):
+        row["fast_ops"] = "the fast ops" in checked.allowed()
     return row
 
 

@@ -13,11 +13,18 @@ and Python's cost around a tiny array operation. Each op runs under
     layer_norm  F.layer_norm of (1, 128) with a weight and bias of 128
     linear      F.linear of (1, 128) with a (128, 128) weight and a bias
 
-A round times ``--calls`` calls of one side, then of the other (the sides
-alternate, so that a machine whose speed drifts moves both alike). Prints
-one JSON line per op (after one naming the CPU): the median microseconds per
-call of each side over the rounds, and tinyattn's time over PyTorch's (1.0: as
-fast; 2.0: twice as long).
+Three sides: tinyattn compiled (``tinyattn``: the timing loop of ``--calls``
+calls is one function wrapped by ta.compile, so each op runs its fast version
+and the check each compiled call makes first is paid once per loop, not once
+per op), tinyattn not compiled (``formula``: the teaching formulas, what a program
+that never calls ta.compile runs), and PyTorch. A round times ``--calls``
+calls of each side in turn (the sides alternate, so that a machine whose speed
+drifts moves them alike). Prints one JSON line per op (after one naming the
+CPU, and whether the fast ops ran: false where the library's teaching code
+was edited): the median microseconds per call of each side over the rounds,
+and each tinyattn side's time over PyTorch's (1.0: as fast; 2.0: twice as
+long). Ops the fast layer has no version of (add) run the same code on both
+tinyattn sides.
 Needs PyTorch in this Python (a CPU build: pip install torch==2.13.0 --index-url
 https://download.pytorch.org/whl/cpu).
 """
@@ -30,6 +37,7 @@ import numpy as np
 
 import tinyattn as ta
 import tinyattn.nn.functional as F
+from tinyattn.fast import checked
 from bench_step import cpu_info, import_torch  # (beside this file: python puts its folder on the path)
 
 OPS = ["add", "matmul", "softmax", "layer_norm", "linear"]
@@ -61,15 +69,20 @@ def per_call_us(fn, calls):
 
 
 def measure(name, ours, theirs, rounds, calls):
-    times = {"tinyattn": [], "torch": []}
-    for fn in (ours, theirs):                                # warm up: first calls load kernels, fill caches
-        per_call_us(fn, calls)
+    sides = {"tinyattn": (ta.compile(per_call_us), ours),    # the whole loop compiled: the fast ops
+             "formula": (per_call_us, ours),                 # not compiled: the teaching formulas
+             "torch": (per_call_us, theirs)}
+    times = {side: [] for side in sides}
+    for timer, fn in sides.values():                         # warm up: first calls load kernels, fill caches
+        timer(fn, calls)
     for _ in range(rounds):
-        times["tinyattn"].append(per_call_us(ours, calls))
-        times["torch"].append(per_call_us(theirs, calls))
+        for side, (timer, fn) in sides.items():
+            times[side].append(timer(fn, calls))
     med = {side: statistics.median(t) for side, t in times.items()}
     return dict(op=name, rounds=rounds, calls=calls, tinyattn_us=round(med["tinyattn"], 3),
-                torch_us=round(med["torch"], 3), tinyattn_over_torch=round(med["tinyattn"] / med["torch"], 3))
+                formula_us=round(med["formula"], 3), torch_us=round(med["torch"], 3),
+                tinyattn_over_torch=round(med["tinyattn"] / med["torch"], 3),
+                formula_over_torch=round(med["formula"] / med["torch"], 3))
 
 
 def main(argv=None):
@@ -80,7 +93,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     torch = import_torch("bench_ops")
     torch.set_num_threads(1)                                 # a tiny op runs on one thread on both sides
-    print(json.dumps({"cpu": cpu_info(), "torch": torch.__version__}), flush=True)
+    print(json.dumps({"cpu": cpu_info(), "torch": torch.__version__, "fast_ops": "the fast ops" in checked.allowed()}),
+          flush=True)
     table = cases(torch, np.random.default_rng(0))
     with ta.no_grad(), torch.no_grad():
         for name in args.ops:

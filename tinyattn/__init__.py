@@ -28,4 +28,7 @@ from .profiler import profile  # noqa: E402
 from . import viz  # noqa: E402,F401
 from . import distributed  # noqa: E402,F401
 from .safetensors import save_safetensors, load_safetensors, read_safetensors, SafetensorsError  # noqa: E402
-from .fast import compile, get_num_threads, set_num_threads, set_flush_denormal  # noqa: E402,A001  (the fast layer, last)
+from .fast import get_num_threads, set_num_threads, set_flush_denormal  # noqa: E402  (the fast layer, last)
+from .fast.compiled import compile  # noqa: E402,A001  (ta.compile: above the models)
+from .fast import checked as _checked  # noqa: E402
+_checked.note()         # the library's code as imported: what each compiled call compares it with

@@ -14,7 +14,6 @@ ROOT = Path(__file__).resolve().parents[2]
 # (module prefix, layer): the longest matching prefix names a module's layer
 LAYERS = [
     ("tinyattn.backend", 0),
-    ("tinyattn.watch", 0),          # who hears when library code is replaced at run time (the fast layer)
     ("tinyattn.autograd", 1),
     ("tinyattn.ops", 2),
     ("tinyattn.hooks", 2),          # the learner tools' hook into the engine
@@ -31,6 +30,7 @@ LAYERS = [
     ("tinyattn.fast", 5),          # the fast layer: subclasses of the ops above, never imported by them
     ("tinyattn.models", 6),
     ("tinyattn.fast.models", 6),   # the fast layer's versions of the GPT's own layers
+    ("tinyattn.fast.compiled", 6),  # ta.compile: runs a model with them
     ("data", 7),
     ("train", 8),
     ("bench", 9),

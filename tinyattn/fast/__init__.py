@@ -30,10 +30,11 @@ Every path runs only while the code it stands in for is the library's own
 import os
 
 from ..backend import CupyBackend, NumpyBackend, on_every_backend
-from . import checked, threads
+from ..optim import AdamW
+from . import threads
 from .allocator import tune_host_allocator  # noqa: F401
-from .compiled import compile, CompiledModule  # noqa: F401
 from .denormals import set_flush_denormal  # noqa: F401
+from .optim import fused_step
 from .threads import get_num_threads, set_num_threads  # noqa: F401
 
 CPU_KERNELS_ENV = "TINYATTN_CPU_KERNELS"
@@ -67,5 +68,5 @@ def _install(backend):
         backend.load_kernels = _cuda_kernels
 
 
+AdamW.fused_step = fused_step  # AdamW(..., fused=True) asks for it
 on_every_backend(_install)
-checked.note()                  # the library's code as imported: what each compiled call compares with

@@ -80,6 +80,10 @@ class CompiledModule(Module):
     def __init__(self, model):                           # (no Module.__init__: nothing is the wrapper's own)
         object.__setattr__(self, "_orig_mod", model)
         object.__setattr__(self, "_layers", (None, None))   # (nn.modules.changes when walked, {layer: runner})
+        for name, fn in vars(Module).items():            # Module's methods that the model's class has its own of
+            if callable(fn) and not name.startswith("__") and name not in vars(CompiledModule) \
+                    and getattr(type(model), name, fn) is not fn:
+                object.__setattr__(self, name, self.__getattr__(name))     # (GPT.num_parameters)
 
     def _runners(self):
         """{layer: runner} for the model's layers, walked again after a layer's attribute was set."""

@@ -134,15 +134,15 @@ class AdamW(Optimizer):
     Else this loop runs.
     """
 
+    fused_step = None       # the fast layer's step, (optimizer) -> True where it ran: set when it is imported
+
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, fused=False):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.fused = fused
 
     def step(self):
-        if self.fused:
-            from ..fast.optim import fused_step
-            if fused_step(self):                         # (False where it cannot run: then the loop)
-                return
+        if self.fused and AdamW.fused_step is not None and AdamW.fused_step(self):   # (False: the loop runs)
+            return
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:

@@ -97,6 +97,16 @@ def fast_layer_on():
 
 
 @pytest.fixture(autouse=True)
+def library_code_as_it_was():
+    """A test that replaces a function of the library (monkeypatch, an exercise swapped in) puts it
+    back: otherwise every compiled path would step aside in the tests after it."""
+    from tinyattn.fast import checked
+    before = checked.differences()
+    yield
+    assert checked.differences() == before, "the test left the library's code replaced"
+
+
+@pytest.fixture(autouse=True)
 def flushing_as_it_was():
     """A test that runs the training program (which flushes subnormals to zero for its process) or
     calls ta.set_flush_denormal gets the CPU's mode put back for the tests after."""

@@ -152,9 +152,9 @@ def test_pieces_that_no_op_of_the_gpt_is_made_of_run_where_the_librarys_formulas
     monkeypatch.syspath_prepend(str(tmp_path))
     library = short_run(text_file, tmp_path / "library", *FORMULAS)
     said, calls = [], collections.Counter()
-    with use_exercises("some_solutions", say=said.append) as swapped:
-        monkeypatch.setattr(ta.ops, "softmax", counting(calls, "softmax", ta.ops.softmax))
-        applied = record_applied_ops(monkeypatch)
+    with use_exercises("some_solutions", say=said.append) as swapped, pytest.MonkeyPatch.context() as inside:
+        inside.setattr(ta.ops, "softmax", counting(calls, "softmax", ta.ops.softmax))   # (undone before the swap is)
+        applied = record_applied_ops(inside)
         yours = short_run(text_file, tmp_path / "yours")
     assert sorted(swapped) == ["elementwise", "softmax"]
     line = said[0]

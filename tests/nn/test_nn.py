@@ -227,7 +227,6 @@ def test_adamw_matches_the_formula():
     np.testing.assert_allclose(p.numpy(), x, rtol=1e-12)
 
 
-@pytest.mark.usefixtures("fast_layer_on")
 def test_fused_adamw_is_the_loop_bit_for_bit():
     """The flat-buffer step (two groups, decay and none) against the per-parameter loop,
     over steps where the parameters are also replaced from outside (load_state_dict)."""
@@ -235,8 +234,8 @@ def test_fused_adamw_is_the_loop_bit_for_bit():
         ta.manual_seed(0)
         return GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=8, vocab_size=11))
     a, b = model(), model()
-    opt_a = a.configure_optimizer(0.1, 1e-2, (0.9, 0.99))
-    opt_b = b.configure_optimizer(0.1, 1e-2, (0.9, 0.99), fused=False)       # the per-parameter loop
+    opt_a = ta.compile(a).configure_optimizer(0.1, 1e-2, (0.9, 0.99))       # a compiled model's: fused
+    opt_b = b.configure_optimizer(0.1, 1e-2, (0.9, 0.99))                    # the per-parameter loop
     rng = np.random.default_rng(0)
     for step in range(4):
         if step == 2:                                            # replaced from outside: the flat buffers follow

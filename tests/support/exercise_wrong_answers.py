@@ -1008,12 +1008,41 @@ def dpo_batch_loss_reference_not_frozen(policy, reference, batch, beta):
                         dpo.sequence_logprobs(reference, x_rejected, y_rejected), beta)
 
 
+def sequence_logprobs_numpy_normalizer(model, x, y):
+    """log softmax with its log-sum-exp taken on raw arrays: right values, but a constant to autodiff,
+    so the gradient keeps only the picked logit's share (the softmax's is lost)."""
+    logits, _ = model(x)                                                              # (B, T, V)
+    z = logits.numpy()
+    m = z.max(-1, keepdims=True)
+    lse = ta.tensor(m + np.log(np.exp(z - m).sum(-1, keepdims=True)), dtype=logits.dtype)
+    yn = y.numpy()
+    picked = np.eye(logits.shape[-1])[np.maximum(yn, 0)] * (yn >= 0)[..., None]      # one-hot, 0 off the answer
+    return ((logits - lse) * ta.tensor(picked, dtype=logits.dtype)).sum((-2, -1))
+
+
+def dpo_batch_loss_rejected_under_no_grad(policy, reference, batch, beta):
+    """The policy's log-probability of the rejected answer indented into the reference's no_grad block:
+    the values are right, but the rejected answer is never pushed down."""
+    x_chosen, y_chosen, x_rejected, y_rejected = batch
+    with ta.no_grad():
+        ref_chosen = dpo.sequence_logprobs(reference, x_chosen, y_chosen)
+        ref_rejected = dpo.sequence_logprobs(reference, x_rejected, y_rejected)
+        policy_rejected = dpo.sequence_logprobs(policy, x_rejected, y_rejected)
+    return dpo.dpo_loss(dpo.sequence_logprobs(policy, x_chosen, y_chosen), policy_rejected,
+                        ref_chosen, ref_rejected, beta)
+
+
 WRONG["dpo"] = [
     ("a sum over the prompt's tokens", answer(dpo, sequence_logprobs=sequence_logprobs_with_the_prompt),
      "sums over the prompt's tokens too"),
     ("beta on one side only", answer(dpo, dpo_loss=dpo_loss_beta_on_one_side), "beta multiplies only the chosen"),
     ("the reference not frozen", answer(dpo, dpo_batch_loss=dpo_batch_loss_reference_not_frozen),
      ("the reference got a gradient", "ta.no_grad()")),
+    ("the policy's rejected log-probability under no_grad",
+     answer(dpo, dpo_batch_loss=dpo_batch_loss_rejected_under_no_grad),
+     ("rejected answer carries no gradient", "Only the reference's")),
+    ("the log-sum-exp on raw arrays", answer(dpo, sequence_logprobs=sequence_logprobs_numpy_normalizer),
+     ("the gradient of", "a constant to autodiff")),
 ]
 
 

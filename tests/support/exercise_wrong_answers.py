@@ -1080,7 +1080,25 @@ def advantages_std_unguarded(rewards, normalize=False):
     return out / rewards.std(1, keepdims=True) if normalize else out
 
 
+def advantages_std_plus_large_eps(rewards, normalize=False):
+    """Divides by std + 0.01: an eps large enough to shrink each group's advantages by 2%."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    out = rewards - rewards.mean(1, keepdims=True)
+    return out / (rewards.std(1, keepdims=True) + 0.01) if normalize else out
+
+
+def advantages_float32(rewards, normalize=False):
+    """Works in float32: 7 digits, so 1 - 0.4 is 0.600000024."""
+    rewards = np.asarray(rewards, dtype=np.float32)
+    out = rewards - rewards.mean(1, keepdims=True)
+    std = rewards.std(1, keepdims=True)
+    return out / np.where(std > 0, std, np.float32(1.0)) if normalize else out
+
+
 WRONG["group_advantages"] = [
+    ("an eps of 0.01 added to the std", answer(advantage, group_advantages=advantages_std_plus_large_eps),
+     ("you give 1.95122, expected 2", "shrinks each group's advantages by less than 0.1%")),
+    ("float32 arithmetic", answer(advantage, group_advantages=advantages_float32), ("float64", "0.600000024")),
     ("the mean over the whole batch", answer(advantage, group_advantages=advantages_batch_mean),
      "mean over the whole batch"),
     ("no baseline subtracted", answer(advantage, group_advantages=advantages_not_subtracted),

@@ -5,6 +5,7 @@ random cotangent, gradgradcheck, numpy formulas, the stand-in device "strict").
 """
 import importlib
 import importlib.util
+import re
 import sys
 import traceback
 import warnings
@@ -341,6 +342,31 @@ def gradcheck(what, fn, inputs, wrong=(), hint=""):
         raise ExerciseFailure(f"{what}: {mistake or 'your gradient differs from central differences'}. "
                               f"{'' if mistake else hint} (ta.gradcheck with a random cotangent: {e})"
                               .replace("  ", " ")) from None
+
+
+AUTODIFF_HINT = ("Write every step with tinyattn ops: a piece computed on raw arrays (.numpy(), .data, numpy "
+                 "functions), under ta.no_grad() or after .detach() is a constant to autodiff, and its share of "
+                 "the gradient is lost")
+
+
+def autodiff_gradcheck(what, fn, inputs, names, hint=AUTODIFF_HINT):
+    """ta.gradcheck of fn, for code whose backward autodiff derives (the exercises of part one, and the
+    composite losses): on failure, say which of ``names`` (one per input) gets no gradient or a wrong one."""
+    try:
+        attempt(what, lambda: ta.gradcheck(fn, inputs))
+        return
+    except GradcheckError as e:
+        detail = re.sub(r"input (\d+)", lambda m: names[int(m.group(1))], str(e))
+    out = attempt(what, lambda: fn(*inputs))
+    if not out.requires_grad:
+        lead = "your result carries no gradient at all"
+    else:
+        grads = ta.grad(out.sum(), list(inputs), allow_unused=True)
+        none = [n for n, g in zip(names, grads) if g is None]
+        worst = re.search(r"worst element: (\S+)", detail)
+        lead = (f"{' and '.join(none)} {'gets' if len(none) == 1 else 'get'} no gradient" if none else
+                f"the gradient of {worst.group(1) if worst else 'an input'} differs from central differences")
+    raise ExerciseFailure(f"{what}: {lead}. {hint} (ta.gradcheck with a random cotangent: {detail})") from None
 
 
 def gradgradcheck(what, fn, inputs):

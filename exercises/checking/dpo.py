@@ -4,7 +4,7 @@ import numpy as np
 import tinyattn as ta
 import tinyattn.nn.functional as F
 
-from .common import ExerciseFailure, attempt, compare, double, need, rand, rng_
+from .common import ExerciseFailure, attempt, autodiff_gradcheck, compare, double, need, rand, rng_
 
 
 def np_logsigmoid(x):
@@ -141,7 +141,8 @@ def dpo_loss_formula(mod):
 def dpo_loss_gradcheck(mod):
     dpo_loss, rng = need(mod, "dpo_loss"), rng_()
     inputs = [rand(rng, 5, grad=True) for _ in range(4)]
-    assert ta.gradcheck(lambda *a: dpo_loss(*a, 0.7), inputs)
+    autodiff_gradcheck("the gradients of dpo_loss(4 x (5,), beta 0.7)", lambda *a: dpo_loss(*a, 0.7), inputs,
+                       ("policy_chosen", "policy_rejected", "ref_chosen", "ref_rejected"))
 
 
 def dpo_reference_is_frozen(mod):

@@ -8,7 +8,7 @@ import pytest
 
 from exercises.checking.common import ExerciseFailure, compare, run_check
 from exercises.checking.common import strict_advice
-from exercise_wrong_answers import WRONG
+from exercise_wrong_answers import GRADIENT_KIND, NOT_DIFFERENTIABLE, WRONG
 from exercises.checking.progress import BY_NAME
 
 CASES = [(name, what, module, words) for name, answers in WRONG.items() for what, module, words in answers]
@@ -68,6 +68,20 @@ def test_an_eps_added_to_the_std_passes_exercise_21(eps, under_the_root):
 def test_every_exercise_of_part_two_has_wrong_answers():
     part_two = [e.name for e in BY_NAME.values() if e.number > 4]
     assert set(part_two) <= set(WRONG) <= set(BY_NAME)
+
+
+def test_every_differentiable_exercise_has_a_wrong_answer_of_the_gradient_kind():
+    """Right values, wrong gradient: such an answer must fail, and say it is the gradient that is wrong
+    (exercise 20 once passed one, its checks comparing values only)."""
+    assert set(GRADIENT_KIND) | set(NOT_DIFFERENTIABLE) == set(BY_NAME)
+    assert not set(GRADIENT_KIND) & set(NOT_DIFFERENTIABLE)
+    for name, whats in GRADIENT_KIND.items():
+        answers = {what: module for what, module, _ in WRONG.get(name, [])}
+        assert whats and set(whats) <= set(answers), f"{name}: {set(whats) - set(answers)} not in WRONG"
+        for what in whats:
+            message = first_failure(name, answers[what])
+            about_gradients = re.search(r"gradient|backward|\.grad\b|\bd[A-Zxw]", message or "")   # dx, dQ, dweight
+            assert about_gradients, f"{name}, {what}: {message}"
 
 
 def _strict_error(make):

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -28,7 +27,6 @@ from train import chat, checkpoint
 from train.data import tokenizer_to_json
 from train.sample import load_model
 
-REPO = Path(__file__).resolve().parents[2]
 TEXT = "spell the cat, then count it: how many t in that?"      # no newline: an answer is one line
 
 
@@ -157,8 +155,7 @@ class Terminal:
     def __init__(self, argv, env=None):
         self.pid, self.fd = pty.fork()
         if self.pid == 0:                                      # the child: the command, on the terminal
-            try:
-                os.chdir(REPO)
+            try:                                               # in the test's own folder (conftest)
                 os.execve(sys.executable, [sys.executable, *argv], {**os.environ, "TERM": "dumb", **(env or {})})
             finally:
                 os._exit(127)
@@ -313,7 +310,7 @@ def test_characters_outside_the_vocabulary_and_unknown_commands_are_one_line_eac
 # --- one-line errors, and input that is not a terminal ---
 
 def run_chat(args, stdin=""):
-    return subprocess.run([sys.executable, "-m", "train.chat", *args], cwd=REPO, input=stdin,
+    return subprocess.run([sys.executable, "-m", "train.chat", *args], input=stdin,
                           capture_output=True, text=True, timeout=120)
 
 

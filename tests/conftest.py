@@ -1,4 +1,6 @@
 import contextlib
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -94,6 +96,22 @@ def fast_layer_on():
     """For a test of the fast ops: the whole test runs as inside a call of a compiled model."""
     with running():
         yield
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def in_a_folder_of_its_own(tmp_path_factory, monkeypatch):
+    """Every test runs in a new empty folder, with this checkout first on PYTHONPATH.
+
+    A command a test runs, in this process or in another (python -m train, python -m exercises, a
+    bench script), reads and writes its relative paths there, never in the user's checkout: what
+    README's commands leave in it (out-coref/, out/, data/...) changes no test, and no test leaves
+    anything in it. A child process imports this checkout, not another install of tinyattn.
+    """
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
 
 
 @pytest.fixture(autouse=True)

@@ -5,6 +5,7 @@ random cotangent, gradgradcheck, numpy formulas, the stand-in device "strict").
 """
 import importlib
 import importlib.util
+import re
 import sys
 import traceback
 import warnings
@@ -151,10 +152,22 @@ def host(a):
     return a.numpy() if isinstance(a, ta.Tensor) else np.asarray(a)
 
 
-def compare(actual, expected, what, tol=1e-10, hint=""):
-    """ExerciseFailure naming ``what`` and its worst element, unless actual matches expected.
+def tell_apart(a, e):
+    """a and e as text, to the significant digits where they differ (6 at least; past 6, one more than the
+    first that differs, so that rounding does not overstate it; 17 at most): 1.99999995 and 2, not 2 and 2."""
+    for digits in range(6, 18):
+        if f"{a:.{digits}g}" != f"{e:.{digits}g}":
+            break
+    digits = digits if digits == 6 else min(digits + 1, 17)
+    return f"{a:.{digits}g}", f"{e:.{digits}g}"
 
-    The message holds a few numbers, never whole arrays.
+
+def compare(actual, expected, what, tol=1e-10, hint="", why=""):
+    """ExerciseFailure naming ``what`` and its worst element, unless actual matches expected
+    within tol + tol * |expected|, elementwise.
+
+    The message holds a few numbers, never whole arrays: the worst element's two values, to the
+    digits where they differ, its error and the error allowed there (``why``: why that much).
     """
     if actual is None:
         raise ExerciseFailure(f"{what}: got None, expected an array of shape {host(expected).shape}. {hint}".strip())
@@ -164,12 +177,17 @@ def compare(actual, expected, what, tol=1e-10, hint=""):
     if not np.all(np.isfinite(a)) and np.all(np.isfinite(e)):
         bad = tuple(int(i) for i in np.argwhere(~np.isfinite(a))[0])
         raise ExerciseFailure(f"{what}: {a[bad]} at index {bad}, expected {e[bad]:.6g}. {hint}".strip())
-    excess = np.abs(a - e) - (tol + tol * np.abs(e))
+    allowed = tol + tol * np.abs(e)
+    excess = np.abs(a - e) - allowed
     if a.size and excess.max() > 0:
         i = np.unravel_index(np.argmax(excess), a.shape)
         where = f" at index {tuple(int(n) for n in i)}" if a.ndim else ""
-        raise ExerciseFailure(f"{what} is wrong{where}: you give {a[i]:.6g}, expected {e[i]:.6g} "
-                              f"(largest error {np.abs(a - e).max():.3g}). {hint}".strip())
+        got, want = tell_apart(float(a[i]), float(e[i]))
+        largest = np.abs(a - e).max()
+        elsewhere = f"; the largest error is {largest:.2g}" if largest > abs(a[i] - e[i]) else ""
+        raise ExerciseFailure(f"{what} is wrong{where}: you give {got}, expected {want} (an error of "
+                              f"{abs(a[i] - e[i]):.2g} where {allowed[i]:.2g} is allowed{': ' + why if why else ''}"
+                              f"{elsewhere}). {hint}".strip())
 
 
 def close(a, b, tol=1e-10, what="the result"):
@@ -324,6 +342,31 @@ def gradcheck(what, fn, inputs, wrong=(), hint=""):
         raise ExerciseFailure(f"{what}: {mistake or 'your gradient differs from central differences'}. "
                               f"{'' if mistake else hint} (ta.gradcheck with a random cotangent: {e})"
                               .replace("  ", " ")) from None
+
+
+AUTODIFF_HINT = ("Write every step with tinyattn ops: a piece computed on raw arrays (.numpy(), .data, numpy "
+                 "functions), under ta.no_grad() or after .detach() is a constant to autodiff, and its share of "
+                 "the gradient is lost")
+
+
+def autodiff_gradcheck(what, fn, inputs, names, hint=AUTODIFF_HINT):
+    """ta.gradcheck of fn, for code whose backward autodiff derives (the exercises of part one, and the
+    composite losses): on failure, say which of ``names`` (one per input) gets no gradient or a wrong one."""
+    try:
+        attempt(what, lambda: ta.gradcheck(fn, inputs))
+        return
+    except GradcheckError as e:
+        detail = re.sub(r"input (\d+)", lambda m: names[int(m.group(1))], str(e))
+    out = attempt(what, lambda: fn(*inputs))
+    if not out.requires_grad:
+        lead = "your result carries no gradient at all"
+    else:
+        grads = ta.grad(out.sum(), list(inputs), allow_unused=True)
+        none = [n for n, g in zip(names, grads) if g is None]
+        worst = re.search(r"worst element: (\S+)", detail)
+        lead = (f"{' and '.join(none)} {'gets' if len(none) == 1 else 'get'} no gradient" if none else
+                f"the gradient of {worst.group(1) if worst else 'an input'} differs from central differences")
+    raise ExerciseFailure(f"{what}: {lead}. {hint} (ta.gradcheck with a random cotangent: {detail})") from None
 
 
 def gradgradcheck(what, fn, inputs):

@@ -2,8 +2,9 @@
 import numpy as np
 
 import tinyattn as ta
+import tinyattn.nn.functional as F
 
-from .common import ExerciseFailure, compare, double, need, rand, rng_
+from .common import ExerciseFailure, attempt, autodiff_gradcheck, compare, double, need, rand, rng_
 
 
 def np_logsigmoid(x):
@@ -51,6 +52,52 @@ def np_whole_sequence_logprobs(model, x):
     return np.take_along_axis(np_log_softmax(model, x)[:, :-1], x[:, 1:, None], -1)[..., 0].sum(-1)
 
 
+def library_sequence_logprobs(model, x, y):
+    """The reference solution's sequence_logprobs, with the library's ops: (B,)."""
+    logits, _ = model(x)
+    return F.token_logprobs(logits, y, ignore_index=-1).sum(-1)
+
+
+def parameter_grads(loss_of, model):
+    """{name: the gradient of loss_of(model) for that parameter (a host array, or None)}."""
+    names, params = zip(*model.named_parameters())
+    grads = ta.grad(loss_of(model), list(params), allow_unused=True)
+    return {n: None if g is None else g.numpy() for n, g in zip(names, grads)}
+
+
+def compare_parameter_grads(model, expected, what, hint=""):
+    """Each parameter's .grad against expected[name]; the first one that differs fails, by name."""
+    for name, p in model.named_parameters():
+        e = expected[name]
+        if e is None:
+            continue
+        if p.grad is None:
+            raise ExerciseFailure(f"{what}: {name} got no gradient. {hint}".strip())
+        compare(p.grad, e, f"{what}: the gradient of {name}", tol=1e-8, hint=hint)
+
+
+def dpo_policy_grads(batch, beta, held=()):
+    """The gradient of the DPO loss for the policy's parameters (tiny_gpt(0); the reference tiny_gpt(1)),
+    computed as the reference solution does. The policy's log-probabilities named in ``held`` ("chosen",
+    "rejected") are taken as constants: what a typical slip gives."""
+    reference, (xc, yc, xr, yr) = tiny_gpt(1), batch
+    with ta.no_grad():
+        ref_chosen, ref_rejected = (library_sequence_logprobs(reference, x, y) for x, y in ((xc, yc), (xr, yr)))
+
+    def loss(policy):
+        chosen, rejected = (library_sequence_logprobs(policy, x, y) for x, y in ((xc, yc), (xr, yr)))
+        chosen = chosen.detach() if "chosen" in held else chosen
+        rejected = rejected.detach() if "rejected" in held else rejected
+        return -F.logsigmoid(beta * ((chosen - ref_chosen) - (rejected - ref_rejected))).mean()
+    return parameter_grads(loss, tiny_gpt(0))
+
+
+def same_grads(model, grads):
+    return all((g is None) == (p.grad is None) and (g is None or np.allclose(p.grad.numpy(), g, rtol=1e-7,
+                                                                             atol=1e-10))
+               for (name, p), g in zip(model.named_parameters(), grads.values()))
+
+
 def dpo_sequence_logprobs(mod):
     sequence_logprobs, rng = need(mod, "sequence_logprobs"), rng_()
     model = tiny_gpt()
@@ -63,6 +110,14 @@ def dpo_sequence_logprobs(mod):
     compare(got, want, "sequence_logprobs(a GPT, x (3, 8), y (3, 8) with -1 off the answer)",
             tol=1e-9, hint="log softmax of the logits at each target, summed over the positions whose target "
                            "is not -1 (F.token_logprobs with ignore_index=-1, then .sum(-1))")
+    u = ta.tensor(rng.standard_normal(3), dtype="float64")                       # a random weight per row
+    what = "the gradient of <u, sequence_logprobs(a GPT, x, y)> for the model's parameters"
+    attempt(what, lambda: (sequence_logprobs(model, x, y) * u).sum().backward())
+    expected = parameter_grads(lambda m: (library_sequence_logprobs(m, x, y) * u).sum(), tiny_gpt())
+    compare_parameter_grads(model, expected, what, hint="A piece computed on raw arrays (.numpy(), numpy "
+                            "functions, .data) or under ta.no_grad() is a constant to autodiff, and its share of "
+                            "the gradient is lost: write every step with tinyattn ops (F.log_softmax or "
+                            "F.token_logprobs)")
 
 
 def dpo_loss_formula(mod):
@@ -86,7 +141,8 @@ def dpo_loss_formula(mod):
 def dpo_loss_gradcheck(mod):
     dpo_loss, rng = need(mod, "dpo_loss"), rng_()
     inputs = [rand(rng, 5, grad=True) for _ in range(4)]
-    assert ta.gradcheck(lambda *a: dpo_loss(*a, 0.7), inputs)
+    autodiff_gradcheck("the gradients of dpo_loss(4 x (5,), beta 0.7)", lambda *a: dpo_loss(*a, 0.7), inputs,
+                       ("policy_chosen", "policy_rejected", "ref_chosen", "ref_rejected"))
 
 
 def dpo_reference_is_frozen(mod):
@@ -107,4 +163,33 @@ def dpo_reference_is_frozen(mod):
         raise ExerciseFailure("the policy got no gradient: compute its log-probabilities with gradients on")
 
 
-CHECKS = [dpo_sequence_logprobs, dpo_loss_formula, dpo_loss_gradcheck, dpo_reference_is_frozen]
+HELD_WRONG = {
+    "rejected": "the policy's log-probability of the rejected answer carries no gradient (computed under "
+                "ta.no_grad(), indented into the reference's block?): the loss then only raises the chosen "
+                "answer and never pushes the rejected one down. Only the reference's two log-probabilities go "
+                "under ta.no_grad()",
+    "chosen": "the policy's log-probability of the chosen answer carries no gradient (computed under "
+              "ta.no_grad(), indented into the reference's block?): the loss then only pushes the rejected "
+              "answer down and never raises the chosen one. Only the reference's two log-probabilities go "
+              "under ta.no_grad()",
+}
+
+
+def dpo_policy_gradient(mod):
+    """The policy's gradient, every parameter, against the reference solution's on the same batch: the
+    chosen and the rejected answers' log-probabilities must both carry it."""
+    dpo_batch_loss, rng = need(mod, "dpo_batch_loss"), rng_(3)
+    policy, reference, batch = tiny_gpt(0), tiny_gpt(1), pair_batch(rng)
+    what = "the policy's gradient of dpo_batch_loss(policy, reference, a batch of 3 pairs, beta 0.5)"
+    attempt(what, lambda: dpo_batch_loss(policy, reference, batch, 0.5).backward())
+    expected = dpo_policy_grads(batch, 0.5)
+    if not same_grads(policy, expected):
+        for held, message in HELD_WRONG.items():
+            if same_grads(policy, dpo_policy_grads(batch, 0.5, (held,))):
+                raise ExerciseFailure(f"{what}: {message}")
+    compare_parameter_grads(policy, expected, f"{what} (against the reference solution's)",
+                            hint="Both answers' log-probabilities under the policy carry the gradient; the "
+                                 "reference's carry none.")
+
+
+CHECKS = [dpo_sequence_logprobs, dpo_loss_formula, dpo_loss_gradcheck, dpo_reference_is_frozen, dpo_policy_gradient]

@@ -2,7 +2,7 @@
 import tinyattn as ta
 import tinyattn.nn.functional as F
 
-from .common import close, double, need, raises, rand, rng_
+from .common import autodiff_gradcheck, close, double, need, raises, rand, rng_
 
 
 def gqa_with_one_group_per_head_is_mha(mod):
@@ -46,7 +46,8 @@ def gqa_gradcheck(mod):
     gqa, rng = need(mod, "grouped_query_attention"), rng_()
     q = rand(rng, 1, 4, 3, 4, grad=True)
     k, v = rand(rng, 1, 2, 3, 4, grad=True), rand(rng, 1, 2, 3, 4, grad=True)
-    assert ta.gradcheck(lambda q, k, v: gqa(q, k, v, is_causal=True), (q, k, v))
+    autodiff_gradcheck("the gradients of grouped_query_attention(q (1, 4, 3, 4), k, v (1, 2, 3, 4), causal)",
+                       lambda q, k, v: gqa(q, k, v, is_causal=True), (q, k, v), ("q", "k", "v"))
 
 
 def gqa_module(mod):
@@ -65,7 +66,8 @@ def gqa_module(mod):
     close(m(ta.tensor(x2, dtype="float64")).numpy()[:, :3], y.numpy()[:, :3],
           what="the first 3 positions after later tokens changed (the module must be causal)")
     xg = rand(rng, 1, 3, C, grad=True)
-    assert ta.gradcheck(lambda x, *params: m(x), (xg, *m.parameters()))
+    autodiff_gradcheck(f"the gradients of GroupedQueryAttention({C}, {H}, {G})(x (1, 3, {C}))",
+                       lambda x, *params: m(x), (xg, *m.parameters()), ("x", *(n for n, _ in m.named_parameters())))
 
 
 CHECKS = [gqa_with_one_group_per_head_is_mha, gqa_with_one_group_is_mqa, gqa_groups_consecutive_heads, gqa_shapes,

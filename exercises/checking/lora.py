@@ -3,7 +3,8 @@ import numpy as np
 
 import tinyattn as ta
 
-from .common import ExerciseFailure, NotStarted, close, compare, double, need, rand, rng_
+from .common import (AUTODIFF_HINT, ExerciseFailure, NotStarted, autodiff_gradcheck, close, compare, double, need,
+                     rand, rng_)
 
 
 def lora_layer(mod, r=2, alpha=8.0, d_in=6, d_out=5, bias=True, random_b=False):
@@ -70,7 +71,11 @@ def lora_trains_only_the_adapters(mod):
 def lora_gradcheck(mod):
     m = lora_layer(mod, random_b=True)
     x = rand(rng_(), 2, 3, 6, grad=True)
-    assert ta.gradcheck(lambda x, A, B: m(x), (x, m.A, m.B))
+    autodiff_gradcheck("the gradients of LoRALinear(Linear(6, 5), r=2, alpha=8)(x (2, 3, 6))", lambda x, A, B: m(x),
+                       (x, m.A, m.B), ("x", "A", "B"),
+                       hint="The frozen base needs no ta.no_grad(): requires_grad = False keeps its weight from a "
+                            "gradient, while x still gets one through base(x), which the layers below train by. "
+                            + AUTODIFF_HINT)
 
 
 def lora_merge_keeps_the_logits(mod):

@@ -3,7 +3,7 @@ import numpy as np
 
 import tinyattn as ta
 
-from .common import ExerciseFailure, close, compare, double, host, need, rand, rng_
+from .common import ExerciseFailure, autodiff_gradcheck, close, compare, double, host, need, rand, rng_
 
 
 def np_rms_norm(x, w, eps, form="right"):
@@ -52,7 +52,8 @@ def rms_norm_ignores_scale(mod):
 def rms_norm_gradcheck(mod):
     rms_norm, rng = need(mod, "rms_norm"), rng_()
     x, w = rand(rng, 2, 3, 8, grad=True), rand(rng, 8, grad=True)
-    assert ta.gradcheck(lambda x, w: rms_norm(x, w, 1e-6), (x, w))
+    autodiff_gradcheck("the gradients of rms_norm(x (2, 3, 8), w (8,), 1e-6)", lambda x, w: rms_norm(x, w, 1e-6),
+                       (x, w), ("x", "w"))
 
 
 def rms_norm_module(mod):
@@ -72,7 +73,7 @@ def rms_norm_module(mod):
             "with mean square near 0.25 (against the formula)", tol=1e-6, hint="Pass self.eps to rms_norm.")
     double(m)
     xg = rand(rng, 2, 8, grad=True)
-    assert ta.gradcheck(lambda x, w: m(x), (xg, m.weight))
+    autodiff_gradcheck("the gradients of RMSNorm(8)(x (2, 8))", lambda x, w: m(x), (xg, m.weight), ("x", "weight"))
 
 
 CHECKS = [rms_norm_matches_formula, rms_norm_has_unit_rms, rms_norm_ignores_scale, rms_norm_gradcheck,

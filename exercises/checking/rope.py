@@ -3,7 +3,7 @@ import numpy as np
 
 import tinyattn as ta
 
-from .common import close, compare, need, rand, rng_
+from .common import autodiff_gradcheck, close, compare, need, rand, rng_
 
 
 def rope_keeps_shape_and_dtype(mod):
@@ -63,7 +63,8 @@ def rope_rows_are_independent(mod):
 def rope_gradcheck(mod):
     apply_rotary, rng = need(mod, "apply_rotary"), rng_()
     x = rand(rng, 2, 4, 8, grad=True)
-    assert ta.gradcheck(lambda x: apply_rotary(x, [0, 1, 2, 3]), (x,))
+    autodiff_gradcheck("the gradient of apply_rotary(x (2, 4, 8), positions [0, 1, 2, 3])",
+                       lambda x: apply_rotary(x, [0, 1, 2, 3]), (x,), ("x",))
 
 
 CHECKS = [rope_keeps_shape_and_dtype, rope_position_zero_is_identity, rope_preserves_norms, rope_rotates_pairs,

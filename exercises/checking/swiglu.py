@@ -1,9 +1,7 @@
 """The checks of exercise 4 of EXERCISES.md: SwiGLU."""
 import numpy as np
 
-import tinyattn as ta
-
-from .common import close, double, need, rand, rng_
+from .common import autodiff_gradcheck, close, double, need, rand, rng_
 
 
 def silu_matches_formula(mod):
@@ -11,7 +9,7 @@ def silu_matches_formula(mod):
     x = rand(rng, 3, 7, grad=True)
     xn = x.numpy()
     close(silu(x), xn / (1.0 + np.exp(-xn)), what=f"silu(x) against x * sigmoid(x) on x {x.shape}")
-    assert ta.gradcheck(silu, (x,))
+    autodiff_gradcheck(f"the gradient of silu(x {x.shape})", silu, (x,), ("x",))
 
 
 def swiglu_matches_formula(mod):
@@ -37,7 +35,8 @@ def swiglu_gradcheck(mod):
     SwiGLU, rng = need(mod, "SwiGLU"), rng_()
     m = double(SwiGLU(6, 10))
     x = rand(rng, 2, 3, 6, grad=True)
-    assert ta.gradcheck(lambda x, *params: m(x), (x, *m.parameters()))
+    autodiff_gradcheck("the gradients of SwiGLU(6, 10)(x (2, 3, 6))", lambda x, *params: m(x), (x, *m.parameters()),
+                       ("x", *(n for n, _ in m.named_parameters())))
 
 
 CHECKS = [silu_matches_formula, swiglu_matches_formula, swiglu_parameters, swiglu_gradcheck]

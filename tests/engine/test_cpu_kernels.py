@@ -19,13 +19,12 @@ from tinyattn import ops
 from tinyattn.backend import get_backend
 from conftest import count_kernel_calls
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def kernel_count(env=None, prelude=""):
     """How many CPU kernels a fresh process registers, with ``env`` added to its environment."""
     code = prelude + "from tinyattn.backend import get_backend; print(len(get_backend('cpu').kernels))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, **(env or {})},
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **(env or {})},
                          capture_output=True, text=True, check=True)
     return int(out.stdout.strip())
 

@@ -4,7 +4,6 @@ import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +11,6 @@ import pytest
 import tinyattn as ta
 from tinyattn.fast import denormals, threads
 
-ROOT = Path(__file__).resolve().parents[2]
 SUPPORTED = denormals._fenv_layout() is not None
 needs_support = pytest.mark.skipif(not SUPPORTED, reason="flushing subnormals is supported on x86-64 Linux and macOS")
 needs_threadpoolctl = pytest.mark.skipif(not threads.blas_controllers(),
@@ -108,7 +106,7 @@ print(before, flushed, after, len(denormals.restarted_blas))
 def test_a_blas_product_reads_subnormal_inputs_as_zero_in_blas_threads_started_before():
     """In a fresh process, so that OpenBLAS's threads started before the call (at their own thread count)."""
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
-    done = subprocess.run([sys.executable, "-c", BLAS_PRODUCT], cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", BLAS_PRODUCT], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     before, flushed, after, restarted = map(int, done.stdout.split())
     assert before == after == 512 * 512
@@ -142,6 +140,6 @@ CHECK_TRAINING = ("from tinyattn.fast import denormals; before = denormals.flush
 
 @needs_support
 def test_the_training_program_flushes_and_import_tinyattn_does_not():
-    done = subprocess.run([sys.executable, "-c", CHECK_TRAINING], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", CHECK_TRAINING], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "False", "True"]

@@ -3,7 +3,6 @@ so a learner's failing test points at the learner's code, not at the test; and
 ``python -m exercises`` reports them as the learner will see them."""
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -12,7 +11,6 @@ from exercises.__main__ import main as exercises_main
 from exercises.checking.common import SOLUTIONS, load_exercise, run_check
 from exercises.checking.progress import EXERCISES
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 CASES = [(e, c) for e in EXERCISES for c in e.checks]
 
@@ -24,7 +22,7 @@ def test_solution(exercise, check_fn):
 
 
 def test_python_m_exercises_solutions_passes_all():
-    run = subprocess.run([sys.executable, "-m", "exercises", "--solutions"], cwd=REPO_ROOT,
+    run = subprocess.run([sys.executable, "-m", "exercises", "--solutions"],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.strip().splitlines()
@@ -34,17 +32,17 @@ def test_python_m_exercises_solutions_passes_all():
 
 def test_python_m_exercises_on_the_starters():
     """One row per exercise, with its file and status, then the count; one exercise in full."""
-    run = subprocess.run([sys.executable, "-m", "exercises"], cwd=REPO_ROOT, capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "exercises"], capture_output=True, text=True,
                          timeout=600)
     rows = run.stdout.strip().splitlines()
     for e in EXERCISES:
         row = next(r for r in rows if f"exercises/{e.name}.py" in r)
         assert e.title in row and (row.endswith("not started") or "passing" in row or "failing" in row), row
     assert rows[-1].endswith(f"of {len(EXERCISES)} passing")
-    one = subprocess.run([sys.executable, "-m", "exercises", "softmax"], cwd=REPO_ROOT, capture_output=True,
+    one = subprocess.run([sys.executable, "-m", "exercises", "softmax"], capture_output=True,
                          text=True, timeout=600)
     assert "softmax_gradcheck" in one.stdout and one.stdout.strip().endswith("of 1 passing"), one.stdout
-    bad = subprocess.run([sys.executable, "-m", "exercises", "softmaks"], cwd=REPO_ROOT, capture_output=True,
+    bad = subprocess.run([sys.executable, "-m", "exercises", "softmaks"], capture_output=True,
                          text=True, timeout=600)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "softmaks" in bad.stderr
 

@@ -439,13 +439,12 @@ def test_gpt_with_dropout_trains_through_the_tiled_path(count_tiled, monkeypatch
 
 
 def _run_dispatch_benchmark(*args):
-    """bench/bench_dispatch.py with these arguments, from the repository root: the finished process."""
+    """bench/bench_dispatch.py with these arguments, run in the test's own folder: the finished process."""
     import subprocess
     import sys
     from pathlib import Path
-    root = Path(__file__).resolve().parents[2]
-    return subprocess.run([sys.executable, "bench/bench_dispatch.py", *args],
-                          cwd=root, capture_output=True, text=True, timeout=120)
+    script = Path(__file__).resolve().parents[2] / "bench" / "bench_dispatch.py"
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
 
 
 def test_the_dispatch_benchmark_runs():

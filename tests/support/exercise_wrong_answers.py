@@ -12,8 +12,8 @@ import numpy as np
 import tinyattn as ta
 import tinyattn.nn.functional as F
 
-from exercise_solutions import (adamw, attention, cross_entropy, dpo, elementwise, embedding, engine, kv_cache,
-                                layernorm, lora, matmul, online_softmax, rmsnorm, softmax, sum_to)
+from exercise_solutions import (adamw, attention, cross_entropy, dpo, elementwise, embedding, engine, gqa, kv_cache,
+                                layernorm, lora, matmul, online_softmax, rmsnorm, rope, softmax, sum_to, swiglu)
 
 
 def answer(base, **pieces):
@@ -35,11 +35,44 @@ def rms_norm_eps_outside(x, weight=None, eps=1e-6):
     return y if weight is None else y * weight
 
 
+def rms_norm_rms_from_numpy(x, weight=None, eps=1e-6):
+    """The root mean square taken with numpy: right values, but a constant to autodiff (x's gradient
+    keeps only the 1 / rms part)."""
+    rms = np.sqrt((x.numpy() ** 2).mean(-1, keepdims=True) + eps)
+    y = x / ta.tensor(rms, dtype=x.dtype)
+    return y if weight is None else y * weight
+
+
 class RMSNormDefaultEps(rmsnorm.RMSNorm):
     """Keeps eps, but calls rms_norm with its default."""
 
     def forward(self, x):
         return rmsnorm.rms_norm(x, self.weight)
+
+
+# ---------------------------------------------------------------- 2. RoPE
+def apply_rotary_partner_from_numpy(x, positions, base=10000.0):
+    """x * cos + partner * sin, the partner (-b, a) of each pair (a, b) built with numpy: right values,
+    but the sin half of the rotation is a constant to autodiff."""
+    *lead, T, D = x.shape
+    cos, sin = (ta.tensor(np.repeat(t, 2, -1), dtype=x.dtype) for t in rope.rotary_tables(positions, D, base))
+    pairs = x.numpy().reshape(*lead, T, D // 2, 2)
+    partner = np.stack([-pairs[..., 1], pairs[..., 0]], -1).reshape(x.shape)
+    return x * cos + ta.tensor(partner, dtype=x.dtype) * sin
+
+
+# ---------------------------------------------------------------- 3. GQA
+def gqa_repeat_with_numpy(q, k, v, is_causal=False):
+    """Each k/v group repeated with np.repeat: right values, but k and v get no gradient."""
+    r = q.shape[1] // k.shape[1]
+    k, v = (ta.tensor(np.repeat(t.numpy(), r, axis=1), dtype=t.dtype) for t in (k, v))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+
+# ---------------------------------------------------------------- 4. SwiGLU
+def silu_sigmoid_from_numpy(x):
+    """x * sigmoid(x) with the sigmoid from numpy: right values, but its share of the gradient is lost."""
+    return x * ta.tensor(1.0 / (1.0 + np.exp(-x.numpy())), dtype=x.dtype)
 
 
 # ---------------------------------------------------------------- 5. sum_to
@@ -721,6 +754,16 @@ class LoRANoScale(lora.LoRALinear):
         self.scale = 1.0
 
 
+class LoRABaseUnderNoGrad(lora.LoRALinear):
+    """base(x) under ta.no_grad(), "because the base is frozen": right values, and A and B get their
+    gradients, but x's gradient loses the base's path, which every layer below trains through."""
+
+    def forward(self, x):
+        with ta.no_grad():
+            plain = self.base(x)
+        return plain + (x @ self.A.T) @ self.B.T * self.scale
+
+
 class LoRAMergeNoScale(lora.LoRALinear):
     """forward scales the update, merge forgets to."""
 
@@ -737,6 +780,20 @@ WRONG = {
         ("eps added to the root mean square", answer(rmsnorm, rms_norm=rms_norm_eps_outside),
          "goes under the square root"),
         ("RMSNorm calls rms_norm without self.eps", answer(rmsnorm, RMSNorm=RMSNormDefaultEps), "self.eps"),
+        ("the rms from numpy", answer(rmsnorm, rms_norm=rms_norm_rms_from_numpy),
+         ("the gradient of x differs", "a constant to autodiff")),
+    ],
+    "rope": [
+        ("the rotated partner built with numpy", answer(rope, apply_rotary=apply_rotary_partner_from_numpy),
+         ("the gradient of x differs", "a constant to autodiff")),
+    ],
+    "gqa": [
+        ("k and v repeated with numpy", answer(gqa, grouped_query_attention=gqa_repeat_with_numpy),
+         ("k and v get no gradient", "raw arrays")),
+    ],
+    "swiglu": [
+        ("the sigmoid from numpy", answer(swiglu, silu=silu_sigmoid_from_numpy),
+         ("the gradient of x differs", "a constant to autodiff")),
     ],
     "sum_to": [
         ("sum_to sums only the dims added in front", answer(sum_to, sum_to=sum_leading_only),
@@ -871,6 +928,8 @@ WRONG = {
     "lora": [
         ("the base weight left trainable", answer(lora, LoRALinear=LoRAUnfrozen), "set requires_grad = False"),
         ("no alpha / r", answer(lora, LoRALinear=LoRANoScale), "leaves out the scale alpha / r = 4"),
+        ("base(x) under ta.no_grad()", answer(lora, LoRALinear=LoRABaseUnderNoGrad),
+         ("the gradient of x differs", "needs no ta.no_grad()")),
         ("merge without alpha / r", answer(lora, LoRALinear=LoRAMergeNoScale),
          ("every adapter merged", "W + (alpha / r) B A")),
     ],
@@ -1008,12 +1067,41 @@ def dpo_batch_loss_reference_not_frozen(policy, reference, batch, beta):
                         dpo.sequence_logprobs(reference, x_rejected, y_rejected), beta)
 
 
+def sequence_logprobs_numpy_normalizer(model, x, y):
+    """log softmax with its log-sum-exp taken on raw arrays: right values, but a constant to autodiff,
+    so the gradient keeps only the picked logit's share (the softmax's is lost)."""
+    logits, _ = model(x)                                                              # (B, T, V)
+    z = logits.numpy()
+    m = z.max(-1, keepdims=True)
+    lse = ta.tensor(m + np.log(np.exp(z - m).sum(-1, keepdims=True)), dtype=logits.dtype)
+    yn = y.numpy()
+    picked = np.eye(logits.shape[-1])[np.maximum(yn, 0)] * (yn >= 0)[..., None]      # one-hot, 0 off the answer
+    return ((logits - lse) * ta.tensor(picked, dtype=logits.dtype)).sum((-2, -1))
+
+
+def dpo_batch_loss_rejected_under_no_grad(policy, reference, batch, beta):
+    """The policy's log-probability of the rejected answer indented into the reference's no_grad block:
+    the values are right, but the rejected answer is never pushed down."""
+    x_chosen, y_chosen, x_rejected, y_rejected = batch
+    with ta.no_grad():
+        ref_chosen = dpo.sequence_logprobs(reference, x_chosen, y_chosen)
+        ref_rejected = dpo.sequence_logprobs(reference, x_rejected, y_rejected)
+        policy_rejected = dpo.sequence_logprobs(policy, x_rejected, y_rejected)
+    return dpo.dpo_loss(dpo.sequence_logprobs(policy, x_chosen, y_chosen), policy_rejected,
+                        ref_chosen, ref_rejected, beta)
+
+
 WRONG["dpo"] = [
     ("a sum over the prompt's tokens", answer(dpo, sequence_logprobs=sequence_logprobs_with_the_prompt),
      "sums over the prompt's tokens too"),
     ("beta on one side only", answer(dpo, dpo_loss=dpo_loss_beta_on_one_side), "beta multiplies only the chosen"),
     ("the reference not frozen", answer(dpo, dpo_batch_loss=dpo_batch_loss_reference_not_frozen),
      ("the reference got a gradient", "ta.no_grad()")),
+    ("the policy's rejected log-probability under no_grad",
+     answer(dpo, dpo_batch_loss=dpo_batch_loss_rejected_under_no_grad),
+     ("rejected answer carries no gradient", "Only the reference's")),
+    ("the log-sum-exp on raw arrays", answer(dpo, sequence_logprobs=sequence_logprobs_numpy_normalizer),
+     ("the gradient of", "a constant to autodiff")),
 ]
 
 
@@ -1051,7 +1139,25 @@ def advantages_std_unguarded(rewards, normalize=False):
     return out / rewards.std(1, keepdims=True) if normalize else out
 
 
+def advantages_std_plus_large_eps(rewards, normalize=False):
+    """Divides by std + 0.01: an eps large enough to shrink each group's advantages by 2%."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    out = rewards - rewards.mean(1, keepdims=True)
+    return out / (rewards.std(1, keepdims=True) + 0.01) if normalize else out
+
+
+def advantages_float32(rewards, normalize=False):
+    """Works in float32: 7 digits, so 1 - 0.4 is 0.600000024."""
+    rewards = np.asarray(rewards, dtype=np.float32)
+    out = rewards - rewards.mean(1, keepdims=True)
+    std = rewards.std(1, keepdims=True)
+    return out / np.where(std > 0, std, np.float32(1.0)) if normalize else out
+
+
 WRONG["group_advantages"] = [
+    ("an eps of 0.01 added to the std", answer(advantage, group_advantages=advantages_std_plus_large_eps),
+     ("you give 1.95122, expected 2", "shrinks each group's advantages by less than 0.1%")),
+    ("float32 arithmetic", answer(advantage, group_advantages=advantages_float32), ("float64", "0.600000024")),
     ("the mean over the whole batch", answer(advantage, group_advantages=advantages_batch_mean),
      "mean over the whole batch"),
     ("no baseline subtracted", answer(advantage, group_advantages=advantages_not_subtracted),
@@ -1060,3 +1166,34 @@ WRONG["group_advantages"] = [
     ("an integer mean", answer(advantage, group_advantages=advantages_integer_mean), "work in floats"),
     ("the std unguarded", answer(advantage, group_advantages=advantages_std_unguarded), "std 0"),
 ]
+
+
+# ---------------------------------------------------------------- of the gradient kind
+# The wrong answers whose values are right and whose gradient is not (or whose hand-written backward is
+# wrong), by exercise. Every exercise whose answer is differentiable has at least one, so that its checks
+# are seen to compare gradients and not values only; the others say why they have none.
+GRADIENT_KIND = {
+    "rmsnorm": ["the rms from numpy"],
+    "rope": ["the rotated partner built with numpy"],
+    "gqa": ["k and v repeated with numpy"],
+    "swiglu": ["the sigmoid from numpy"],
+    "sum_to": ["Mul's backward returns g * b without sum_to", "Mul's backward swaps a and b"],
+    "matmul": ["dA = g @ B, without the transpose", "no sum_to over broadcast batch dims"],
+    "elementwise": ["tanh backward with 1 - x^2", "exp backward on raw arrays"],
+    "softmax": ["the Jacobian's diagonal only", "the gradient of sum(y)", "g -= sum(g * y), in place"],
+    "layernorm": ["the variance treated as a constant", "dweight summed over dim 0 only", "backward with eps = 1e-5"],
+    "cross_entropy": ["no 1/N in backward", "g left out", "ignored rows get a gradient"],
+    "embedding": ["dw[idx] += g"],
+    "engine": ["gradients overwritten, not summed", ".grad replaced across calls"],
+    "attention": ["dS = P * dP", "no scale in dQ, dK", "backward with 1 / sqrt(D)"],
+    "lora": ["base(x) under ta.no_grad()"],
+    "dpo": ["the policy's rejected log-probability under no_grad", "the log-sum-exp on raw arrays"],
+}
+NOT_DIFFERENTIABLE = {
+    "online_softmax": "tiled_attention is forward only, on raw arrays (the library's flash.py has the backward)",
+    "adamw": "an optimizer step reads gradients; nothing differentiates through it",
+    "kv_cache": "the cache serves generation, which runs under ta.no_grad()",
+    "bpe": "a tokenizer: bytes and integer ids",
+    "loss_mask": "integer ids and a 0/1 mask",
+    "group_advantages": "numpy arrays of rewards, not Tensors: the loss's gradient is the library's",
+}

@@ -17,7 +17,7 @@ RUNS = {"bench_ops.py": ["--ops", "add", "softmax", "--rounds", "1", "--calls", 
 
 
 def run(script, *args, env=None):
-    return subprocess.run([sys.executable, f"bench/{script}", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], capture_output=True,
                           text=True, timeout=300, env=env)
 
 
@@ -77,7 +77,7 @@ def test_side_by_side_attention_prints_a_ratio_per_implementation():
 
 def test_bench_ab_compares_two_checkouts_in_fresh_processes():
     """One pair of a tiny training step, the checkout against itself: one JSON line for it, then the CPU."""
-    done = run("bench_ab.py", ".", ".", "--pairs", "2", "--workloads", "step:tiny")
+    done = run("bench_ab.py", str(ROOT), str(ROOT), "--pairs", "2", "--workloads", "step:tiny")
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     assert [line.get("workload") for line in lines[:-1]] == ["step:tiny"] and "cpu" in lines[-1]

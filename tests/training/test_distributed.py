@@ -42,14 +42,14 @@ needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason=f"needs MPI: {WHY_NOT}")
 
 def mpiexec(n, *args):
     """``mpiexec -n N python ARGS`` from the repository root -> the finished process (output as text)."""
-    return subprocess.run([MPIEXEC, "-n", str(n), sys.executable, *args], cwd=REPO, capture_output=True,
+    return subprocess.run([MPIEXEC, "-n", str(n), sys.executable, *args], capture_output=True,
                           text=True, timeout=TIMEOUT)
 
 
 def train_cmd(n, text_file, out_dir, *extra):
     """python -m train on N processes (plain python for one), which must succeed. -> its process."""
     args = ["-m", "train", "--data", text_file, "--out_dir", str(out_dir), *TINY, *extra]
-    done = mpiexec(n, *args) if n > 1 else subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True,
+    done = mpiexec(n, *args) if n > 1 else subprocess.run([sys.executable, *args], capture_output=True,
                                                           text=True, timeout=TIMEOUT)
     assert done.returncode == 0, done.stdout + done.stderr
     return done
@@ -137,7 +137,7 @@ def test_started_by_mpiexec_without_mpi4py_is_one_line_from_rank_0(text_file, tm
                                  "is not installed: pip install -e \".[dist]\"\n"), ("1", "")):
         env = dict(os.environ, PMI_SIZE="2", PMI_RANK=rank)
         done = subprocess.run([sys.executable, "-c", code, "--data", text_file, "--out_dir", str(tmp_path)],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+                              env=env, capture_output=True, text=True, timeout=TIMEOUT)
         assert (done.returncode, done.stderr, done.stdout) == (1, expected, "")
 
 
@@ -229,7 +229,7 @@ def test_sigterm_to_mpiexec_saves_the_step_reached(text_file, tmp_path):
     the step, saves as Ctrl-C does, and ends the job with 143; --resume carries on."""
     job = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, "-m", "train", "--data", text_file, "--out_dir",
                             str(tmp_path), *TINY, "--batch_size", "8", "--max_iters", "100000", "--eval_interval", "5"],
-                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + TIMEOUT
         while not (tmp_path / "ckpt.npz").exists() and time.time() < deadline:     # the eval at step 5 saved
@@ -292,8 +292,9 @@ def test_nccl_with_a_gpu_per_process_and_training_on_it(text_file, tmp_path):
 @needs_mpi
 def test_the_benchmark_runs_and_reports_its_fields():
     """bench/bench_dist.py on its tiny config (no timing is checked: that is the benchmark's job)."""
-    done = subprocess.run([sys.executable, "bench/bench_dist.py", "--config", "tiny", "--steps", "2", "--warmup", "1",
-                           "--threads", "1", "--mpiexec", MPIEXEC], cwd=REPO, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, os.path.join(REPO, "bench", "bench_dist.py"), "--config", "tiny",
+                           "--steps", "2", "--warmup", "1", "--threads", "1", "--mpiexec", MPIEXEC],
+                          capture_output=True, text=True,
                           timeout=TIMEOUT)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]

@@ -283,7 +283,7 @@ def test_two_processes_train_dpo_as_one(chat_model, tmp_path, monkeypatch):
     loss does."""
     import subprocess
     import sys
-    from test_distributed import MPIEXEC, REPO, TIMEOUT, WHY_NOT
+    from test_distributed import MPIEXEC, TIMEOUT, WHY_NOT
     if MPIEXEC is None:
         pytest.skip(f"needs MPI: {WHY_NOT}")
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -291,7 +291,7 @@ def test_two_processes_train_dpo_as_one(chat_model, tmp_path, monkeypatch):
     args = ["-m", "train", "--stage", "dpo", "--init_from", str(chat_model / "sft.npz"), "--data",
             str(chat_model / "pairs"), *TINY, "--max_iters", "8", "--dpo_nll", "0.5"]
     two = subprocess.run([MPIEXEC, "-n", "2", sys.executable, *args, "--out_dir", str(tmp_path / "two"),
-                          "--shared_batches"], cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
+                          "--shared_batches"], capture_output=True, text=True, timeout=TIMEOUT)
     assert two.returncode == 0, two.stdout + two.stderr
     assert main(args[2:] + ["--out_dir", str(tmp_path / "acc"), "--batch_size", "4",
                             "--gradient_accumulation_steps", "2"]) == 0

@@ -305,7 +305,7 @@ def test_rl_trains_over_two_processes_and_resumes(assistant, tmp_path, monkeypat
     """mpiexec -n 2: each process answers its half of the questions; the run ends, and resumes, as one."""
     import subprocess
     import sys
-    from test_distributed import MPIEXEC, REPO, TIMEOUT, WHY_NOT
+    from test_distributed import MPIEXEC, TIMEOUT, WHY_NOT
     if MPIEXEC is None:
         pytest.skip(f"needs MPI: {WHY_NOT}")
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -315,7 +315,7 @@ def test_rl_trains_over_two_processes_and_resumes(assistant, tmp_path, monkeypat
         argv = rl_run(assistant, out, *flags)
         if "--resume" in flags:                                    # a resumed run keeps its own settings
             argv = ["--out_dir", str(out), "--data", assistant.text, "--resume", "--max_iters", "6", "--quiet"]
-        done = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "train", *argv], cwd=REPO,
+        done = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "train", *argv],
                               capture_output=True, text=True, timeout=TIMEOUT)
         assert done.returncode == 0, done.stdout + done.stderr
     model, _, meta = checkpoint.load(str(out / "ckpt.npz"))

@@ -327,7 +327,7 @@ def test_sft_with_mixed_text_trains_over_two_processes(files, base, conv, tmp_pa
     """mpiexec -n 2: each process takes half of each batch's conversations and text rows."""
     import subprocess
     import sys
-    from test_distributed import MPIEXEC, REPO, TIMEOUT, WHY_NOT
+    from test_distributed import MPIEXEC, TIMEOUT, WHY_NOT
     if MPIEXEC is None:
         pytest.skip(f"needs MPI: {WHY_NOT}")
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -335,7 +335,7 @@ def test_sft_with_mixed_text_trains_over_two_processes(files, base, conv, tmp_pa
     out = tmp_path / "two"
     argv = ["--init_from", str(base), "--data", str(conv), *SMALL, "--mix_data", str(files / "text.txt"),
             "--mix_fraction", "0.25", "--eval_interval", "4", "--max_iters", "6", "--out_dir", str(out)]
-    done = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "train", *argv], cwd=REPO,
+    done = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "train", *argv],
                           capture_output=True, text=True, timeout=TIMEOUT)
     assert done.returncode == 0, done.stdout + done.stderr
     meta = checkpoint.read_meta(str(out / "ckpt.npz"))

@@ -2,13 +2,11 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from data import tasks
 
-ROOT = Path(__file__).resolve().parents[2]
 
 TEXT = """The quick brown fox jumps over the lazy dog. A fox, a dog and a cat sat by the river;
 the cat was sleepy, the dog was hungry, and the quick fox ran along the muddy bank towards
@@ -144,7 +142,7 @@ def test_the_command_writes_a_split_and_says_what_is_wrong_in_one_line(tmp_path)
     text = tmp_path / "text.txt"
     text.write_text(TEXT, encoding="utf-8")
     out = tmp_path / "reverse.jsonl"
-    run = lambda *args: subprocess.run([sys.executable, "-m", "data.tasks", *args], cwd=ROOT,   # noqa: E731
+    run = lambda *args: subprocess.run([sys.executable, "-m", "data.tasks", *args],   # noqa: E731
                                        capture_output=True, text=True)
     done = run("reverse", "--text", str(text), "--split", "test", "--n", "7", "--seed", "1", "--out", str(out))
     assert done.returncode == 0, done.stderr

@@ -12,7 +12,7 @@ from train import checkpoint
 from train.command import main
 from train.sample import main as sample_main
 
-from training_data import REPO, TEXT, TINY      # the tiny text and model the training tests use
+from training_data import TEXT, TINY      # the tiny text and model the training tests use
 
 
 @pytest.fixture
@@ -129,7 +129,7 @@ def test_sampling_is_deterministic_under_seed(text_file, tmp_path, capsys):
 def test_cli_errors_are_one_line(argv, message):
     if "cuda" in argv and ta.cuda_is_available():
         pytest.skip("CUDA is available here")
-    proc = subprocess.run([sys.executable, "-m", "train", *argv, "--max_iters", "1", "--quiet"], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "train", *argv, "--max_iters", "1", "--quiet"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
@@ -139,7 +139,7 @@ def test_cli_errors_are_one_line(argv, message):
 
 
 def test_sample_cli_error_is_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "train.sample", "--out_dir", str(tmp_path)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "train.sample", "--out_dir", str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1
     assert "no checkpoint" in proc.stderr

@@ -17,7 +17,7 @@ from tinyattn.models import GPT, GPTConfig
 from train import checkpoint, start
 from train.command import main
 
-from training_data import REPO, TEXT, TINY, backward_with_ctrl_c, error_lines      # the tiny text and model the training tests use
+from training_data import TEXT, TINY, backward_with_ctrl_c, error_lines      # the tiny text and model the training tests use
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def test_the_refusal_is_one_line_from_the_command(text_file, tmp_path):
     out = tmp_path / "run"
     assert main(["--data", text_file, "--out_dir", str(out), *TINY, "--max_iters", "2"]) == 0
     proc = subprocess.run([sys.executable, "-m", "train", "--data", text_file, "--out_dir", str(out), *TINY,
-                           "--max_iters", "2"], cwd=REPO, capture_output=True, text=True, timeout=120)
+                           "--max_iters", "2"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "--overwrite" in proc.stderr
 
@@ -208,7 +208,7 @@ def test_ctrl_c_of_a_tee_pipeline_saves_and_resumes_exactly(text_file, tmp_path)
     flags = [*RUN, "--max_iters", "400", "--sample_tokens", "0"]
     shown = [f for f in flags if f != "--quiet"]              # the eval lines go down the pipe
     command = f"{sys.executable} -m train --data {text_file} --out_dir {out} {' '.join(shown)} | tee {log}"
-    pipeline = subprocess.Popen(["bash", "-c", command], cwd=REPO, start_new_session=True,
+    pipeline = subprocess.Popen(["bash", "-c", command], start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 120
@@ -400,7 +400,7 @@ def test_a_run_too_large_for_memory_is_one_line(text_file, tmp_path, flags, said
     from train import memory
     said = said.format(memory.parameter_count(GPTConfig(block_size=16, vocab_size=33, n_layer=1, n_embd=65536)))
     proc = subprocess.run([sys.executable, "-m", "train", "--data", text_file, "--out_dir", str(tmp_path / "run"),
-                           *TINY, "--max_iters", "2", *flags], cwd=REPO, capture_output=True, text=True, timeout=120)
+                           *TINY, "--max_iters", "2", *flags], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("python -m train: error: this run needs at least "), proc.stderr

@@ -192,7 +192,7 @@ def test_every_fast_op_is_a_subclass_of_the_teaching_op_it_replaces():
 
 
 def test_every_fast_layer_names_the_teaching_layer_it_runs_for_and_none_is_a_subclass():
-    """Layers are not swapped for fast subclasses: nn.fuse gives a layer a runner, which names its class."""
+    """Layers are not swapped for fast subclasses: ta.compile gives a layer a runner, which names its class."""
     import tinyattn  # noqa: F401  (its __init__ imports fast/models.py, which adds the GPT's layers)
     from tinyattn.fast.modules import RUNNERS
     from tinyattn.models.gpt import GPT, MLP, Block

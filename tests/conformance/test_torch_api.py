@@ -63,3 +63,77 @@ def test_every_public_name_has_a_case():
               "ones_like", "full_like"]
     missing = [n for n in names if n not in NOT_IN_TORCH_OR_NOT_COMPARABLE and not re.search(r"\." + n + r"\b", src)]
     assert not missing, f"public names with no case in tests/conformance: {missing}"
+
+
+# ------------------------------------------------------------------ the everyday API of issue 46
+def test_dim_dot_clip_and_empty():
+    x = sample("float64", (3, 4))
+    check(lambda m, t: t.clip(-0.5, 0.5) * t.dim() + m.clip(t, min=0.1) + t.clip(max=0.2), [x])
+    check(lambda m, a, b: m.dot(a, b) + a.dot(b * 2), [x[0], x[1]])
+    check(lambda m, a, b: a.dot(b), [sample("int64", (5,)), sample("int64", (5,), seed=1)], grad=False)
+    check(lambda m, a, b: a.dot(b), [sample("int32", (5,)), sample("int32", (5,), seed=1)], grad=False)
+    for make in (lambda m: m.empty(2, 3), lambda m: m.empty((2, 3), dtype=m.int64), lambda m: m.empty(0)):
+        check(lambda m: m.zeros_like(make(m)), [], grad=False)             # its shape and dtype (PyTorch: values unset)
+
+
+TOPK_X = np.random.default_rng(0).permutation(60).reshape(3, 4, 5) / 7.0 - 4.0     # no ties
+
+
+@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_topk(dim, largest):
+    """Values, indices (int64) and the gradient, which reaches the picked elements only."""
+    check(lambda m, t: m.topk(t, 2, dim=dim, largest=largest), [TOPK_X])
+    check(lambda m, t: t.topk(TOPK_X.shape[dim], dim, largest, True), [TOPK_X])
+    check(lambda m, t: t.topk(1, dim, largest).values * 1, [TOPK_X.astype("float32")])
+
+
+def test_topk_of_integers_nan_0_d_and_unsorted():
+    check(lambda m, t: t.topk(2), [np.array([[3, -1, 7, 2], [0, 5, -2, 4]])], grad=False)
+    check(lambda m, t: t.topk(2), [np.array([[1.0, np.nan, 3.0, 2.0]])])           # NaN counts as the largest
+    check(lambda m, t: t.topk(2, largest=False), [np.array([[1.0, np.nan, 3.0, 2.0]])])
+    check(lambda m, t: t.topk(1), [np.array(2.5)])
+    check(lambda m, t: t.topk(0, 1).values, [TOPK_X])
+    import torch
+    for t in (ta.tensor(TOPK_X, dtype="float64"), torch.tensor(TOPK_X)):
+        values, indices = t.topk(3, dim=2, sorted=False)                             # in any order: compare as sets
+        np.testing.assert_array_equal(np.sort(values.numpy(), -1), np.sort(TOPK_X, -1)[..., 2:])
+        np.testing.assert_array_equal(np.sort(indices.numpy(), -1), np.sort(np.argsort(-TOPK_X, -1)[..., :3], -1))
+
+
+def test_multinomial_is_torch_s_distribution():
+    """Frequencies over many draws, against PyTorch's and against the weights (the values differ:
+    each library draws from its own generator)."""
+    import torch
+    weights = np.array([1.0, 0.0, 3.0, 6.0])                 # need not add up to 1; category 1 never drawn
+    n = 20000
+    ta.manual_seed(0)
+    torch.manual_seed(0)
+    ours = ta.multinomial(ta.tensor(weights), n, replacement=True)
+    theirs = torch.multinomial(torch.tensor(weights), n, replacement=True)
+    assert ours.dtype == ta.int64 and ours.shape == (n,)
+    f_ours, f_theirs = (np.bincount(s.numpy(), minlength=4) / n for s in (ours, theirs))
+    np.testing.assert_allclose(f_ours, weights / weights.sum(), atol=0.015)
+    np.testing.assert_allclose(f_ours, f_theirs, atol=0.02)
+    assert f_ours[1] == 0
+    # without replacement: the first two draws of each of n rows, as ordered pairs
+    rows = np.tile(weights, (n, 1))
+    ours = ta.tensor(rows).multinomial(2).numpy()
+    theirs = torch.tensor(rows).multinomial(2).numpy()
+    assert ours.shape == (n, 2) and (ours[:, 0] != ours[:, 1]).all()
+    p = weights / weights.sum()
+    exact = np.array([[p[i] * p[j] / (1 - p[i]) if i != j else 0.0 for j in range(4)] for i in range(4)])
+    pairs = [np.bincount(s[:, 0] * 4 + s[:, 1], minlength=16).reshape(4, 4) / n for s in (ours, theirs)]
+    np.testing.assert_allclose(pairs[0], exact, atol=0.015)
+    np.testing.assert_allclose(pairs[0], pairs[1], atol=0.02)
+    # every category, zeros last (as PyTorch)
+    assert ta.multinomial(ta.tensor(weights), 4).tolist()[3] == 1
+    assert torch.multinomial(torch.tensor(weights), 4).tolist()[3] == 1
+
+
+def test_multinomial_follows_manual_seed():
+    p = ta.tensor([[0.2, 0.3, 0.5], [0.9, 0.05, 0.05]])
+    ta.manual_seed(3)
+    first = [ta.multinomial(p, 5, replacement=True).tolist(), p.multinomial(3).tolist()]
+    ta.manual_seed(3)
+    assert [ta.multinomial(p, 5, replacement=True).tolist(), p.multinomial(3).tolist()] == first

@@ -99,6 +99,8 @@ OPS = [
     OpSpec("Tensor.__matmul__(1-d left)", lambda a, b: a @ b, lambda r: [normal(r, 4), normal(r, 2, 4, 3)], np.matmul),
     OpSpec("Tensor.__matmul__(1-d right)", lambda a, b: a @ b, lambda r: [normal(r, 2, 3, 4), normal(r, 4)], np.matmul),
     OpSpec("Tensor.__matmul__(1-d both)", lambda a, b: a @ b, lambda r: [normal(r, 4), normal(r, 4)], np.matmul),
+    OpSpec("ta.dot", lambda a, b: ops.dot(a, b), lambda r: [normal(r, 5), normal(r, 5)], np.dot),
+    OpSpec("Tensor.dot", lambda a, b: a.dot(b), lambda r: [normal(r, 3), normal(r, 3)], np.dot),
     # elementwise
     OpSpec("Tensor.exp", lambda a: a.exp(), lambda r: [normal(r, 3, 4)], np.exp),
     OpSpec("Tensor.log", lambda a: a.log(), lambda r: [positive(r, 3, 4)], np.log),
@@ -119,6 +121,8 @@ OPS = [
            lambda a: np.clip(a, -0.5, 0.7)),
     OpSpec("Tensor.clamp(min)", lambda a: a.clamp(min=0.1), lambda r: [distinct(r, 4, 5, gap=0.05) + 0.013],
            lambda a: np.maximum(a, 0.1)),
+    OpSpec("Tensor.clip", lambda a: a.clip(max=0.3), lambda r: [distinct(r, 4, 5, gap=0.05) + 0.013],
+           lambda a: np.minimum(a, 0.3)),
     OpSpec("Tensor.clone", lambda a: a.clone(), lambda r: [normal(r, 3, 4)], lambda a: a.copy()),
     OpSpec("Tensor.float", lambda a: a.float().double(), lambda r: [normal(r, 3)],
            lambda a: a.astype(np.float32).astype(np.float64), atol=1e-6, eps=1e-2, keeps_dtype=False),  # linear: a wide step is exact
@@ -184,6 +188,12 @@ OPS = [
            np.where),
     OpSpec("Tensor.masked_fill", lambda a, m: a.masked_fill(m, -2.0), lambda r: [normal(r, 3, 4), BOOL_MASK],
            lambda a, m: np.where(m, -2.0, a)),
+    OpSpec("Tensor.masked_fill_", lambda a, m: (a * 1.0).masked_fill_(m, 0.5),     # recorded: a new node, as += is
+           lambda r: [normal(r, 3, 4), BOOL_MASK], lambda a, m: np.where(m, 0.5, a)),
+    OpSpec("Tensor.topk", lambda a: a.topk(2, dim=1).values, lambda r: [distinct(r, 3, 5, 2)],
+           lambda a: -np.sort(-a, 1)[:, :2]),
+    OpSpec("ta.topk(smallest, last dim)", lambda a: ops.topk(a, 3, largest=False)[0], lambda r: [distinct(r, 2, 6)],
+           lambda a: np.sort(a, -1)[:, :3]),
     OpSpec("Tensor.tril", lambda a: a.tril(), lambda r: [normal(r, 2, 4, 4)], np.tril),
     OpSpec("Tensor.triu", lambda a: a.triu(1), lambda r: [normal(r, 3, 4)], lambda a: np.triu(a, 1)),
     # tinyattn.nn.functional

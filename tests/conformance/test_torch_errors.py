@@ -92,6 +92,22 @@ REFUSED = {
     "multinomial of a NaN weight": (lambda m, p: p.multinomial(1), [np.array([1.0, np.nan])]),
     "multinomial of an infinite weight": (lambda m, p: p.multinomial(1, True), [np.array([1.0, np.inf])]),
     "multinomial of weights that add up to 0": (lambda m, p: m.multinomial(p, 2, True), [np.zeros((2, 3))]),
+    "nll_loss with a bad reduction": (lambda m, x, t: m.F.nll_loss(x, t, reduction="avg"), [f64(3, 4), np.array([0, 1, 2])]),
+    "nll_loss with targets out of range": (lambda m, x, t: m.F.nll_loss(x, t), [f64(3, 4), np.array([0, 1, 7])]),
+    "nll_loss with a negative target": (lambda m, x, t: m.F.nll_loss(x, t), [f64(3, 4), np.array([0, 1, -2])]),
+    "nll_loss with float targets": (lambda m, x, t: m.F.nll_loss(x, t), [f64(3, 4), np.array([0.0, 1.0, 2.0])]),
+    "nll_loss with integer input": (lambda m, x, t: m.F.nll_loss(x, t), [np.ones((3, 4), int), np.array([0, 1, 2])]),
+    "nll_loss with fewer targets than rows": (lambda m, x, t: m.F.nll_loss(x, t), [f64(3, 4), np.array([0, 1])]),
+    "nll_loss of a 0-d input": (lambda m, x, t: m.F.nll_loss(x, t), [f64(), np.array(0)]),
+    "nll_loss with a weight per row, not per class": (lambda m, x, t: m.F.nll_loss(x, t, weight=x[:, 0].detach()),
+                                                      [f64(3, 4), np.array([0, 1, 2])]),
+    "nll_loss with float32 weights for float64 input": (
+        lambda m, x, t: m.F.nll_loss(x, t, weight=m.ones(4, dtype=m.float32)), [f64(3, 4), np.array([0, 1, 2])]),
+    "kl_div with a bad reduction": (lambda m, x, p: m.F.kl_div(x, p, reduction="avg"), [f64(3, 4), f64(3, 4)]),
+    "kl_div of integers": (lambda m, x, p: m.F.kl_div(x, p, reduction="sum"), [np.ones(3, int), np.ones(3, int)]),
+    "rms_norm over the wrong shape": (lambda m, x: m.F.rms_norm(x, (3,)), [f64(2, 4)]),
+    "rms_norm with a weight of the wrong shape": (lambda m, x, w: m.F.rms_norm(x, (4,), w), [f64(2, 4), f64(3)]),
+    "rms_norm of integers": (lambda m, x: m.F.rms_norm(x, (4,)), [np.ones((2, 4), int)]),
 }
 
 

@@ -74,6 +74,26 @@ def _weighted_cross_entropy(logits, targets, w, eps=0.0, ignore_index=-1):
     return np.where(valid, (1 - eps) * nll - eps * (w * logp).mean(1), 0.0)
 
 
+def _nll(logp, targets, w=None, ignore_index=-100):
+    """Per row: -w[t] logp[n, t] (w 1 without class weights), 0 where the target is ignored;
+    and each row's weight (0 where ignored), for a mean."""
+    valid = targets != ignore_index
+    safe = np.where(valid, targets, 0)
+    weight = np.where(valid, 1.0 if w is None else w[safe], 0.0)
+    return np.where(valid, -logp[np.arange(len(targets)), safe] * weight, 0.0), weight
+
+
+def _kl_terms(logq, p):
+    """p (log p - log q), 0 where p is 0."""
+    return np.where(p == 0, 0.0, p * np.log(np.where(p == 0, 1.0, p))) - p * logq
+
+
+def _rms_norm(x, w, eps, dims=1):
+    """x / sqrt(mean(x^2) + eps) * w over the last ``dims`` dims."""
+    axes = tuple(range(x.ndim - dims, x.ndim))
+    return x / np.sqrt((x * x).mean(axes, keepdims=True) + eps) * w
+
+
 INT_IDX = np.array([2, 0, 2, 3, 2])               # repeated ids: their gradients must add up
 BOOL_MASK = np.array([[True, False, True, True], [False, False, True, False], [True, True, False, True]])
 
@@ -240,6 +260,26 @@ OPS = [
     OpSpec("F.cross_entropy(probabilities, weight)", lambda a, p, w: F.cross_entropy(a, p, weight=w),
            lambda r: [normal(r, 3, 4), positive(r, 3, 4), positive(r, 4)],
            lambda a, p, w: -(w * p * formulas.log_softmax(a, 1)).sum(1).mean()),
+    OpSpec("F.nll_loss", lambda a, t: F.nll_loss(a, t), lambda r: [normal(r, 5, 4), np.array([0, 3, 1, 3, 2])],
+           lambda a, t: _nll(a, t)[0].mean()),
+    OpSpec("F.nll_loss(weight, ignore_index)", lambda a, t, w: F.nll_loss(a, t, weight=w, ignore_index=-1),
+           lambda r: [normal(r, 5, 4), np.array([0, -1, 1, 3, 3]), positive(r, 4)],
+           lambda a, t, w: _nll(a, t, w, -1)[0].sum() / _nll(a, t, w, -1)[1].sum()),
+    OpSpec("F.nll_loss(none, (N, C, d))", lambda a, t: F.nll_loss(a, t, ignore_index=1, reduction="none"),
+           lambda r: [normal(r, 2, 4, 3), np.array([[0, 1, 3], [2, 3, 3]])],
+           lambda a, t: _nll(np.moveaxis(a, 1, -1).reshape(6, 4), t.reshape(6), None, 1)[0].reshape(2, 3)),
+    OpSpec("F.nll_loss(sum, (C,))", lambda a, t: F.nll_loss(a, t, reduction="sum"), lambda r: [normal(r, 5), np.array(2)],
+           lambda a, t: -a[t]),
+    OpSpec("F.kl_div", lambda q, p: F.kl_div(q, p, reduction="batchmean"), lambda r: [normal(r, 3, 4), positive(r, 3, 4)],
+           lambda q, p: _kl_terms(q, p).sum() / 3),
+    OpSpec("F.kl_div(none, log_target)", lambda q, p: F.kl_div(q, p, reduction="none", log_target=True),
+           lambda r: [normal(r, 3, 4), normal(r, 3, 4)], lambda q, p: np.exp(p) * (p - q)),
+    OpSpec("F.kl_div(mean, a target of 0)", lambda q, p: F.kl_div(q, p * np.array([1.0, 0.0, 1.0, 1.0])),
+           lambda r: [normal(r, 2, 4), positive(r, 2, 4)], lambda q, p: _kl_terms(q, p * [1, 0, 1, 1]).mean()),
+    OpSpec("F.rms_norm", lambda x, w: F.rms_norm(x, 4, w, eps=1e-5), lambda r: [normal(r, 2, 3, 4), normal(r, 4)],
+           lambda x, w: _rms_norm(x, w, 1e-5)),
+    OpSpec("F.rms_norm(two dims, eps None, no weight)", lambda x: F.rms_norm(x, (3, 4)), lambda r: [normal(r, 2, 3, 4)],
+           lambda x: _rms_norm(x, 1.0, np.finfo(np.float64).eps, dims=2)),
     OpSpec("F.embedding", lambda w, i: F.embedding(i, w), lambda r: [normal(r, 5, 3), np.array([[4, 0, 4], [1, 4, 2]])],
            lambda w, i: w[i]),
     OpSpec("F.layer_norm", lambda x, w, b: F.layer_norm(x, 4, w, b), lambda r: [normal(r, 2, 3, 4), normal(r, 4), normal(r, 4)],

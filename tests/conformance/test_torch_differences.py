@@ -41,6 +41,7 @@ def test_clip_grad_norm_with_no_gradient():
     with pytest.raises(ValueError, match="clip_grad_norm_: no parameter has a gradient"):
         ta.nn.utils.clip_grad_norm_([ta.zeros(2, requires_grad=True)], 1.0)
     assert torch.nn.utils.clip_grad_norm_([torch.zeros(2, requires_grad=True)], 1.0).item() == 0.0
+    assert ta.nn.utils.clip_grad_norm_([], 1.0).item() == 0.0            # no parameters at all: 0 in both
 
 
 def test_kl_div_gradient_at_a_target_of_0():

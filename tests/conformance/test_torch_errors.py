@@ -108,7 +108,18 @@ REFUSED = {
     "rms_norm over the wrong shape": (lambda m, x: m.F.rms_norm(x, (3,)), [f64(2, 4)]),
     "rms_norm with a weight of the wrong shape": (lambda m, x, w: m.F.rms_norm(x, (4,), w), [f64(2, 4), f64(3)]),
     "rms_norm of integers": (lambda m, x: m.F.rms_norm(x, (4,)), [np.ones((2, 4), int)]),
+    "get_total_norm of infinite gradients, asked to refuse": (
+        lambda m, g: m.nn.utils.get_total_norm([g.detach()], error_if_nonfinite=True), [np.array([1.0, np.inf])]),
+    "clip_grad_norm_ of NaN gradients, asked to refuse": (
+        lambda m, g: m.nn.utils.clip_grad_norm_([grad_of(g)], 1.0, error_if_nonfinite=True), [np.array([1.0, np.nan])]),
 }
+
+
+def grad_of(t):
+    """A leaf whose .grad is ``t`` (a tensor that requires grad, of either library)."""
+    leaf = t.detach().clone().requires_grad_()
+    leaf.grad = t.detach().clone()
+    return leaf
 
 
 @pytest.mark.parametrize("case", REFUSED)

@@ -266,6 +266,35 @@ def test_rms_norm_layer():
                                    rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf"), 3.0, 0.5])
+def test_get_total_norm_and_clip_grads_with_norm(norm_type):
+    """The two halves of clip_grad_norm_: the norm, then the scaling by that norm."""
+    grads = [normal(3, 4), normal(5, seed=1), normal(2, 2, 2, seed=2)]
+    for lib, make in ((ta, lambda g: ta.tensor(g, dtype="float64")), (torch, torch.tensor)):
+        norm = lib.nn.utils.get_total_norm([make(g) for g in grads], norm_type=norm_type)
+        one = lib.nn.utils.get_total_norm(make(grads[0]), norm_type)
+        params = [make(np.zeros_like(g)).requires_grad_() for g in grads]
+        for p, g in zip(params, grads):
+            p.grad = make(g)
+        assert lib.nn.utils.clip_grads_with_norm_(params, 1.5, norm) is None
+        result = (norm.item(), one.item(), [p.grad.numpy() for p in params])
+        if lib is torch:
+            np.testing.assert_allclose(result[:2], ours[:2], rtol=1e-12)
+            for a, b in zip(ours[2], result[2]):
+                np.testing.assert_allclose(a, b, rtol=1e-12)
+        ours = result
+    mixed = [(ta.ones(2), ta.ones(2, dtype="float64")), (torch.ones(2), torch.ones(2, dtype=torch.float64))]
+    n, tn = (lib.nn.utils.get_total_norm(ts, norm_type) for lib, ts in zip((ta, torch), mixed))
+    assert (n.dtype, n.item()) == (ta.float64, pytest.approx(tn.item())) and tn.dtype == torch.float64
+
+
+def test_grad_norms_of_nothing_are_0():
+    for lib in (ta, torch):
+        for norm in (lib.nn.utils.get_total_norm([]), lib.nn.utils.clip_grad_norm_([], 1.0)):
+            assert norm.item() == 0.0 and str(norm.dtype).endswith("float32"), lib
+        assert lib.nn.utils.clip_grads_with_norm_([], 1.0, lib.tensor(0.0)) is None
+
+
 def test_creation_dtypes():
     for fn in (lambda m: m.arange(5), lambda m: m.arange(5.5, 175.5, 2.5), lambda m: m.arange(0, 1, 0.25),
                lambda m: m.full((2, 2), 4), lambda m: m.full((2, 2), 4.0), lambda m: m.full((2,), True),

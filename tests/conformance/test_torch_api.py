@@ -137,3 +137,52 @@ def test_multinomial_follows_manual_seed():
     first = [ta.multinomial(p, 5, replacement=True).tolist(), p.multinomial(3).tolist()]
     ta.manual_seed(3)
     assert [ta.multinomial(p, 5, replacement=True).tolist(), p.multinomial(3).tolist()] == first
+
+
+# ------------------------------------------------------------------ optimizers and schedulers
+def two_groups(lib, make_optimizer):
+    """An optimizer of two parameter groups (rates 0.1 and 0.02) over fixed weights, with PyTorch's
+    or tinyattn's classes: lib is ta or torch."""
+    rng = np.random.default_rng(0)
+    params = [lib.tensor(rng.standard_normal(s), dtype=lib.float64, requires_grad=True) for s in ((3, 4), (4,), (2,))]
+    return make_optimizer(lib.optim, [{"params": params[:2]}, {"params": params[2:], "lr": 0.02}]), params
+
+
+OPTIMIZERS = {
+    "SGD": lambda o, g: o.SGD(g, lr=0.1),
+    "SGD momentum, dampening, weight_decay": lambda o, g: o.SGD(g, lr=0.1, momentum=0.9, dampening=0.3, weight_decay=0.01),
+    "SGD nesterov": lambda o, g: o.SGD(g, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+    "Adam": lambda o, g: o.Adam(g, lr=0.1),
+    "Adam weight_decay (L2)": lambda o, g: o.Adam(g, lr=0.1, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1),
+    "Adam amsgrad": lambda o, g: o.Adam(g, lr=0.1, weight_decay=0.05, amsgrad=True),
+    "AdamW": lambda o, g: o.AdamW(g, lr=0.1, weight_decay=0.1),
+}
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_optimizer_steps_match(name):
+    """Ten steps on a quadratic whose gradients change sign, both groups, then the saved state."""
+    import torch
+    results = []
+    for lib in (ta, torch):
+        opt, params = two_groups(lib, OPTIMIZERS[name])
+        for _ in range(10):
+            opt.zero_grad()
+            sum(((p - 0.3) ** 2 * (i + 1)).sum() + (p ** 3).sum() for i, p in enumerate(params)).backward()
+            opt.step()
+        results.append([p.detach().numpy() for p in params])
+    for a, t in zip(*results):
+        np.testing.assert_allclose(a, t, rtol=1e-12, atol=1e-14)
+
+
+def test_optimizer_checks():
+    import torch
+    for lib in (ta, torch):
+        w = [lib.zeros(2, requires_grad=True)]
+        for bad in (dict(nesterov=True), dict(momentum=0.9, dampening=0.1, nesterov=True), dict(lr=-0.1)):
+            with pytest.raises(ValueError):
+                lib.optim.SGD(w, **bad)
+        for bad in (dict(weight_decay=-1), dict(betas=(1.0, 0.9)), dict(eps=-1)):
+            with pytest.raises(ValueError):
+                lib.optim.Adam(w, **bad)
+        assert lib.optim.Adam(w).defaults["weight_decay"] == 0 and lib.optim.SGD(w).defaults["lr"] == 1e-3

@@ -186,3 +186,87 @@ def test_optimizer_checks():
             with pytest.raises(ValueError):
                 lib.optim.Adam(w, **bad)
         assert lib.optim.Adam(w).defaults["weight_decay"] == 0 and lib.optim.SGD(w).defaults["lr"] == 1e-3
+
+
+SCHEDULERS = {
+    "LambdaLR": lambda s, o: s.LambdaLR(o, lambda t: 0.95 ** t),
+    "LambdaLR, one per group": lambda s, o: s.LambdaLR(o, [lambda t: 1 / (1 + t), lambda t: 0.5 + (t % 7)]),
+    "StepLR": lambda s, o: s.StepLR(o, step_size=7, gamma=0.5),
+    "MultiStepLR": lambda s, o: s.MultiStepLR(o, milestones=[30, 10, 10, 45], gamma=0.3),
+    "LinearLR": lambda s, o: s.LinearLR(o, start_factor=0.1, end_factor=0.8, total_iters=12),
+    "LinearLR, defaults": lambda s, o: s.LinearLR(o),
+    "CosineAnnealingLR": lambda s, o: s.CosineAnnealingLR(o, T_max=20, eta_min=0.001),  # past T_max: up again
+    "SequentialLR: warmup, then cosine": lambda s, o: s.SequentialLR(
+        o, [s.LinearLR(o, start_factor=0.01, total_iters=10), s.CosineAnnealingLR(o, T_max=40)], milestones=[10]),
+    "SequentialLR of three": lambda s, o: s.SequentialLR(
+        o, [s.LambdaLR(o, lambda t: 1.0 + t), s.StepLR(o, 4), s.MultiStepLR(o, [3, 5], 0.5)], milestones=[5, 25]),
+    "OneCycleLR": lambda s, o: s.OneCycleLR(o, max_lr=[0.5, 0.1], total_steps=50),
+    "OneCycleLR, linear, three phases": lambda s, o: s.OneCycleLR(
+        o, max_lr=0.4, epochs=10, steps_per_epoch=5, pct_start=0.25, anneal_strategy="linear", three_phase=True,
+        base_momentum=0.8, max_momentum=[0.9, 0.95]),
+}
+PLATEAU = {
+    "ReduceLROnPlateau": lambda s, o: s.ReduceLROnPlateau(o, patience=2, cooldown=1, factor=0.5, min_lr=[0.0, 0.004]),
+    "ReduceLROnPlateau, max, abs": lambda s, o: s.ReduceLROnPlateau(o, mode="max", patience=0, threshold=0.05,
+                                                                    threshold_mode="abs", eps=0.01),
+}
+METRIC = [1.0 - 0.02 * t + 0.3 * ((t * 7) % 5 == 0) for t in range(60)]         # falls, with bumps
+
+
+def run_schedule(lib, make_optimizer, make, steps, start=0, saved=None):
+    """The rates (and momenta) after making the scheduler and after each of ``steps`` steps; from
+    ``saved`` (the optimizer's and the scheduler's state after ``start`` steps), when given."""
+    opt, _ = two_groups(lib, make_optimizer)
+    sched = make(lib.optim.lr_scheduler, opt)
+    if saved is not None:
+        opt.load_state_dict(saved[0])
+        sched.load_state_dict(saved[1])
+    def now():
+        group = opt.param_groups[1]
+        return list(sched.get_last_lr()) + [group.get("momentum", group.get("betas", (0,))[0])]
+    rates = [] if saved is not None else [now()]
+    for t in range(start, start + steps):
+        opt.step()
+        sched.step(METRIC[t]) if "Plateau" in type(sched).__name__ else sched.step()
+        rates.append(now())
+    return rates, (opt.state_dict(), sched.state_dict())
+
+
+@pytest.mark.parametrize("optimizer", ["SGD momentum, dampening, weight_decay", "AdamW"])
+@pytest.mark.parametrize("name", list(SCHEDULERS) + list(PLATEAU))
+def test_scheduler_rates_match_over_a_whole_schedule(name, optimizer):
+    """50 steps, two parameter groups: PyTorch's rates (and OneCycleLR's momenta); then the same
+    schedule stopped after 20 steps, saved, and resumed in a new optimizer and scheduler."""
+    import torch
+    make = {**SCHEDULERS, **PLATEAU}[name]
+    want, _ = run_schedule(torch, OPTIMIZERS[optimizer], make, 50)
+    got, _ = run_schedule(ta, OPTIMIZERS[optimizer], make, 50)
+    np.testing.assert_allclose(np.array(got, float), np.array(want, float), rtol=1e-12, atol=1e-15)
+    first, saved = run_schedule(ta, OPTIMIZERS[optimizer], make, 20)
+    rest, _ = run_schedule(ta, OPTIMIZERS[optimizer], make, 30, start=20, saved=saved)
+    np.testing.assert_allclose(np.array(first + rest, float), np.array(want, float), rtol=1e-12, atol=1e-15)
+
+
+def test_scheduler_checks():
+    import torch
+    for lib in (ta, torch):
+        opt, _ = two_groups(lib, OPTIMIZERS["SGD"])
+        s = lib.optim.lr_scheduler
+        for make, error in [(lambda: s.LinearLR(opt, start_factor=0), ValueError),
+                            (lambda: s.LinearLR(opt, end_factor=1.5), ValueError),
+                            (lambda: s.LambdaLR(opt, [lambda t: 1.0]), ValueError),
+                            (lambda: s.SequentialLR(opt, [s.StepLR(opt, 2)], milestones=[3]), ValueError),
+                            (lambda: s.SequentialLR(opt, [s.ReduceLROnPlateau(opt), s.StepLR(opt, 2)], [3]), ValueError),
+                            (lambda: s.OneCycleLR(opt, 0.1), ValueError),
+                            (lambda: s.ReduceLROnPlateau(opt, factor=1.0), ValueError),
+                            (lambda: s.StepLR(object(), 2), TypeError),
+                            (lambda: s.StepLR(lib.optim.SGD([lib.zeros(1, requires_grad=True)]), 2, last_epoch=3),
+                             KeyError)]:
+            with pytest.raises(error):
+                make()
+        one_cycle = s.OneCycleLR(opt, 0.1, total_steps=2)
+        for _ in range(2):
+            opt.step()
+            one_cycle.step()
+        with pytest.raises(ValueError):
+            one_cycle.step()

@@ -1,4 +1,5 @@
-"""Optimizers (SGD with momentum, Adam, AdamW) and the warmup + cosine learning-rate schedule.
+"""Optimizers (SGD with momentum, Adam, AdamW) and the warmup + cosine learning-rate schedule;
+PyTorch's schedulers are in ``lr_scheduler.py``.
 
 Updates work on raw arrays, in place, outside the autodiff graph. The fast
 layer (``tinyattn/fast``) has a faster AdamW step with the same arithmetic,
@@ -241,3 +242,5 @@ def set_lr(optimizer, lr):
     for group in optimizer.param_groups:
         group["lr"] = lr
 
+
+from . import lr_scheduler  # noqa: E402,F401 (PyTorch's schedulers: they need Optimizer, above)

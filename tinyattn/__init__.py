@@ -28,6 +28,6 @@ from .anomaly import detect_anomaly  # noqa: E402
 from .profiler import profile  # noqa: E402
 from . import viz  # noqa: E402,F401
 from . import distributed  # noqa: E402,F401
-from .safetensors import save_safetensors, load_safetensors, read_safetensors, SafetensorsError  # noqa: E402
+from .safetensors import save_safetensors, load_safetensors, read_safetensors, SafetensorsError, save, load  # noqa: E402
 from .fast import set_fast, is_fast, get_num_threads, set_num_threads, set_flush_denormal  # noqa: E402  (the fast layer, last)
 from .fast import models as _fast_models  # noqa: E402,F401  (the fast GPT layers: above the models)

@@ -11,6 +11,7 @@ that run the same arithmetic with fused kernels, threads or BLAS tricks, and
 fall back to these formulas whenever they cannot. They run only inside a
 model (or function) given to ``ta.compile``; everywhere else these formulas run.
 """
+import collections
 import functools
 import math
 
@@ -282,6 +283,24 @@ def matmul(a, b):
     if len(b_shape) == 1:
         return MatMul.apply(a, b.unsqueeze(-1)).squeeze(-1)
     return MatMul.apply(a, b)
+
+
+def dot(a, b):
+    """sum(a * b) of two 1-d tensors, as torch.dot: one length and one dtype (no broadcasting,
+    no promotion), a 0-d result."""
+    if not is_tensor(b):
+        raise TypeError(f"dot: expected a Tensor, got {describe(b)}")
+    if a.ndim != 1 or b.ndim != 1:
+        raise ValueError(f"dot: expected two 1-d tensors, got shapes {a.shape} and {b.shape} "
+                         "(ta.matmul takes more dims)")
+    if a.shape != b.shape:
+        raise ValueError(f"dot: the tensors have lengths {a.shape[0]} and {b.shape[0]}; they must match")
+    if a.dtype != b.dtype:
+        raise TypeError(f"dot: got {a.dtype} and {b.dtype} tensors; convert one so both match (dot does not "
+                        "mix dtypes)")
+    if a.dtype.kind == "b":
+        raise TypeError("dot: bool tensors are refused, as in PyTorch (convert with .long() first)")
+    return to_dtype((a * b).sum(), a.dtype)                 # (an int32 sum would be int64)
 
 
 # ---------------------------------------------------------------- elementwise
@@ -690,6 +709,37 @@ def gather(x, dim, index):
     return Gather.apply(x, index, dim=dim)
 
 
+TopK = collections.namedtuple("topk", ["values", "indices"])     # as PyTorch's torch.return_types.topk
+
+
+def topk(x, k, dim=-1, largest=True, sorted=True):
+    """The k largest (largest=False: smallest) entries of ``x`` along ``dim``: (values, indices).
+
+    Ties: of equal values the one at the lower index comes first (a stable sort), and NaN
+    counts as larger than any number, as in PyTorch. The values are ``x.gather(dim, indices)``,
+    so the gradient flows to the picked elements only. ``sorted=False`` lets PyTorch return
+    them in any order; here they come sorted all the same.
+    """
+    if x.dtype.kind == "b":
+        raise TypeError("topk: bool tensors are refused, as in PyTorch (convert with .long() first)")
+    if not isinstance(k, int):
+        raise TypeError(f"topk: k must be an int, got {describe(k)}")
+    if x.ndim == 0:                                           # a 0-d tensor: its one value (k 0 or 1), as in PyTorch
+        values, indices = topk(x.reshape(1), 1 if k == 0 else k, normalize_dim(dim, 0, "topk"), largest, sorted)
+        return TopK(values.reshape(()), indices.reshape(()))
+    dim = normalize_dim(dim, x.ndim, "topk")
+    n = x.shape[dim]
+    if not 0 <= k <= n:
+        raise ValueError(f"topk: k={k} is out of range for dim {dim} of size {n} (shape {x.shape})")
+    xp, backend = x.xp, x.backend
+    if largest:                  # descending, and stable: sort the reversed row ascending, then reverse back
+        order = (n - 1) - xp.flip(backend.argsort(xp.flip(x.data, axis=dim), dim), axis=dim)
+    else:
+        order = backend.argsort(x.data, dim)
+    indices = constant(x, backend.getitem(order, (slice(None),) * dim + (slice(0, k),)))
+    return TopK(gather(x, dim, indices), indices)
+
+
 class Cat(Function):
     def forward(self, *arrays, dim):
         self.dim = dim
@@ -932,5 +982,5 @@ def causal_mask(t_q, t_k, backend, offset=0):
     return backend.xp.tril(ones, k=offset) > 0
 
 
-__all__ = ["sum_to", "constant", "lift", "matmul", "gelu", "getitem", "gather", "cat", "stack", "split", "where",
+__all__ = ["sum_to", "constant", "lift", "matmul", "dot", "topk", "gelu", "getitem", "gather", "cat", "stack", "split", "where",
            "softmax", "log_softmax", "logsumexp", "logsigmoid", "softplus", "causal_mask"]

@@ -18,8 +18,13 @@ The reader trusts nothing in the file: every size and offset in the header is
 checked against the others and against the file's length before a byte of data
 is read, and anything wrong is one SafetensorsError (a ValueError) that names
 the file and the problem.
+
+``ta.save`` and ``ta.load`` (PyTorch's names, at the end of this file) write and read
+state dicts this way: a module's as it is, nested ones (an optimizer's, a scheduler's, a
+checkpoint of several) with their structure as JSON in the metadata.
 """
 import json
+import numbers
 import os
 import tempfile
 
@@ -146,13 +151,14 @@ def load_safetensors(path, device="cpu"):
     BF16 arrays come back as float32.
     """
     arrays, _ = read_safetensors(path)
-    out = {}
-    for name, a in arrays.items():
-        if a.dtype.name not in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"):
-            raise SafetensorsError(path, f"{name!r} is {a.dtype}, which a Tensor cannot hold: "
-                                         "read it as a numpy array with read_safetensors")
-        out[name] = tensor(a, dtype=a.dtype.name, device=device)
-    return out
+    return {name: _tensor_of(path, name, a, device) for name, a in arrays.items()}
+
+
+def _tensor_of(path, name, a, device):
+    if a.dtype.name not in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"):
+        raise SafetensorsError(path, f"{name!r} is {a.dtype}, which a Tensor cannot hold: "
+                                     "read it as a numpy array with read_safetensors")
+    return tensor(a, dtype=a.dtype.name, device=device)
 
 
 def _parse_header(path, raw):
@@ -220,3 +226,85 @@ def _no_duplicates(pairs):
 
 def _is_count(x):
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+# --- ta.save and ta.load: state dicts ----------------------------------------
+STRUCTURE = "tinyattn.structure"     # the metadata entry that holds a nested state dict's shape
+
+
+def save(obj, f):
+    """Write a state dict to the file at path ``f`` as safetensors: atomically, as
+    ``save_safetensors`` writes (``f`` holds the old file or the whole new one, never half).
+
+    A module's state dict, {name: Tensor}, is written as it is, so any safetensors reader
+    opens it (Hugging Face's, ``safetensors.torch.load_file``). Anything else is nested
+    dicts, lists and tuples of Tensors, numpy arrays, numbers, strings, booleans and None (an
+    optimizer's or a scheduler's state dict, or a checkpoint such as {"model": ..., "optimizer":
+    ..., "step": 100}): each array is stored under its path of keys ("optimizer.state.0.exp_avg"),
+    the rest as JSON in the metadata. There is no pickle (torch.save's format), so loading a
+    file runs no code of anyone's.
+    """
+    if isinstance(obj, dict) and obj and all(isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items()):
+        save_safetensors(obj, f)
+        return
+    arrays = {}
+    structure = _encode(obj, "", arrays, f)
+    save_safetensors(arrays, f, metadata={STRUCTURE: json.dumps(structure)})
+
+
+def _encode(value, path, arrays, f):
+    """``value`` as JSON; each Tensor or numpy array in it goes into ``arrays`` under its path."""
+    if isinstance(value, (Tensor, np.ndarray)):
+        name = path or "value"
+        if name in arrays:
+            raise SafetensorsError(f, f"save: two arrays would be stored as {name!r} (a key with a dot in it?)")
+        arrays[name] = value
+        return {"tensor" if isinstance(value, Tensor) else "array": name}
+    if isinstance(value, dict):
+        for k in value:
+            if not isinstance(k, (str, int)) or isinstance(k, bool):
+                raise TypeError(f"save: dict keys must be strings or ints, got {k!r} at {path or 'the top'}")
+        return {"dict": [[k, _encode(v, f"{path}.{k}" if path else str(k), arrays, f)] for k, v in value.items()]}
+    if isinstance(value, (list, tuple)):
+        kind = "list" if isinstance(value, list) else "tuple"
+        return {kind: [_encode(v, f"{path}.{i}" if path else str(i), arrays, f) for i, v in enumerate(value)]}
+    if value is None or isinstance(value, (bool, str)):
+        return {"value": value}
+    if isinstance(value, numbers.Integral):
+        return {"value": int(value)}
+    if isinstance(value, numbers.Real):
+        return {"value": float(value)}                      # (inf and nan too: JSON's Infinity and NaN)
+    raise TypeError(f"save: cannot save a {type(value).__name__} (at {path or 'the top'}); a state dict holds "
+                    "Tensors, numpy arrays, numbers, strings, booleans, None, and dicts, lists and tuples of them")
+
+
+def load(f, map_location=None):
+    """What ``save`` wrote to the file at path ``f``: a module's state dict as {name: Tensor},
+    or the nested state dict as it was, its Tensors on ``map_location`` (a device: "cpu",
+    the default, or "cuda") and its numpy arrays as numpy arrays. A safetensors file from
+    elsewhere loads as {name: Tensor}."""
+    arrays, metadata = read_safetensors(f)
+    device = map_location or "cpu"
+    if STRUCTURE not in metadata:
+        return {name: _tensor_of(f, name, a, device) for name, a in arrays.items()}
+    try:
+        structure = json.loads(metadata[STRUCTURE])
+        return _decode(structure, arrays, f, device)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        raise SafetensorsError(f, f"the {STRUCTURE} metadata does not describe the file's arrays ({e})") from None
+
+
+def _decode(node, arrays, f, device):
+    (kind, body), = node.items()
+    if kind == "tensor":
+        return _tensor_of(f, body, arrays[body], device)
+    if kind == "array":
+        return arrays[body]
+    if kind == "dict":
+        return {k: _decode(v, arrays, f, device) for k, v in body}
+    if kind in ("list", "tuple"):
+        items = [_decode(v, arrays, f, device) for v in body]
+        return items if kind == "list" else tuple(items)
+    if kind == "value":
+        return body
+    raise ValueError(f"unknown entry {kind!r}")

@@ -4,7 +4,7 @@ A Tensor wraps one backend array. Its methods are thin: each calls an op
 from ``ops.py``, and the engine in ``autograd.py`` records it.
 """
 from . import autograd, ops as _ops
-from .backend import get_backend, float32, float64, int64, dtype_of_host, is_device, seed_all
+from .backend import get_backend, float32, float64, int64, dtype_of_host, is_device, seed_all, host_rng
 
 
 # --------------------------------------------------------------------------
@@ -47,6 +47,10 @@ class Tensor:
 
     @property
     def ndim(self):
+        return self.data.ndim
+
+    def dim(self):
+        """The number of dims, as ``ndim`` (PyTorch has both)."""
         return self.data.ndim
 
     @property
@@ -210,7 +214,7 @@ class Tensor:
         return _ops.Add.apply(*_ops.operands(self, other, "+", reverse=True))
 
     def __iadd__(self, other):
-        return self._inplace(other, "+", Tensor.__add__)
+        return self._inplace(other, Tensor.__add__, "in-place +=", "x = x + ...")
 
     def __sub__(self, other):
         return _ops.Sub.apply(*_ops.operands(self, other, "-"))
@@ -219,7 +223,7 @@ class Tensor:
         return _ops.Sub.apply(*_ops.operands(self, other, "-", reverse=True))
 
     def __isub__(self, other):
-        return self._inplace(other, "-", Tensor.__sub__)
+        return self._inplace(other, Tensor.__sub__, "in-place -=", "x = x - ...")
 
     def __mul__(self, other):
         return _ops.Mul.apply(*_ops.operands(self, other, "*"))
@@ -228,7 +232,7 @@ class Tensor:
         return _ops.Mul.apply(*_ops.operands(self, other, "*", reverse=True))
 
     def __imul__(self, other):
-        return self._inplace(other, "*", Tensor.__mul__)
+        return self._inplace(other, Tensor.__mul__, "in-place *=", "x = x * ...")
 
     def __truediv__(self, other):
         return _ops.Div.apply(*_ops.operands(self, other, "/", true_division=True))
@@ -237,7 +241,7 @@ class Tensor:
         return _ops.Div.apply(*_ops.operands(self, other, "/", reverse=True, true_division=True))
 
     def __itruediv__(self, other):
-        return self._inplace(other, "/", Tensor.__truediv__)
+        return self._inplace(other, Tensor.__truediv__, "in-place /=", "x = x / ...")
 
     def __pow__(self, other):
         if isinstance(other, Tensor):
@@ -251,41 +255,46 @@ class Tensor:
     def __rpow__(self, other):
         return _ops.Pow.apply(*_ops.operands(self, other, "**", reverse=True))
 
+    def dot(self, other):
+        """The inner product of two 1-d tensors of one length and one dtype: a 0-d tensor."""
+        return _ops.dot(self, other)
+
     def __matmul__(self, other):
         return _ops.matmul(self, other if isinstance(other, Tensor) else _ops.lift(self, other, "@"))
 
     def __rmatmul__(self, other):
         return _ops.matmul(_ops.lift(self, other, "@"), self)
 
-    def _inplace(self, other, op, out_of_place):
-        """``t += x`` and friends. A leaf that requires grad refuses (as in PyTorch): its
+    def _inplace(self, other, out_of_place, what, new):
+        """``t += x`` and friends (``what``: "in-place +="; ``new``: the out-of-place spelling,
+        "x = x + ..."). A leaf that requires grad refuses (as in PyTorch): its
         ``.grad`` would silently stay None. Where no graph is recorded (``ta.no_grad()``, or
         nothing requires grad) the values are written into the tensor's own array, as in
         PyTorch: every view of it (``w[0]``, ``w.T``, ``w.view(...)``, ``w.detach()``) and the
         tensor it views see them. While a graph is recorded the result is a new graph node,
         as ``t = t + x`` would be; a view refuses there, since what it views would not change."""
         if autograd.is_grad_enabled() and self.requires_grad and self.is_leaf:
-            raise RuntimeError(f"in-place {op}= on a leaf tensor that requires grad (shape {self.shape}): "
+            raise RuntimeError(f"{what} on a leaf tensor that requires grad (shape {self.shape}): "
                                "its .grad would be lost. Update it under `with ta.no_grad():`, or "
-                               f"write `x = x {op} ...` to make a new tensor")
+                               f"write `{new}` to make a new tensor")
         recording = autograd.is_grad_enabled() and (self.requires_grad or (isinstance(other, Tensor) and other.requires_grad))
         if recording:
             if self._backend.is_view(self.data):
-                raise RuntimeError(f"in-place {op}= on a view (shape {self.shape}) while a graph is recorded: "
+                raise RuntimeError(f"{what} on a view (shape {self.shape}) while a graph is recorded: "
                                    "the tensor it views would keep its old values. Write "
-                                   f"`x = x {op} ...` for a new tensor, or update it under `with ta.no_grad():`")
+                                   f"`{new}` for a new tensor, or update it under `with ta.no_grad():`")
             return out_of_place(self, other)
         with autograd.set_grad_enabled(False):
             result = out_of_place(self, other)
         if result.shape != self.shape:
-            raise ValueError(f"in-place {op}=: the result has shape {result.shape}, "
+            raise ValueError(f"{what}: the result has shape {result.shape}, "
                              f"the tensor has shape {self.shape}")
         if result.dtype != self.dtype:
             if _is_float(result.dtype) and not _is_float(self.dtype):
-                raise TypeError(f"in-place {op}=: the result is {result.dtype}, which cannot be stored "
+                raise TypeError(f"{what}: the result is {result.dtype}, which cannot be stored "
                                 f"in a {self.dtype} tensor (convert it first with .float())")
             result = result.to(self.dtype)
-        self._write(result.data, f"in-place {op}=", f"write `x = x {op} ...` for a new tensor")
+        self._write(result.data, what, f"write `{new}` for a new tensor")
         return self
 
     def _write(self, values, what, instead):
@@ -389,6 +398,8 @@ class Tensor:
         if min is None and max is None:
             raise ValueError("clamp: give min, max or both (both None would clamp nothing)")
         return _ops.Clamp.apply(self, lo=min, hi=max)
+
+    clip = clamp                                        # PyTorch's alias (numpy's name)
 
     def sign(self):
         return _ops.Sign.apply(self)
@@ -520,8 +531,25 @@ class Tensor:
         return self.split(size, dim)
 
     def masked_fill(self, mask, value):
-        """``value`` where ``mask`` is True; the result keeps this tensor's dtype (as in PyTorch)."""
+        """``value`` (a number or a 0-d tensor) where ``mask`` is True; the result keeps this
+        tensor's dtype (as in PyTorch)."""
+        if isinstance(value, Tensor) and value.ndim:
+            raise ValueError(f"masked_fill: value must be a number or a 0-d tensor, got a tensor of shape "
+                             f"{value.shape} (use ta.where(mask, values, x) for one value per element)")
         return _ops.to_dtype(_ops.where(mask, value, self), self.dtype)
+
+    def masked_fill_(self, mask, value):
+        """``masked_fill``, written into this tensor: an in-place op, as ``+=`` is (see _inplace)."""
+        return self._inplace(value, lambda t, v: t.masked_fill(mask, v), "masked_fill_",
+                             "x = x.masked_fill(mask, value)")
+
+    def topk(self, k, dim=-1, largest=True, sorted=True):
+        """The k largest (or smallest) values along ``dim`` and their indices (see ops.topk)."""
+        return _ops.topk(self, k, dim, largest, sorted)
+
+    def multinomial(self, num_samples, replacement=False):
+        """Indices drawn from the categories that this tensor weighs (see ``multinomial``)."""
+        return multinomial(self, num_samples, replacement)
 
     def tril(self, diagonal=0):
         return _ops.Tril.apply(self, k=diagonal, upper=False)
@@ -669,6 +697,12 @@ def ones(*shape, dtype=None, device=None, requires_grad=False):
     return _filled(shape, 1, dtype, device, requires_grad)
 
 
+def empty(*shape, dtype=None, device=None, requires_grad=False):
+    """A tensor to be written before it is read. PyTorch leaves its values unset (whatever
+    the memory held); here they are zeros."""
+    return _filled(shape, 0, dtype, device, requires_grad)
+
+
 def full(shape, fill_value, dtype=None, device=None, requires_grad=False):
     """``shape`` filled with ``fill_value``; with no dtype, the value's kind picks it, as in
     PyTorch: bool for True/False, int64 for an int, float32 for a float."""
@@ -700,6 +734,46 @@ def rand(*shape, dtype=None, device=None, requires_grad=False):
     dtype = _float_dtype(dtype, "rand")
     host = get_backend("cpu").uniform(_shape_arg(shape), dtype)
     return tensor(host, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def multinomial(input, num_samples, replacement=False):
+    """Category indices drawn from weights: ``input`` (C,) or (N, C), finite, >= 0 and not all 0
+    in a row (they need not add up to 1) -> int64 (num_samples,) or (N, num_samples).
+
+    Drawn on the host, from the generator that ``ta.manual_seed`` seeds, so a seeded run
+    draws the same indices on every device. With replacement, each draw is an inverse-CDF
+    lookup: u uniform in [0, row total), and the first category whose running sum passes u.
+    Without, PyTorch's exponential race: category c gets the key w[c] / E[c], E[c] ~ Exp(1),
+    and the num_samples largest keys win, in order of their keys. That is the same as
+    drawing one category at a time and taking each winner out (the Gumbel top-k trick);
+    categories of weight 0 come after all the others, as in PyTorch.
+    """
+    if not isinstance(input, Tensor):
+        raise TypeError(f"multinomial: input must be a Tensor of weights, got {type(input).__name__}")
+    if input.ndim not in (1, 2):
+        raise ValueError(f"multinomial: expected weights of shape (C,) or (N, C), got {input.shape}")
+    if not _is_float(input.dtype):
+        raise TypeError(f"multinomial: expected float weights, got {input.dtype} (convert with .float())")
+    C = input.shape[-1]
+    if num_samples <= 0 or (not replacement and num_samples > C):
+        raise ValueError(f"multinomial: cannot draw {num_samples} samples from {C} categories"
+                         + ("" if replacement else " without replacement"))
+    np = get_backend("cpu").xp
+    w = input.numpy().astype(np.float64).reshape(-1, C)                 # (rows, C), on the host
+    if not (np.isfinite(w).all() and (w >= 0).all()):
+        raise ValueError("multinomial: the weights must be finite and >= 0 (got inf, nan or a negative weight)")
+    if (w.sum(-1) <= 0).any():
+        raise ValueError("multinomial: a row of weights adds up to 0 (nothing to draw from)")
+    rng = host_rng()
+    if replacement:
+        cdf = np.cumsum(w, -1)                                           # (rows, C), running sums
+        u = rng.random((len(w), num_samples)) * cdf[:, -1:]              # (rows, S), in [0, total)
+        picks = np.stack([np.searchsorted(c, row, side="right") for c, row in zip(cdf, u)])
+        picks = np.minimum(picks, C - 1)                                 # (rounding at the very top)
+    else:
+        keys = w / rng.standard_exponential(w.shape)                     # (rows, C)
+        picks = np.argsort(-keys, axis=-1, stable=True)[:, :num_samples]
+    return tensor(picks.reshape(input.shape[:-1] + (num_samples,)), dtype=int64, device=input.device)
 
 
 def _float_dtype(dtype, op):

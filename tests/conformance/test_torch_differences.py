@@ -30,22 +30,37 @@ def test_max_with_a_dim_returns_values_and_ties_share_the_gradient():
     assert a.grad.tolist() == [[0.0, 0.5, 0.5]] and t.grad.tolist() in ([[0.0, 1.0, 0.0]], [[0.0, 0.0, 1.0]])
 
 
-def test_cross_entropy_with_every_target_ignored():
+def test_cross_entropy_and_nll_loss_with_every_target_ignored():
     x, t = np.zeros((2, 3)), np.array([-100, -100])
-    assert F.cross_entropy(ta.tensor(x), ta.tensor(t)).item() == 0.0
-    assert np.isnan(torch.nn.functional.cross_entropy(torch.tensor(x), torch.tensor(t)).item())
+    for loss in ("cross_entropy", "nll_loss"):
+        assert getattr(F, loss)(ta.tensor(x), ta.tensor(t)).item() == 0.0
+        assert np.isnan(getattr(torch.nn.functional, loss)(torch.tensor(x), torch.tensor(t)).item())
 
 
 def test_clip_grad_norm_with_no_gradient():
     with pytest.raises(ValueError, match="clip_grad_norm_: no parameter has a gradient"):
         ta.nn.utils.clip_grad_norm_([ta.zeros(2, requires_grad=True)], 1.0)
     assert torch.nn.utils.clip_grad_norm_([torch.zeros(2, requires_grad=True)], 1.0).item() == 0.0
+    assert ta.nn.utils.clip_grad_norm_([], 1.0).item() == 0.0            # no parameters at all: 0 in both
 
 
-def test_layer_norm_takes_an_int_shape():
-    assert F.layer_norm(ta.randn(2, 4), 4).shape == (2, 4)
+def test_kl_div_gradient_at_a_target_of_0():
+    """The term p log p is 0 at p = 0 in both; its gradient there is 0 here (p log p taken as 0
+    nearby too), where PyTorch gives NaN."""
+    x, p = np.log(np.full((1, 2), 0.5)), np.array([[0.0, 1.0]])
+    a = ta.tensor(p, dtype="float64", requires_grad=True)
+    F.kl_div(ta.tensor(x, dtype="float64"), a, reduction="sum").backward()
+    t = torch.tensor(p, requires_grad=True)
+    torch.nn.functional.kl_div(torch.tensor(x), t, reduction="sum").backward()
+    assert np.isfinite(a.grad.numpy()).all() and np.isnan(t.grad.numpy()[0, 0])
+
+
+def test_layer_norm_and_rms_norm_take_an_int_shape():
+    assert F.layer_norm(ta.randn(2, 4), 4).shape == (2, 4) and F.rms_norm(ta.randn(2, 4), 4).shape == (2, 4)
     with pytest.raises(TypeError):
         torch.nn.functional.layer_norm(torch.randn(2, 4), 4)
+    with pytest.raises(TypeError):
+        torch.nn.functional.rms_norm(torch.randn(2, 4), 4)
 
 
 def test_sign_of_nan_and_the_gradient_of_abs_there():

@@ -1,9 +1,10 @@
 """Where PyTorch refuses, tinyattn refuses too, in its own words (one line naming the op and
-the shapes or dtypes involved)."""
+the shapes or dtypes involved), with the same exception class or, where PyTorch raises its
+catch-all RuntimeError, the class that names the kind of mistake (torch_compare.same_kind_of_refusal)."""
 import numpy as np
 import pytest
 
-from torch_compare import check
+from torch_compare import check, refusals, same_kind_of_refusal
 
 
 def f64(*shape):
@@ -66,7 +67,59 @@ REFUSED = {
     "backward of a non-scalar without a gradient": (lambda m, a: (a * 2).backward(), [f64(3)]),
     "in-place on a leaf that requires grad": (lambda m, a: a.__iadd__(1.0), [f64(3)]),
     "floor division backward": (lambda m, a: (a // 2).sum().backward(), [f64(3)]),
+    # the everyday API of issue 46
+    "dot of 2-d tensors": (lambda m, a: a.dot(a), [f64(2, 2)]),
+    "dot of different lengths": (lambda m, a, b: m.dot(a, b), [f64(2), f64(3)]),
+    "dot of float32 and float64": (lambda m, a, b: a.float().dot(b), [f64(2), f64(2)]),
+    "dot of bools": (lambda m, a: a.dot(a), [np.array([True, False])]),
+    "dot with a number": (lambda m, a: a.dot(2.0), [f64(2)]),
+    "clip with no bound": (lambda m, a: m.clip(a), [f64(3)]),
+    "topk with k past the dim": (lambda m, a: a.topk(4), [f64(2, 3)]),
+    "topk with a negative k": (lambda m, a: a.topk(-1), [f64(2, 3)]),
+    "topk with a float k": (lambda m, a: a.topk(1.0), [f64(2, 3)]),
+    "topk over a missing dim": (lambda m, a: a.topk(1, dim=2), [f64(2, 3)]),
+    "topk of bools": (lambda m, a: a.topk(1), [np.array([True, False])]),
+    "masked_fill_ on a leaf that requires grad": (lambda m, a: a.masked_fill_(a > 0, 0.0), [f64(3)]),
+    "masked_fill_ with a float mask": (lambda m, a: a.detach().masked_fill_(a.detach(), 0.0), [f64(3)]),
+    "masked_fill_ with a mask of more dims": (lambda m, a, k: a.detach().masked_fill_(k, 0.0), [f64(3), np.ones((2, 3), bool)]),
+    "masked_fill with a 1-d value": (lambda m, a: a.masked_fill(a > 0, a), [f64(3)]),
+    "multinomial of integer weights": (lambda m, p: m.multinomial(p, 1), [np.array([1, 2])]),
+    "multinomial of 3-d weights": (lambda m, p: m.multinomial(p, 1), [np.ones((1, 1, 2))]),
+    "multinomial of a 0-d weight": (lambda m, p: m.multinomial(p, 1), [np.array(1.0)]),
+    "multinomial of more samples than categories": (lambda m, p: m.multinomial(p, 3), [np.ones(2)]),
+    "multinomial of 0 samples": (lambda m, p: m.multinomial(p, 0), [np.ones(2)]),
+    "multinomial of a negative weight": (lambda m, p: m.multinomial(p, 1), [np.array([1.0, -1.0])]),
+    "multinomial of a NaN weight": (lambda m, p: p.multinomial(1), [np.array([1.0, np.nan])]),
+    "multinomial of an infinite weight": (lambda m, p: p.multinomial(1, True), [np.array([1.0, np.inf])]),
+    "multinomial of weights that add up to 0": (lambda m, p: m.multinomial(p, 2, True), [np.zeros((2, 3))]),
+    "nll_loss with a bad reduction": (lambda m, x, t: m.F.nll_loss(x, t, reduction="avg"), [f64(3, 4), np.array([0, 1, 2])]),
+    "nll_loss with targets out of range": (lambda m, x, t: m.F.nll_loss(x, t), [f64(3, 4), np.array([0, 1, 7])]),
+    "nll_loss with a negative target": (lambda m, x, t: m.F.nll_loss(x, t), [f64(3, 4), np.array([0, 1, -2])]),
+    "nll_loss with float targets": (lambda m, x, t: m.F.nll_loss(x, t), [f64(3, 4), np.array([0.0, 1.0, 2.0])]),
+    "nll_loss with integer input": (lambda m, x, t: m.F.nll_loss(x, t), [np.ones((3, 4), int), np.array([0, 1, 2])]),
+    "nll_loss with fewer targets than rows": (lambda m, x, t: m.F.nll_loss(x, t), [f64(3, 4), np.array([0, 1])]),
+    "nll_loss of a 0-d input": (lambda m, x, t: m.F.nll_loss(x, t), [f64(), np.array(0)]),
+    "nll_loss with a weight per row, not per class": (lambda m, x, t: m.F.nll_loss(x, t, weight=x[:, 0].detach()),
+                                                      [f64(3, 4), np.array([0, 1, 2])]),
+    "nll_loss with float32 weights for float64 input": (
+        lambda m, x, t: m.F.nll_loss(x, t, weight=m.ones(4, dtype=m.float32)), [f64(3, 4), np.array([0, 1, 2])]),
+    "kl_div with a bad reduction": (lambda m, x, p: m.F.kl_div(x, p, reduction="avg"), [f64(3, 4), f64(3, 4)]),
+    "kl_div of integers": (lambda m, x, p: m.F.kl_div(x, p, reduction="sum"), [np.ones(3, int), np.ones(3, int)]),
+    "rms_norm over the wrong shape": (lambda m, x: m.F.rms_norm(x, (3,)), [f64(2, 4)]),
+    "rms_norm with a weight of the wrong shape": (lambda m, x, w: m.F.rms_norm(x, (4,), w), [f64(2, 4), f64(3)]),
+    "rms_norm of integers": (lambda m, x: m.F.rms_norm(x, (4,)), [np.ones((2, 4), int)]),
+    "get_total_norm of infinite gradients, asked to refuse": (
+        lambda m, g: m.nn.utils.get_total_norm([g.detach()], error_if_nonfinite=True), [np.array([1.0, np.inf])]),
+    "clip_grad_norm_ of NaN gradients, asked to refuse": (
+        lambda m, g: m.nn.utils.clip_grad_norm_([grad_of(g)], 1.0, error_if_nonfinite=True), [np.array([1.0, np.nan])]),
 }
+
+
+def grad_of(t):
+    """A leaf whose .grad is ``t`` (a tensor that requires grad, of either library)."""
+    leaf = t.detach().clone().requires_grad_()
+    leaf.grad = t.detach().clone()
+    return leaf
 
 
 @pytest.mark.parametrize("case", REFUSED)
@@ -78,3 +131,5 @@ def test_refused_by_both(case):
     assert message and len(message.splitlines()) == 1, f"{case}: not one line: {message!r}"
     assert not type(error).__module__.startswith("numpy") and "numpy" not in message, \
         f"{case}: numpy's error, not the library's: {message}"
+    ours, theirs = refusals(fn, arrays)
+    assert same_kind_of_refusal(ours, theirs), f"{case}: {type(ours).__name__}, PyTorch {type(theirs).__name__}"

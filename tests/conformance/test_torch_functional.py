@@ -205,6 +205,98 @@ def test_clip_grad_norm():
         np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-5)
 
 
+NLL_CASES = {"mean": {}, "sum": {"reduction": "sum"}, "none": {"reduction": "none"}, "ignore_index": {"ignore_index": 2},
+             "none, ignore": {"reduction": "none", "ignore_index": 0}, "sum, ignore": {"reduction": "sum", "ignore_index": 3}}
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("case", NLL_CASES)
+def test_nll_loss(case, weighted):
+    """Of log_softmax's output (nll_loss(log_softmax(x)) is cross_entropy(x)) and of any input, in
+    PyTorch's shapes: (N, C), (N, C, d1, d2) and (C,)."""
+    kw = dict(NLL_CASES[case])
+    for dtype in ("float32", "float64"):
+        def nll(m, x, t):
+            w = {"weight": m.tensor(CLASS_WEIGHTS, dtype=x.dtype)} if weighted else {}
+            return m.F.nll_loss(x, t, **w, **kw)
+        check(lambda m, x, t: nll(m, m.F.log_softmax(x, 1), t), [normal(6, 4, dtype=dtype), np.array([0, 3, 2, 1, 2, 0])])
+        check(nll, [normal(6, 4, dtype=dtype), np.array([0, 3, 2, 1, 2, 0])])
+        check(nll, [normal(2, 4, 3, 2, dtype=dtype), np.random.default_rng(1).integers(0, 4, (2, 3, 2))])
+        check(nll, [normal(4, dtype=dtype), np.array(1)])
+
+
+@pytest.mark.filterwarnings("ignore:reduction. 'mean' divides")       # (PyTorch's advice to use batchmean)
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean", "batchmean"])
+@pytest.mark.parametrize("log_target", [False, True])
+def test_kl_div(reduction, log_target):
+    """Gradients for both the input and the target; targets of 0 count 0 (their own gradient: see
+    test_torch_differences)."""
+    p = np.random.default_rng(1).random((3, 5))
+    p /= p.sum(1, keepdims=True)
+    target = np.log(p) if log_target else p
+    for dtype in ("float32", "float64"):
+        check(lambda m, x, t: m.F.kl_div(m.F.log_softmax(x, 1), t, reduction=reduction, log_target=log_target),
+              [normal(3, 5, dtype=dtype), target.astype(dtype)])
+    check(lambda m, x, t: m.F.kl_div(x, t, reduction=reduction, log_target=log_target), [normal(2, 3, 4), target[0]])
+    zeros = p * (np.arange(5) != 2)                               # a target of 0 at class 2
+    check(lambda m, x, t: m.F.kl_div(x, t.detach(), reduction=reduction), [normal(3, 5), zeros])
+
+
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")    # (PyTorch: no fused kernel)
+@pytest.mark.parametrize("shape, normalized", [((2, 3, 4), (4,)), ((2, 3, 4), (3, 4)), ((5, 2), (2,))])
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_rms_norm(shape, normalized, dtype):
+    """eps None is the epsilon of the dtype it is computed in (float16 is computed in float32)."""
+    x, w = normal(*shape, dtype=dtype) * 3, normal(*normalized, seed=1, dtype=dtype)
+    for eps in (None, 1e-5, 0.5):
+        check(lambda m, a, b: m.F.rms_norm(a, normalized, b, eps=eps), [x, w])
+        check(lambda m, a: m.F.rms_norm(a, normalized, eps=eps), [x])
+    check(lambda m, a, b: m.F.rms_norm(a, normalized, b), [x, w.astype("float64")])      # the result in x's dtype
+
+
+def test_rms_norm_layer():
+    for shape, kw in (((4,), {}), ((3, 4), {"eps": 1e-3}), (4, {"elementwise_affine": False})):
+        layer, torch_layer = ta.nn.RMSNorm(shape, **kw), torch.nn.RMSNorm(shape, **kw)
+        assert repr(layer) == repr(torch_layer)
+        assert [n for n, _ in layer.named_parameters()] == [n for n, _ in torch_layer.named_parameters()]
+        with torch.no_grad():
+            for p, tp in zip(layer.parameters(), torch_layer.parameters()):
+                p.data = p.data * 0.5 + 0.25                      # not all ones
+                tp.copy_(torch.tensor(p.numpy()))
+        x = normal(2, 3, 4, dtype="float32")
+        np.testing.assert_allclose(layer(ta.tensor(x)).detach().numpy(), torch_layer(torch.tensor(x)).detach().numpy(),
+                                   rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf"), 3.0, 0.5])
+def test_get_total_norm_and_clip_grads_with_norm(norm_type):
+    """The two halves of clip_grad_norm_: the norm, then the scaling by that norm."""
+    grads = [normal(3, 4), normal(5, seed=1), normal(2, 2, 2, seed=2)]
+    for lib, make in ((ta, lambda g: ta.tensor(g, dtype="float64")), (torch, torch.tensor)):
+        norm = lib.nn.utils.get_total_norm([make(g) for g in grads], norm_type=norm_type)
+        one = lib.nn.utils.get_total_norm(make(grads[0]), norm_type)
+        params = [make(np.zeros_like(g)).requires_grad_() for g in grads]
+        for p, g in zip(params, grads):
+            p.grad = make(g)
+        assert lib.nn.utils.clip_grads_with_norm_(params, 1.5, norm) is None
+        result = (norm.item(), one.item(), [p.grad.numpy() for p in params])
+        if lib is torch:
+            np.testing.assert_allclose(result[:2], ours[:2], rtol=1e-12)
+            for a, b in zip(ours[2], result[2]):
+                np.testing.assert_allclose(a, b, rtol=1e-12)
+        ours = result
+    mixed = [(ta.ones(2), ta.ones(2, dtype="float64")), (torch.ones(2), torch.ones(2, dtype=torch.float64))]
+    n, tn = (lib.nn.utils.get_total_norm(ts, norm_type) for lib, ts in zip((ta, torch), mixed))
+    assert (n.dtype, n.item()) == (ta.float64, pytest.approx(tn.item())) and tn.dtype == torch.float64
+
+
+def test_grad_norms_of_nothing_are_0():
+    for lib in (ta, torch):
+        for norm in (lib.nn.utils.get_total_norm([]), lib.nn.utils.clip_grad_norm_([], 1.0)):
+            assert norm.item() == 0.0 and str(norm.dtype).endswith("float32"), lib
+        assert lib.nn.utils.clip_grads_with_norm_([], 1.0, lib.tensor(0.0)) is None
+
+
 def test_creation_dtypes():
     for fn in (lambda m: m.arange(5), lambda m: m.arange(5.5, 175.5, 2.5), lambda m: m.arange(0, 1, 0.25),
                lambda m: m.full((2, 2), 4), lambda m: m.full((2, 2), 4.0), lambda m: m.full((2,), True),

@@ -4,7 +4,7 @@ tensor), tinyattn refuses."""
 import numpy as np
 import pytest
 
-from torch_compare import TA, TORCH, torch
+from torch_compare import TA, TORCH, check, sample, torch
 
 import tinyattn as ta
 
@@ -17,7 +17,7 @@ VIEWS = {
 }
 OPS = {"-= 1": lambda v: v.__isub__(1.0), "*= 2": lambda v: v.__imul__(2.0),
        "+= tensor": lambda v: v.__iadd__(v * 0 + 0.5), "/= 4": lambda v: v.__itruediv__(4.0),
-       "zero_()": lambda v: v.zero_()}
+       "zero_()": lambda v: v.zero_(), "masked_fill_": lambda v: v.masked_fill_(v > 5, -1.0)}
 
 
 def both(make_view, op, requires_grad):
@@ -74,3 +74,15 @@ def test_an_update_under_no_grad_reaches_the_optimizer_views():
         with (torch.no_grad() if lib is TORCH else ta.no_grad()):
             w -= 0.25 * w.grad
         np.testing.assert_array_equal(first_row.numpy(), [0.5, 0.5])
+
+
+def test_masked_fill_in_place():
+    """Without a graph: written into the tensor, its dtype kept (1.5 in an int64 tensor is 1). While
+    one is recorded, tinyattn's result is a new tensor (as for +=), with PyTorch's values and gradient."""
+    mask = sample("bool", (2, 3), seed=1)
+    check(lambda m, t, k: t.masked_fill_(k, 1.5), [sample("int64"), mask], grad=False)
+    check(lambda m, t, k: t.masked_fill_(k, m.tensor(0.25, dtype=m.float64)), [sample("float64"), mask], grad=False)
+    check(lambda m, t, k: (t * 2).masked_fill_(k, -3.0), [sample("float64"), mask])
+    for lib in (TORCH, TA):
+        x = lib.zeros(2, 3)
+        assert x.masked_fill_(lib.tensor(mask), 7.0) is x and x.numpy().tolist() == np.where(mask, 7.0, 0.0).tolist()

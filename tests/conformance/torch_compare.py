@@ -134,3 +134,27 @@ def least_precise(*dtypes):
     """The dtype whose tolerance is widest: a float64 gradient that flows from a float32 output
     is only as exact as float32."""
     return max(dtypes, key=lambda d: TOLERANCE.get(d, (0, 0))[0])
+
+
+def refusals(fn, arrays):
+    """fn(lib, *tensors) on both libraries, which must both refuse: (tinyattn's error, PyTorch's)."""
+    errors = {}
+    for lib, convert in ((TORCH, to_torch), (TA, to_ta)):
+        try:
+            fn(lib, *[convert(np.asarray(a), True) for a in arrays])
+            errors[lib.name] = None
+        except REFUSALS as e:
+            errors[lib.name] = e
+    assert errors["torch"] is not None, f"PyTorch accepts it (tinyattn: {errors['tinyattn']!r})"
+    assert errors["tinyattn"] is not None, f"PyTorch refuses ({errors['torch']!r}), tinyattn does not"
+    return errors["tinyattn"], errors["torch"]
+
+
+def same_kind_of_refusal(ours, theirs):
+    """The same exception class, but where PyTorch raises its catch-all RuntimeError (or
+    NotImplementedError, for a dtype it has no kernel for), tinyattn names the kind of
+    mistake, as its other ops do: ValueError for a bad value or shape, TypeError for a bad type or
+    dtype, IndexError for an index out of range."""
+    if type(theirs) in (RuntimeError, NotImplementedError):
+        return type(ours) in (RuntimeError, ValueError, TypeError, IndexError)
+    return type(ours) is type(theirs)

@@ -80,7 +80,8 @@ TENSOR_OPS = ["__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__truedi
               "__pow__", "__rpow__", "__neg__", "neg", "__matmul__", "exp", "log", "sqrt", "abs", "tanh", "sigmoid",
               "relu", "sign", "erf", "clamp", "clone", "float", "sum", "mean", "max", "min", "var", "std", "reshape", "view",
               "transpose", "permute", "T", "expand", "broadcast_to", "squeeze", "unsqueeze", "flatten",
-              "__getitem__", "gather", "split", "chunk", "masked_fill", "tril", "triu"]
+              "__getitem__", "gather", "split", "chunk", "masked_fill", "tril", "triu", "dot", "clip", "topk",
+              "masked_fill_"]
 
 
 def test_every_function_is_exercised_by_the_table(monkeypatch):
@@ -103,7 +104,8 @@ def test_every_function_is_exercised_by_the_table(monkeypatch):
 
 def test_every_public_op_has_an_entry():
     names = {spec.name.split("(")[0] for spec in OPS}
-    public = {f"F.{n}" for n in F.__all__} | {f"Tensor.{n}" for n in TENSOR_OPS} | {"ta.cat", "ta.stack", "ta.where", "ta.gather"}
+    public = {f"F.{n}" for n in F.__all__} | {f"Tensor.{n}" for n in TENSOR_OPS} | {"ta.cat", "ta.stack", "ta.where", "ta.gather",
+                                                                                   "ta.dot", "ta.topk"}
     missing = sorted(public - names)
     assert not missing, f"public ops with no entry in tests/support/optable.py: {missing}"
     for name in TENSOR_OPS:

@@ -433,3 +433,41 @@ def test_squeeze_of_a_0d_tensor_returns_it_as_in_pytorch(dim):
     assert out.shape == () and out.item() == 2.0
     with pytest.raises(IndexError, match="out of range"):
         t.squeeze(1)
+
+
+def test_topk_ties_go_to_the_lower_index():
+    """PyTorch leaves the order of tied values unspecified; here of equal values the one at
+    the lower index comes first (a stable sort), so it also gets the gradient."""
+    x = ta.tensor([[2.0, 5.0, 5.0, 1.0, 5.0]], dtype="float64", requires_grad=True)
+    values, indices = x.topk(2)
+    assert indices.tolist() == [[1, 2]] and values.tolist() == [[5.0, 5.0]]
+    values.sum().backward()
+    assert x.grad.tolist() == [[0.0, 1.0, 1.0, 0.0, 0.0]]
+    assert ta.tensor([1, 0, 1, 0]).topk(3, largest=False).indices.tolist() == [1, 3, 0]
+    assert ta.tensor([[3.0], [3.0], [1.0]]).topk(2, dim=0).indices.tolist() == [[0], [1]]
+
+
+def test_topk_and_multinomial_on_the_stand_in_device():
+    pytest.importorskip("array_api_strict")
+    x = ta.tensor([[0.5, 2.0, 1.0, 2.0]], device="strict")
+    values, indices = x.topk(3)
+    assert values.device == indices.device == "strict"
+    assert indices.numpy().tolist() == [[1, 3, 2]] and values.numpy().tolist() == [[2.0, 2.0, 1.0]]
+    ta.manual_seed(1)
+    draws = ta.multinomial(x, 3)
+    assert draws.device == "strict" and draws.dtype == ta.int64
+    ta.manual_seed(1)
+    assert ta.multinomial(x.cpu(), 3).tolist() == draws.numpy().tolist()       # the same host generator
+
+
+def test_masked_fill_in_place_reaches_views_and_refuses_as_other_in_place_ops():
+    w = ta.zeros(2, 3)
+    row = w[1]
+    row.masked_fill_(ta.tensor([True, False, True]), 4.0)
+    assert w.tolist() == [[0.0, 0.0, 0.0], [4.0, 0.0, 4.0]]
+    with pytest.raises(RuntimeError, match=r"masked_fill_ on a leaf tensor that requires grad .*"
+                                           r"x = x.masked_fill\(mask, value\)"):
+        ta.zeros(2, requires_grad=True).masked_fill_(ta.tensor([True, False]), 1.0)
+    with pytest.raises(RuntimeError, match="masked_fill_: this tensor .* is an expanded"):
+        ta.zeros(3, 1).expand(3, 4).masked_fill_(ta.ones(3, 4) > 0, 1.0)
+    assert ta.empty(2, 3).tolist() == [[0.0] * 3] * 2 and ta.empty((2,), dtype="int64").dtype == ta.int64

@@ -97,6 +97,79 @@ def test_save_is_atomic_and_refuses_bad_values(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["a.safetensors"]          # no temporary file left
 
 
+# --- ta.save and ta.load: state dicts ---------------------------------------------
+def test_ta_save_and_load_a_module_state_dict(tmp_path):
+    """A module's state dict is an ordinary safetensors file, its names as they are."""
+    model = ta.nn.Sequential(ta.nn.Linear(3, 4), ta.nn.RMSNorm(4))
+    ta.save(model.state_dict(), tmp_path / "m.safetensors")
+    arrays, metadata = ta.read_safetensors(tmp_path / "m.safetensors")
+    assert list(arrays) == list(model.state_dict()) and metadata == {}
+    loaded = ta.load(tmp_path / "m.safetensors")
+    assert all(isinstance(t, ta.Tensor) for t in loaded.values()) and list(loaded) == list(arrays)
+    other = ta.nn.Sequential(ta.nn.Linear(3, 4), ta.nn.RMSNorm(4))
+    other.load_state_dict(loaded)
+    x = ta.randn(2, 3)
+    assert np.array_equal(other(x).numpy(), model(x).numpy())
+
+
+def test_ta_save_and_load_a_checkpoint_resume_training_exactly(tmp_path):
+    """Model, Adam and a scheduler saved mid-way, in one file: loaded into new ones, training goes
+    on as if it had never stopped."""
+    def train(model, opt, sched, steps):
+        for _ in range(steps):
+            opt.zero_grad()
+            ((model(ta.ones(2, 3)) - 1.0) ** 2).mean().backward()
+            opt.step()
+            sched.step()
+
+    def make():
+        ta.manual_seed(0)
+        model = ta.nn.Linear(3, 2)
+        opt = ta.optim.Adam(model.parameters(), lr=0.1, weight_decay=0.01, amsgrad=True)
+        return model, opt, ta.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.2, total_steps=10)
+
+    model, opt, sched = make()
+    train(model, opt, sched, 4)
+    ta.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+             "step": 4, "note": None}, tmp_path / "ckpt.safetensors")
+    train(model, opt, sched, 6)
+    model2, opt2, sched2 = make()
+    ckpt = ta.load(tmp_path / "ckpt.safetensors")
+    assert ckpt["step"] == 4 and ckpt["note"] is None and isinstance(ckpt["optimizer"]["param_groups"][0]["betas"], tuple)
+    model2.load_state_dict(ckpt["model"])
+    opt2.load_state_dict(ckpt["optimizer"])
+    sched2.load_state_dict(ckpt["scheduler"])
+    train(model2, opt2, sched2, 6)
+    assert sched2.get_last_lr() == sched.get_last_lr()
+    for a, b in zip(model2.parameters(), model.parameters()):
+        assert np.array_equal(a.numpy(), b.numpy())
+
+
+def test_ta_save_keeps_numbers_arrays_and_keys_as_they_were(tmp_path):
+    state = {"ints": {0: np.arange(3), 7: [1, 2.5, (True, "x")]}, "inf": float("inf"), "n": np.int64(5),
+             "t": ta.tensor([1.0, 2.0], dtype="float64")}
+    ta.save(state, tmp_path / "s")
+    back = ta.load(tmp_path / "s")
+    assert list(back["ints"]) == [0, 7] and isinstance(back["ints"][0], np.ndarray)
+    assert back["ints"][7] == [1, 2.5, (True, "x")] and back["inf"] == float("inf") and back["n"] == 5
+    assert isinstance(back["t"], ta.Tensor) and back["t"].dtype == ta.float64 and back["t"].tolist() == [1.0, 2.0]
+    pytest.importorskip("array_api_strict")
+    assert ta.load(tmp_path / "s", map_location="strict")["t"].device == "strict"
+
+
+def test_ta_save_refuses_what_it_cannot_store_and_leaves_the_file(tmp_path):
+    path = tmp_path / "m.safetensors"
+    ta.save({"w": ta.ones(2)}, path)
+    before = path.read_bytes()
+    with pytest.raises(TypeError, match="save: cannot save a object .at w2."):
+        ta.save({"w": ta.ones(2), "w2": object()}, path)
+    with pytest.raises(TypeError, match="dict keys must be strings or ints"):
+        ta.save({(1, 2): ta.ones(2)}, path)
+    with pytest.raises(SafetensorsError, match="two arrays would be stored as 'a.b'"):
+        ta.save({"a.b": ta.ones(1), "a": {"b": ta.ones(1)}}, path)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["m.safetensors"]
+
+
 # --- the `safetensors` package reads ours and we read its --------------------------
 INTEROP = ("w32", "w16", "w64", "ids", "mask", "empty", "scalar", "flag", "i32", "u8")
 
@@ -190,3 +263,18 @@ def test_files_of_empty_arrays_or_none(tmp_path):
         ta.save_safetensors(arrays, tmp_path / "e.safetensors")
         got, _ = ta.read_safetensors(tmp_path / "e.safetensors")
         assert_same(got, arrays)
+
+
+def test_ta_save_of_a_model_is_read_by_pytorch(tmp_path):
+    """ta.save of a module's state dict gives what safetensors.torch.load_file reads into a torch model."""
+    torch = pytest.importorskip("torch")
+    st = pytest.importorskip("safetensors.torch")
+    model = ta.nn.Linear(3, 2)
+    ta.save(model.state_dict(), tmp_path / "m.safetensors")
+    theirs = torch.nn.Linear(3, 2)
+    theirs.load_state_dict(st.load_file(str(tmp_path / "m.safetensors")))
+    x = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    np.testing.assert_allclose(theirs(torch.tensor(x)).detach().numpy(), model(ta.tensor(x)).numpy(), rtol=1e-6)
+    st.save_file(theirs.state_dict(), str(tmp_path / "theirs.safetensors"))
+    assert {k: v.tolist() for k, v in ta.load(tmp_path / "theirs.safetensors").items()} == \
+        {k: v.tolist() for k, v in theirs.state_dict().items()}

@@ -74,6 +74,26 @@ def _weighted_cross_entropy(logits, targets, w, eps=0.0, ignore_index=-1):
     return np.where(valid, (1 - eps) * nll - eps * (w * logp).mean(1), 0.0)
 
 
+def _nll(logp, targets, w=None, ignore_index=-100):
+    """Per row: -w[t] logp[n, t] (w 1 without class weights), 0 where the target is ignored;
+    and each row's weight (0 where ignored), for a mean."""
+    valid = targets != ignore_index
+    safe = np.where(valid, targets, 0)
+    weight = np.where(valid, 1.0 if w is None else w[safe], 0.0)
+    return np.where(valid, -logp[np.arange(len(targets)), safe] * weight, 0.0), weight
+
+
+def _kl_terms(logq, p):
+    """p (log p - log q), 0 where p is 0."""
+    return np.where(p == 0, 0.0, p * np.log(np.where(p == 0, 1.0, p))) - p * logq
+
+
+def _rms_norm(x, w, eps, dims=1):
+    """x / sqrt(mean(x^2) + eps) * w over the last ``dims`` dims."""
+    axes = tuple(range(x.ndim - dims, x.ndim))
+    return x / np.sqrt((x * x).mean(axes, keepdims=True) + eps) * w
+
+
 INT_IDX = np.array([2, 0, 2, 3, 2])               # repeated ids: their gradients must add up
 BOOL_MASK = np.array([[True, False, True, True], [False, False, True, False], [True, True, False, True]])
 
@@ -99,6 +119,8 @@ OPS = [
     OpSpec("Tensor.__matmul__(1-d left)", lambda a, b: a @ b, lambda r: [normal(r, 4), normal(r, 2, 4, 3)], np.matmul),
     OpSpec("Tensor.__matmul__(1-d right)", lambda a, b: a @ b, lambda r: [normal(r, 2, 3, 4), normal(r, 4)], np.matmul),
     OpSpec("Tensor.__matmul__(1-d both)", lambda a, b: a @ b, lambda r: [normal(r, 4), normal(r, 4)], np.matmul),
+    OpSpec("ta.dot", lambda a, b: ops.dot(a, b), lambda r: [normal(r, 5), normal(r, 5)], np.dot),
+    OpSpec("Tensor.dot", lambda a, b: a.dot(b), lambda r: [normal(r, 3), normal(r, 3)], np.dot),
     # elementwise
     OpSpec("Tensor.exp", lambda a: a.exp(), lambda r: [normal(r, 3, 4)], np.exp),
     OpSpec("Tensor.log", lambda a: a.log(), lambda r: [positive(r, 3, 4)], np.log),
@@ -119,6 +141,8 @@ OPS = [
            lambda a: np.clip(a, -0.5, 0.7)),
     OpSpec("Tensor.clamp(min)", lambda a: a.clamp(min=0.1), lambda r: [distinct(r, 4, 5, gap=0.05) + 0.013],
            lambda a: np.maximum(a, 0.1)),
+    OpSpec("Tensor.clip", lambda a: a.clip(max=0.3), lambda r: [distinct(r, 4, 5, gap=0.05) + 0.013],
+           lambda a: np.minimum(a, 0.3)),
     OpSpec("Tensor.clone", lambda a: a.clone(), lambda r: [normal(r, 3, 4)], lambda a: a.copy()),
     OpSpec("Tensor.float", lambda a: a.float().double(), lambda r: [normal(r, 3)],
            lambda a: a.astype(np.float32).astype(np.float64), atol=1e-6, eps=1e-2, keeps_dtype=False),  # linear: a wide step is exact
@@ -184,6 +208,12 @@ OPS = [
            np.where),
     OpSpec("Tensor.masked_fill", lambda a, m: a.masked_fill(m, -2.0), lambda r: [normal(r, 3, 4), BOOL_MASK],
            lambda a, m: np.where(m, -2.0, a)),
+    OpSpec("Tensor.masked_fill_", lambda a, m: (a * 1.0).masked_fill_(m, 0.5),     # recorded: a new node, as += is
+           lambda r: [normal(r, 3, 4), BOOL_MASK], lambda a, m: np.where(m, 0.5, a)),
+    OpSpec("Tensor.topk", lambda a: a.topk(2, dim=1).values, lambda r: [distinct(r, 3, 5, 2)],
+           lambda a: -np.sort(-a, 1)[:, :2]),
+    OpSpec("ta.topk(smallest, last dim)", lambda a: ops.topk(a, 3, largest=False)[0], lambda r: [distinct(r, 2, 6)],
+           lambda a: np.sort(a, -1)[:, :3]),
     OpSpec("Tensor.tril", lambda a: a.tril(), lambda r: [normal(r, 2, 4, 4)], np.tril),
     OpSpec("Tensor.triu", lambda a: a.triu(1), lambda r: [normal(r, 3, 4)], lambda a: np.triu(a, 1)),
     # tinyattn.nn.functional
@@ -230,6 +260,26 @@ OPS = [
     OpSpec("F.cross_entropy(probabilities, weight)", lambda a, p, w: F.cross_entropy(a, p, weight=w),
            lambda r: [normal(r, 3, 4), positive(r, 3, 4), positive(r, 4)],
            lambda a, p, w: -(w * p * formulas.log_softmax(a, 1)).sum(1).mean()),
+    OpSpec("F.nll_loss", lambda a, t: F.nll_loss(a, t), lambda r: [normal(r, 5, 4), np.array([0, 3, 1, 3, 2])],
+           lambda a, t: _nll(a, t)[0].mean()),
+    OpSpec("F.nll_loss(weight, ignore_index)", lambda a, t, w: F.nll_loss(a, t, weight=w, ignore_index=-1),
+           lambda r: [normal(r, 5, 4), np.array([0, -1, 1, 3, 3]), positive(r, 4)],
+           lambda a, t, w: _nll(a, t, w, -1)[0].sum() / _nll(a, t, w, -1)[1].sum()),
+    OpSpec("F.nll_loss(none, (N, C, d))", lambda a, t: F.nll_loss(a, t, ignore_index=1, reduction="none"),
+           lambda r: [normal(r, 2, 4, 3), np.array([[0, 1, 3], [2, 3, 3]])],
+           lambda a, t: _nll(np.moveaxis(a, 1, -1).reshape(6, 4), t.reshape(6), None, 1)[0].reshape(2, 3)),
+    OpSpec("F.nll_loss(sum, (C,))", lambda a, t: F.nll_loss(a, t, reduction="sum"), lambda r: [normal(r, 5), np.array(2)],
+           lambda a, t: -a[t]),
+    OpSpec("F.kl_div", lambda q, p: F.kl_div(q, p, reduction="batchmean"), lambda r: [normal(r, 3, 4), positive(r, 3, 4)],
+           lambda q, p: _kl_terms(q, p).sum() / 3),
+    OpSpec("F.kl_div(none, log_target)", lambda q, p: F.kl_div(q, p, reduction="none", log_target=True),
+           lambda r: [normal(r, 3, 4), normal(r, 3, 4)], lambda q, p: np.exp(p) * (p - q)),
+    OpSpec("F.kl_div(mean, a target of 0)", lambda q, p: F.kl_div(q, p * np.array([1.0, 0.0, 1.0, 1.0])),
+           lambda r: [normal(r, 2, 4), positive(r, 2, 4)], lambda q, p: _kl_terms(q, p * [1, 0, 1, 1]).mean()),
+    OpSpec("F.rms_norm", lambda x, w: F.rms_norm(x, 4, w, eps=1e-5), lambda r: [normal(r, 2, 3, 4), normal(r, 4)],
+           lambda x, w: _rms_norm(x, w, 1e-5)),
+    OpSpec("F.rms_norm(two dims, eps None, no weight)", lambda x: F.rms_norm(x, (3, 4)), lambda r: [normal(r, 2, 3, 4)],
+           lambda x: _rms_norm(x, 1.0, np.finfo(np.float64).eps, dims=2)),
     OpSpec("F.embedding", lambda w, i: F.embedding(i, w), lambda r: [normal(r, 5, 3), np.array([[4, 0, 4], [1, 4, 2]])],
            lambda w, i: w[i]),
     OpSpec("F.layer_norm", lambda x, w, b: F.layer_norm(x, 4, w, b), lambda r: [normal(r, 2, 3, 4), normal(r, 4), normal(r, 4)],

@@ -128,6 +128,11 @@ class Backend:
         out = self.zeros((n_rows,) + tuple(values.shape[1:]), self.dtype_of(values))
         return self.index_add(out, idx, values)
 
+    def argsort(self, a, axis):
+        """The indices that sort ``a`` along ``axis``, ascending (NaN last); equal values keep
+        their order (a stable sort)."""
+        return self.xp.argsort(a, axis=axis, stable=True)
+
     # --- special functions, reductions and sync -----------------------------
     def erf(self, x):
         return _erf(self.xp, x)
@@ -285,6 +290,9 @@ class CupyBackend(Backend):
     def index_add(self, target, index, values):
         self.xp.add.at(target, index, values)
         return target
+
+    def argsort(self, a, axis):
+        return self.xp.argsort(a, axis=axis)            # (CuPy's sort is always stable; it takes no stable=)
 
     def seed(self, seed):
         self.rng = self.xp.random.default_rng(seed)

@@ -1,5 +1,5 @@
-"""Functional ops for networks: cross-entropy, token log-probabilities, embedding,
-layer norm, linear, dropout, GELU and attention; the softmax family, logsigmoid
+"""Functional ops for networks: cross-entropy, NLL and KL losses, token log-probabilities,
+embedding, layer norm, RMS norm, linear, dropout, GELU and attention; the softmax family, logsigmoid
 and softplus come from ``tinyattn/ops.py``.
 
 Cross-entropy, layer norm, linear and attention are each one Function with
@@ -11,10 +11,10 @@ import math
 
 from ..autograd import Function, describe, is_tensor
 from ..ops import (constant, gelu as _gelu, softmax, log_softmax, logsumexp,  # noqa: F401 (softmax family: F.*)
-                   logsigmoid, softplus, stable_exp, check_float, check_same_dtype, where)
+                   logsigmoid, softplus, stable_exp, check_float, check_same_dtype, where, to_dtype)
 
-__all__ = ["softmax", "log_softmax", "logsumexp", "logsigmoid", "softplus", "cross_entropy", "token_logprobs",
-           "embedding", "layer_norm", "dropout", "gelu", "relu", "linear", "scaled_dot_product_attention",
+__all__ = ["softmax", "log_softmax", "logsumexp", "logsigmoid", "softplus", "cross_entropy", "nll_loss", "kl_div",
+           "token_logprobs", "embedding", "layer_norm", "rms_norm", "dropout", "gelu", "relu", "linear", "scaled_dot_product_attention",
            "flash_attention"]
 
 
@@ -111,14 +111,88 @@ def cross_entropy(logits, targets, weight=None, ignore_index=-100, reduction="me
     return loss.sum() / where(total > 0, total, 1.0)
 
 
-def _check_class_weight(logits, weight):
-    """cross_entropy's weight for (N, C) logits: a tensor of one weight per class, (C,), in their dtype."""
+def _check_class_weight(logits, weight, op="cross_entropy"):
+    """The weight of cross_entropy or nll_loss for (N, C) logits: a tensor of one weight per class, (C,),
+    in their dtype."""
     if not is_tensor(weight):
-        raise TypeError(f"cross_entropy: weight must be a Tensor of one weight per class, got {describe(weight)}")
+        raise TypeError(f"{op}: weight must be a Tensor of one weight per class, got {describe(weight)}")
     if weight.shape != logits.shape[1:]:
-        raise ValueError(f"cross_entropy: weight must hold one weight per class, {logits.shape[1:]}, "
+        raise ValueError(f"{op}: weight must hold one weight per class, {logits.shape[1:]}, "
                          f"got {weight.shape}")
-    check_same_dtype("cross_entropy", logits, weight)
+    check_same_dtype(op, logits, weight)
+
+
+def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
+    """The negative log-likelihood of class targets, from log-probabilities: (N, C) ``input``
+    (log_softmax's output) and (N,) integer targets; row n's loss is -weight[t] input[n, t],
+    t = target[n] (weight 1 without ``weight``). cross_entropy(x, t) is nll_loss(log_softmax(x, 1), t).
+
+    The shapes are cross_entropy's: also (C,) with a 0-d target, and (N, C, d1, ...) with
+    (N, d1, ...) targets, the classes along dim 1. Rows whose target is ``ignore_index`` count
+    for nothing. ``reduction``: "none" (one loss per target, 0 where ignored), "sum", or "mean",
+    the sum divided by the weights of the rows that count (their number, without ``weight``);
+    when no row counts that is 0, as cross_entropy gives, where PyTorch gives NaN (0 / 0).
+    PyTorch's deprecated size_average and reduce are not taken.
+    """
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"nll_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    check_ids("nll_loss", "targets", target)
+    if input.ndim == 0:
+        raise ValueError("nll_loss: expected input of 1 or more dims, (C,) or (N, C, ...), got a 0-d tensor")
+    if input.ndim != 2:
+        rows = _as_rows(input, target)
+        if rows is not None:                                              # (N * d1 * ..., C), their targets
+            flat_input, flat_target, shape = rows
+            loss = nll_loss(flat_input, flat_target, weight, ignore_index, reduction)
+            return loss.reshape(shape) if reduction == "none" else loss
+    if input.ndim != 2 or target.shape != input.shape[:1]:
+        raise ValueError(f"nll_loss: expected input (N, C) with targets (N,), (C,) with a 0-d target, or "
+                         f"(N, C, d1, ...) with targets (N, d1, ...), got input {input.shape} and targets {target.shape}")
+    check_float("nll_loss", input)
+    _check_id_range("nll_loss", "targets", target, input.shape[1], ignore_index)
+    if weight is not None:
+        _check_class_weight(input, weight, "nll_loss")
+    valid = target != ignore_index                                        # (N,)
+    safe = where(valid, target, 0)                                        # (N,), ignored rows read class 0
+    picked = -input.gather(1, safe.unsqueeze(1)).squeeze(1)               # (N,), -input[n, t]
+    w = valid.to(input.dtype) if weight is None else where(valid, weight[safe], 0.0)   # (N,), each row's weight
+    loss = where(valid, picked * w, 0.0)                                  # (N,), (0, not 0 * inf, where ignored)
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    total = w.sum()
+    return loss.sum() / where(total > 0, total, 1.0)
+
+
+def kl_div(input, target, reduction="mean", log_target=False):
+    """The Kullback-Leibler divergence KL(p || q) of a target distribution p from a model's q, given
+    as log-probabilities ``input`` = log q (log_softmax's output), term by term:
+
+        p (log p - log q), taken as 0 where p is 0 (0 log 0 = 0),
+        or, with ``log_target`` (the target as log p too): exp(log p) (log p - log q).
+
+    ``reduction``: "none" (the terms, input and target broadcast), "sum", "batchmean" (the sum
+    divided by input.shape[0], the batch size: the KL divergence per example, as the math
+    defines it) or "mean", PyTorch's default, which divides by the number of terms, and so is
+    not the KL divergence (PyTorch warns about it). The deprecated size_average and reduce are not taken.
+    """
+    if reduction not in ("mean", "sum", "none", "batchmean"):
+        raise ValueError(f"kl_div: reduction must be 'mean', 'batchmean', 'sum' or 'none', got {reduction!r}")
+    check_float("kl_div", input)
+    check_float("kl_div", target)
+    if log_target:
+        loss = target.exp() * (target - input)
+    else:                                          # p log p - p log q, with p log p as 0 at p = 0 (and its gradient
+        p_log_p = target * where(target == 0, 1.0, target).log()         # finite there: log 1, not log 0)
+        loss = p_log_p - target * input
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    if reduction == "batchmean":
+        return loss.sum() / input.shape[0] if input.ndim else loss.sum()
+    return loss.mean()
 
 
 def _as_rows(logits, targets):
@@ -287,6 +361,34 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, fused=True
     xc = x - mu
     var = (xc * xc).mean(-1, keepdim=True)
     return xc / (var + eps).sqrt() * weight + bias
+
+
+def rms_norm(x, normalized_shape, weight=None, eps=None):
+    """x / sqrt(mean(x^2) + eps) * weight, the mean over the last dims, those of ``normalized_shape``
+    (an int or a tuple, as for layer_norm). RMSNorm (Zhang and Sennrich, 2019; LLaMA's norm) is
+    layer norm without taking out the mean and without a bias.
+
+    ``eps=None`` is the machine epsilon of the dtype it is computed in, as in PyTorch: x's dtype,
+    but float32 for float16 (there x * x would overflow past 256). Built from Tensor ops, so its
+    backward is theirs, and it differentiates twice. The result has x's dtype (a weight of
+    another float dtype is converted, as in PyTorch).
+    """
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if not shape or x.ndim < len(shape) or x.shape[x.ndim - len(shape):] != shape:
+        raise ValueError(f"rms_norm: normalized_shape {shape} does not match input shape {x.shape}")
+    check_float("rms_norm", x)
+    if weight is not None and weight.shape != shape:
+        raise ValueError(f"rms_norm: weight {weight.shape} must have the normalized_shape {shape}")
+    dtype = x.dtype
+    if dtype.itemsize < 4:
+        x = x.float()
+    if eps is None:
+        eps = float(x.xp.finfo(x.data.dtype).eps)
+    dims = tuple(range(x.ndim - len(shape), x.ndim))                       # the normalized dims
+    y = x * ((x * x).mean(dims, keepdim=True) + eps) ** -0.5                # (..., C), unit root mean square
+    if weight is not None:
+        y = y * to_dtype(weight, x.dtype)
+    return to_dtype(y, dtype)
 
 
 def dropout(x, p=0.5, training=True):

@@ -260,6 +260,24 @@ class LayerNorm(Module):
         return f"{self.normalized_shape}, eps={self.eps}"
 
 
+class RMSNorm(Module):
+    """x / sqrt(mean(x^2) + eps) * weight over the last dims (F.rms_norm): LayerNorm without
+    the mean and the bias. ``eps=None``: the machine epsilon of the input's dtype."""
+
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True):
+        super().__init__()
+        self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        self.weight = Parameter(ones(*self.normalized_shape)) if elementwise_affine else None
+
+    def forward(self, x):                       # (..., C) -> (..., C)
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
 class Dropout(Module):
     def __init__(self, p=0.5):
         super().__init__()

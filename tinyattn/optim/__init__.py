@@ -1,4 +1,5 @@
-"""Optimizers (SGD with momentum, AdamW) and the warmup + cosine learning-rate schedule.
+"""Optimizers (SGD with momentum, Adam, AdamW) and the warmup + cosine learning-rate schedule;
+PyTorch's schedulers are in ``lr_scheduler.py``.
 
 Updates work on raw arrays, in place, outside the autodiff graph. The fast
 layer (``tinyattn/fast``) has a faster AdamW step with the same arithmetic,
@@ -25,6 +26,7 @@ class Optimizer:
             raise ValueError(f"{type(self).__name__} got an empty list of parameters")
         if isinstance(params[0], Tensor):
             params = [{"params": params}]
+        self.defaults = dict(defaults)     # the hyperparameters that a group does not set (PyTorch's name)
         self.param_groups = []
         seen = set()
         for group in params:
@@ -103,10 +105,19 @@ def _check_hyperparameters(opt, group):
 
 
 class SGD(Optimizer):
-    """p -= lr * (g + weight_decay * p), with heavy-ball momentum: buf = momentum * buf + g."""
+    """p -= lr * g, g = grad + weight_decay * p, with heavy-ball momentum as PyTorch's:
 
-    def __init__(self, params, lr=1e-2, momentum=0.0, weight_decay=0.0):
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+        buf = momentum * buf + (1 - dampening) * g      (buf = g at the first step)
+        g = buf,   or with nesterov=True   g = g + momentum * buf   (the step looks ahead)
+    """
+
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                                      nesterov=nesterov))
+        for group in self.param_groups:
+            if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+                raise ValueError(f"SGD: Nesterov momentum needs momentum > 0 and dampening 0, got momentum "
+                                 f"{group['momentum']} and dampening {group['dampening']}")
 
     def step(self):
         for group in self.param_groups:
@@ -120,9 +131,57 @@ class SGD(Optimizer):
                 if mom:
                     state = self.state.setdefault(id(p), {})
                     buf = state.get("momentum_buffer")
-                    state["momentum_buffer"] = g.copy() if buf is None else buf * mom + g
-                    g = state["momentum_buffer"]
+                    buf = g.copy() if buf is None else buf * mom + (1 - group["dampening"]) * g
+                    state["momentum_buffer"] = buf
+                    g = g + mom * buf if group["nesterov"] else buf
                 p.data -= lr * g
+
+
+class Adam(Optimizer):
+    """Adam (Kingma and Ba), as PyTorch's: moments of the gradient, corrected for their start at 0.
+
+        g = grad + weight_decay * p          (L2 regularization: the decay goes through the moments,
+                                              so it is scaled down where gradients are large; AdamW
+                                              decays p directly instead)
+        m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2
+        p -= lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)
+
+    ``amsgrad=True`` divides by the largest v so far instead of v (Reddi et al.).
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False):
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad))
+
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self.update(p, group)
+
+    def update(self, p, group):
+        """One Adam step for parameter ``p``, on its arrays, in place."""
+        lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        g, xp = p.grad.data, p.xp
+        if wd:
+            g = g + wd * p.data                             # L2, into the gradient
+        state = self.state.get(id(p))
+        if state is None:
+            state = self.state[id(p)] = {"step": 0, "exp_avg": xp.zeros_like(p.data),
+                                         "exp_avg_sq": xp.zeros_like(p.data)}
+            if group["amsgrad"]:
+                state["max_exp_avg_sq"] = xp.zeros_like(p.data)
+        state["step"] += 1
+        t = state["step"]
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        m *= b1
+        m += (1 - b1) * g                                   # first moment
+        v *= b2
+        v += (1 - b2) * (g * g)                             # second moment
+        if group["amsgrad"]:
+            v = state["max_exp_avg_sq"] = xp.maximum(state["max_exp_avg_sq"], v)
+        step_size = lr / (1 - b1 ** t)                      # bias corrections
+        denom = xp.sqrt(v) / math.sqrt(1 - b2 ** t) + eps
+        p.data -= step_size * (m / denom)
 
 
 class AdamW(Optimizer):
@@ -183,3 +242,6 @@ def warmup_cosine(step, max_lr, min_lr, warmup_iters, lr_decay_iters):
 def set_lr(optimizer, lr):
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+from . import lr_scheduler  # noqa: E402,F401 (PyTorch's schedulers: they need Optimizer, above)

@@ -98,6 +98,26 @@ def fast_layer_on():
         yield
 
 
+_code_before = pytest.StashKey()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    from tinyattn.fast import checked
+    item.stash[_code_before] = checked.differences()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    """A test that replaces a function of the library (monkeypatch, an exercise swapped in) puts it
+    back: otherwise every compiled path would step aside in the tests after it. (Checked once every
+    fixture is torn down, monkeypatch's too.)"""
+    yield
+    from tinyattn.fast import checked
+    assert checked.differences() == item.stash.get(_code_before, {}), "the test left the library's code replaced"
+
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -112,16 +132,6 @@ def in_a_folder_of_its_own(tmp_path_factory, monkeypatch):
     """
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
-
-
-@pytest.fixture(autouse=True)
-def library_code_as_it_was():
-    """A test that replaces a function of the library (monkeypatch, an exercise swapped in) puts it
-    back: otherwise every compiled path would step aside in the tests after it."""
-    from tinyattn.fast import checked
-    before = checked.differences()
-    yield
-    assert checked.differences() == before, "the test left the library's code replaced"
 
 
 @pytest.fixture(autouse=True)

@@ -16,16 +16,27 @@ def error_lines(err):
             if not line.startswith(("python -m train: note: ", "python -m train: resuming "))]
 
 
-def backward_with_ctrl_c(at_call):
-    """Tensor.backward that sends this process a real SIGINT, as Ctrl-C does, at its at_call-th
-    call (a test patches it in: the run is stopped inside that step's backward)."""
+def ctrl_c_in_backward(monkeypatch, at_call, action=None):
+    """Patch the training program's step so that, inside the backward of its at_call-th loss, this
+    process gets a real SIGINT, as Ctrl-C sends it (or ``action()`` runs). The loss passes through
+    an identity op of the test's own, whose backward does it: no library code is replaced (that
+    would turn the compiled paths off, and the run would not be the one it is compared with)."""
     import signal
     import tinyattn as ta
-    real, calls = ta.Tensor.backward, []
+    from train import loop
+    real, calls = loop.train_step, []
 
-    def backward(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == at_call:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(*args, **kwargs)
-    return backward
+    class InTheBackward(ta.Function):
+        def forward(self, loss):
+            return loss.copy()
+
+        def backward(self, g):
+            calls.append(1)
+            if len(calls) == at_call:
+                action() if action else os.kill(os.getpid(), signal.SIGINT)
+            return g
+
+    def train_step(model, optimizer, batches, grad_clip, average_grads=None, loss_fn=loop.lm_loss):
+        return real(model, optimizer, batches, grad_clip, average_grads,
+                    lambda model, batch: InTheBackward.apply(loss_fn(model, batch)))
+    monkeypatch.setattr(loop, "train_step", train_step)

@@ -16,7 +16,7 @@ from train.data import tokenizer_to_json
 from train.dpo import dpo_loss, greedy_answers, heldout_report, load_pairs, sequence_logprobs
 from train.sample import load_model
 
-from training_data import backward_with_ctrl_c, error_lines
+from training_data import ctrl_c_in_backward, error_lines
 
 TEXT = ("the quick brown fox jumps over the lazy dog while seven wizards quietly hex big jumbo "
         "crates of ivory and the kings mourn their brave knights in grim winter halls ") * 3
@@ -266,11 +266,9 @@ def test_a_model_without_chat_tokens_is_refused(chat_model, tmp_path, capsys):
 
 def test_ctrl_c_saves_a_dpo_run_and_resume_finishes_it_exactly(chat_model, tmp_path, capsys, monkeypatch):
     assert dpo(chat_model, tmp_path / "a", "--max_iters", "10", "--dpo_nll", "0.5") == 0
-    real = ta.Tensor.backward
-    patched = backward_with_ctrl_c(4)
-    monkeypatch.setattr(ta.Tensor, "backward", patched)
-    assert dpo(chat_model, tmp_path / "b", "--max_iters", "10", "--dpo_nll", "0.5") == 130
-    monkeypatch.setattr(ta.Tensor, "backward", real)
+    with monkeypatch.context() as mp:
+        ctrl_c_in_backward(mp, 4)
+        assert dpo(chat_model, tmp_path / "b", "--max_iters", "10", "--dpo_nll", "0.5") == 130
     assert checkpoint.read_meta(str(tmp_path / "b" / "ckpt.npz"))["step"] == 4
     assert main(["--data", str(chat_model / "pairs"), "--out_dir", str(tmp_path / "b"), "--resume", "--quiet"]) == 0
     a, b = (checkpoint.load(str(tmp_path / r / "ckpt.npz")) for r in ("a", "b"))

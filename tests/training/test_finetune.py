@@ -67,7 +67,7 @@ def test_init_from_checkpoint_starts_from_its_weights(texts, trained, tmp_path):
     # the same batches of the second text, through the trained model and through a fresh one
     model, tokenizer = load_model(str(trained))
     second = load_text(texts["second"], tokenizer)
-    loaded = estimate_loss(model, second, eval_args())
+    loaded = estimate_loss(ta.compile(model), second, eval_args())     # (compiled, as the run evaluates it)
     ta.manual_seed(0)
     fresh = estimate_loss(GPT(model.config), second, eval_args())
     assert rows[0]["step"] == 0 and rows[0]["val_loss"] == round(loaded["val"], 6)

@@ -11,11 +11,10 @@ and resumed under the other too. Only the thread count may change the numbers.
 import numpy as np
 import pytest
 
-import tinyattn as ta
 from tinyattn.fast import threads
 from train import checkpoint
 from train.command import main
-from training_data import TEXT, TINY, backward_with_ctrl_c
+from training_data import TEXT, TINY, ctrl_c_in_backward
 
 RUN = [*TINY, "--dropout", "0.1", "--eval_interval", "5", "--log_interval", "1", "--max_iters", "12"]
 FLOOR = threads.FLOOR                                                # (the fixture below sets it to 0)
@@ -90,10 +89,9 @@ def test_a_run_resumed_under_the_other_threshold_is_exact(text_file, tmp_path, m
     """Ctrl-C in step 8's backward, where every op ran on the calling thread; resumed with every op on the threads."""
     straight = tmp_path / "straight"
     assert train_with(ON_THE_THREADS, monkeypatch, ["--data", text_file, "--out_dir", str(straight), *RUN]) == 0
-    ctrl_c_at_the_8th = backward_with_ctrl_c(8)
     out = tmp_path / "stopped"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ta.Tensor, "backward", ctrl_c_at_the_8th)
+        ctrl_c_in_backward(mp, 8)
         assert train_with(ON_THE_CALLER, mp, ["--data", text_file, "--out_dir", str(out), *RUN]) == 130
     assert 0 < checkpoint.read_meta(str(out / "ckpt.npz"))["step"] < 12
     assert train_with(ON_THE_THREADS, monkeypatch,

@@ -20,7 +20,7 @@ from train.data import load_conversations, load_data, load_text
 from train.finetune import added_special_tokens
 from train.sample import load_model
 
-from training_data import TEXT, backward_with_ctrl_c, error_lines
+from training_data import TEXT, ctrl_c_in_backward, error_lines
 
 SMALL = ["--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--block_size", "48", "--batch_size", "8",
          "--eval_iters", "2", "--warmup_iters", "2", "--lr_decay_iters", "20", "--learning_rate", "3e-3",
@@ -202,9 +202,8 @@ def test_sft_with_mixed_text_resumes_exactly(files, base, conv, tmp_path, monkey
     if stop == "max_iters":
         assert main([*flags, "--out_dir", str(tmp_path / "b"), "--max_iters", "6"]) == 0
     else:
-        ctrl_c_in_step_5 = backward_with_ctrl_c(6)
         with monkeypatch.context() as patched:
-            patched.setattr(ta.Tensor, "backward", ctrl_c_in_step_5)
+            ctrl_c_in_backward(patched, 6)                # in step 5
             assert main([*flags, "--out_dir", str(tmp_path / "b"), "--max_iters", "12"]) == 130
         assert checkpoint.read_meta(str(tmp_path / "b" / "ckpt.npz"))["step"] == 6
     assert main(["--data", str(conv), "--out_dir", str(tmp_path / "b"), "--resume", "--max_iters", "12"]) == 0

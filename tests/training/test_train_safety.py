@@ -17,7 +17,7 @@ from tinyattn.models import GPT, GPTConfig
 from train import checkpoint, start
 from train.command import main
 
-from training_data import TEXT, TINY, backward_with_ctrl_c, error_lines      # the tiny text and model the training tests use
+from training_data import TEXT, TINY, ctrl_c_in_backward, error_lines      # the tiny text and model the training tests use
 
 
 @pytest.fixture
@@ -149,7 +149,7 @@ def running_adamw():
     return ta.optim.AdamW
 
 
-TARGETS = {"forward": (GPT, "forward"), "backward": (ta.Tensor, "backward"), "optimizer": (running_adamw, "step"),
+TARGETS = {"forward": (GPT, "forward"), "backward": None, "optimizer": (running_adamw, "step"),
            "batch": (program.parallel, "local_batch"), "eval": (program, "estimate_loss"),
            "save": (checkpoint, "save")}
 
@@ -157,18 +157,21 @@ TARGETS = {"forward": (GPT, "forward"), "backward": (ta.Tensor, "backward"), "op
 @pytest.mark.parametrize("what, at_call, how", INTERRUPTS)
 def test_resume_after_ctrl_c_is_exact_wherever_it_lands(text_file, tmp_path, uninterrupted, capsys, what, at_call,
                                                          how):
-    owner, name = TARGETS[what]
-    owner = running_adamw() if owner is running_adamw else owner
-    real, calls = getattr(owner, name), []
-
-    def patched(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == at_call:
-            ctrl_c(how)
-        return real(*args, **kwargs)
     out = tmp_path / "run"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(owner, name, patched)
+        if what == "backward":                                # (in the backward of the at_call-th loss)
+            ctrl_c_in_backward(mp, at_call, lambda: ctrl_c(how))
+        else:
+            owner, name = TARGETS[what]
+            owner = running_adamw() if owner is running_adamw else owner
+            real, calls = getattr(owner, name), []
+
+            def patched(*args, **kwargs):
+                calls.append(1)
+                if len(calls) == at_call:
+                    ctrl_c(how)
+                return real(*args, **kwargs)
+            mp.setattr(owner, name, patched)
         assert main_caught(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == EXIT[how]
     stopped = checkpoint.read_meta(str(out / "ckpt.npz"))["step"]
     assert 0 < stopped < 12
@@ -191,8 +194,7 @@ def test_resume_after_ctrl_c_is_exact_wherever_it_lands(text_file, tmp_path, uni
 
 
 def test_ctrl_c_says_it_stops_after_the_step(text_file, tmp_path, capsys, monkeypatch):
-    patched = backward_with_ctrl_c(3)
-    monkeypatch.setattr(ta.Tensor, "backward", patched)
+    ctrl_c_in_backward(monkeypatch, 3)
     assert main_caught(["--data", text_file, "--out_dir", str(tmp_path / "run"), *RUN, "--max_iters", "12"]) == 130
     err = capsys.readouterr().err
     assert "Ctrl-C: stopping after this step, then saving (Ctrl-C again to stop at once)" in err
@@ -264,18 +266,18 @@ def test_an_update_cut_in_two_is_never_saved(text_file, tmp_path, capsys, monkey
             raise KeyboardInterrupt
         return real(self)
     monkeypatch.setattr(running_adamw(), "step", patched)
-    capsys.readouterr()                                       # (the fast layer's note: AdamW.step is not the library's)
     assert main_caught(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 130
-    assert one_error_line(capsys) == ("python -m train: interrupted inside the optimizer's update (the weights are "
-                                      f"half updated): not saved; {out / 'ckpt.npz'} keeps step 5")
+    note, *rest = error_lines(capsys.readouterr().err)          # (the compiled model's note: AdamW.step is yours)
+    assert note.startswith("tinyattn: optim/__init__.py: AdamW.step is not the library's; the fused AdamW steps")
+    assert rest == [f"python -m train: interrupted inside the optimizer's update (the weights are half updated): "
+                    f"not saved; {out / 'ckpt.npz'} keeps step 5"]
     assert checkpoint.read_meta(str(out / "ckpt.npz"))["step"] == 5
 
 
 def test_ctrl_c_writes_the_log_and_summary_and_the_clock_runs_on(text_file, tmp_path, monkeypatch):
     out = tmp_path / "run"
-    patched = backward_with_ctrl_c(8)  # in step 7
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ta.Tensor, "backward", patched)
+        ctrl_c_in_backward(mp, 8)                             # in step 7
         assert main_caught(["--data", text_file, "--out_dir", str(out), *RUN, "--max_iters", "12"]) == 130
     rows = (out / "log.csv").read_text().splitlines()
     assert [r.split(",")[0] for r in rows[1:]] == ["0", "5"]
@@ -348,9 +350,8 @@ def test_a_resume_that_outgrows_a_fitted_schedule_says_so(text_file, tmp_path, c
     would run at --min_lr without a word."""
     out = tmp_path / "run"
     no_schedule = [a for i, a in enumerate(TINY) if "_iters" not in a and "_iters" not in TINY[i - 1]]
-    patched = backward_with_ctrl_c(6)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ta.Tensor, "backward", patched)
+        ctrl_c_in_backward(mp, 6)
         assert main_caught(["--data", text_file, "--out_dir", str(out), *no_schedule, "--eval_iters", "2",
                             "--max_iters", "10"]) == 130
     capsys.readouterr()

@@ -87,9 +87,12 @@ class _Noted:
         for file in FILES:
             module = module_of(file)
             self._note(file, "", vars(module))
-            for value in list(vars(module).values()):
+            classes = {}                                 # each class of the module's own, once, by its name there
+            for name, value in vars(module).items():
                 if isinstance(value, type) and value.__module__ == module.__name__:
-                    self._note(file, value.__qualname__, vars(value))
+                    classes.setdefault(id(value), (name, value))
+            for name, value in classes.values():
+                self._note(file, name, vars(value))
 
     def _note(self, file, owner, namespace):
         names = [name for name, value in namespace.items() if _is_code(value)]

@@ -15,7 +15,7 @@ import functools
 import math
 
 from .autograd import Function, constant, describe, is_tensor
-from .backend import get_backend, category, promote_types, float32
+from .backend import get_backend, category, promote_types, float16, float32, float64
 
 
 def sum_to(g, shape):
@@ -46,10 +46,10 @@ def operands(t, other, op, reverse=False, true_division=False):
     is float32, not numpy's float64), and so does true division of integers. Two tensors
     promote as ``result_dtype`` says (int64 + float32 is float32)."""
     if is_tensor(other):
-        # The usual case, one float dtype, needs nothing: read off the arrays, it is checked at once
-        # (the dtype of a strict array has no kind: it goes the long way).
+        # The usual case, one float dtype, needs nothing. It is checked on the arrays' own dtypes,
+        # at once (a strict array's dtype is none of numpy's: it goes the long way).
         one = t.data.dtype
-        if other.data.dtype is one and getattr(one, "kind", None) == "f":
+        if other.data.dtype is one and (one is float32 or one is float64 or one is float16):
             return (other, t) if reverse else (t, other)
         _refuse_bool_subtraction(op, t.dtype, other.dtype)
         dtype = result_dtype(t, other)

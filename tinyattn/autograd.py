@@ -165,15 +165,13 @@ class Function:
 
     @classmethod
     def apply(cls, *inputs, **params):
-        backend = _common_backend(inputs, cls)
+        arrays, backend = _arrays_and_backend(inputs, cls)
         ctx = backend.fast_ops.get(cls, cls)()        # the fast layer's version of the op, if it has one
         ctx.backend = backend
         ctx.xp = backend.xp
         try:
             if cls.guard_inputs or hooks is not None:             # (inside detect_anomaly: every op)
-                arrays = [backend.read_only(t.data) for t in inputs]
-            else:
-                arrays = [t.data for t in inputs]
+                arrays = [backend.read_only(a) for a in arrays]
             data = ctx.forward(*arrays, **params) if hooks is None else hooks.forward(ctx, inputs, arrays, params)
         except Exception as e:
             better = _explain_forward_error(cls, inputs, e)
@@ -230,28 +228,33 @@ def forward_result(ctx, data):
     return array
 
 
-def _common_backend(tensors, op):
-    """The backend (device) that every input Tensor of ``op`` is on; an error naming the op when
-    an input is not a Tensor or the inputs are on two devices."""
-    backend = None
-    for t in tensors:                             # (the usual case: one short loop, no error to build)
+def _arrays_and_backend(tensors, op):
+    """The arrays of ``op``'s input Tensors, and the backend (device) they are all on: one pass
+    over the inputs. An error naming the op when an input is not a Tensor or the inputs are on
+    two devices."""
+    arrays, backend = [], None
+    for t in tensors:
         if not isinstance(t, _Tensor) or (backend is not None and t._backend is not backend):
-            break
+            raise _input_fault(tensors, op)
+        arrays.append(t.data)
         backend = t._backend
-    else:
-        if backend is not None:
-            return backend
-    backend = None                                # else: find the first fault, and name it
+    if backend is None:
+        raise TypeError(f"{op.__name__}.apply needs at least one Tensor input")
+    return arrays, backend
+
+
+def _input_fault(tensors, op):
+    """The error for the first input of ``op`` that is not a Tensor, or on another device."""
+    backend = None
     for i, t in enumerate(tensors):
         if not isinstance(t, _Tensor):
-            raise TypeError(f"{op.__name__}.apply: input {i} is a {type(t).__name__}, not a Tensor "
-                            "(pass other values as keyword arguments)")
+            return TypeError(f"{op.__name__}.apply: input {i} is a {type(t).__name__}, not a Tensor "
+                             "(pass other values as keyword arguments)")
         if backend is None:
             backend = t._backend
         elif t._backend is not backend:
-            raise RuntimeError(f"{op.__name__}: expected all tensors on one device, "
-                               f"found {backend.name} and {t._backend.name}")
-    raise TypeError(f"{op.__name__}.apply needs at least one Tensor input")
+            return RuntimeError(f"{op.__name__}: expected all tensors on one device, "
+                                f"found {backend.name} and {t._backend.name}")
 
 
 def broadcast_shape(op, *shapes):

@@ -16,7 +16,7 @@ import functools
 import math
 
 from .autograd import Function, constant, describe, is_tensor
-from .backend import get_backend, category, promote_types, float32
+from .backend import get_backend, category, promote_types, float16, float32, float64
 
 
 def sum_to(g, shape):
@@ -46,16 +46,19 @@ def operands(t, other, op, reverse=False, true_division=False):
     number with an integer or boolean tensor gives float32, the default float dtype (ids * 0.5
     is float32, not numpy's float64), and so does true division of integers. Two tensors
     promote as ``result_dtype`` says (int64 + float32 is float32)."""
-    dtype = t.dtype
     if is_tensor(other):
-        if other.dtype == dtype and dtype.kind == "f":                 # (one float dtype: nothing to do)
+        # The usual case, one float dtype, needs nothing. It is checked on the arrays' own dtypes,
+        # at once (a strict array's dtype is none of numpy's: it goes the long way).
+        one = t.data.dtype
+        if other.data.dtype is one and (one is float32 or one is float64 or one is float16):
             return (other, t) if reverse else (t, other)
-        _refuse_bool_subtraction(op, dtype, other.dtype)
+        _refuse_bool_subtraction(op, t.dtype, other.dtype)
         dtype = result_dtype(t, other)
         if true_division and dtype.kind != "f":
             dtype = float32
         t, other = to_dtype(t, dtype), to_dtype(other, dtype)
     else:
+        dtype = t.dtype
         _refuse_bool_subtraction(op, dtype, bool if isinstance(other, bool) else None)
         if dtype.kind != "f" and (true_division or check_operand(other, op) == "f"):
             t = t.to("float32")
@@ -276,13 +279,13 @@ def matmul(a, b):
     inner = b_shape[-2] if len(b_shape) > 1 else b_shape[0]
     if a_shape[-1] != inner:
         raise ValueError(f"matmul: shapes {a_shape} and {b_shape} do not fit ({a_shape[-1]} != {inner})")
+    if len(a_shape) > 1 and len(b_shape) > 1:        # (..., n, k) @ (..., k, m): the usual case
+        return MatMul.apply(a, b)
     if len(a_shape) == 1 and len(b_shape) == 1:
         return (a * b).sum()
     if len(a_shape) == 1:
         return MatMul.apply(a.unsqueeze(0), b).squeeze(-2)
-    if len(b_shape) == 1:
-        return MatMul.apply(a, b.unsqueeze(-1)).squeeze(-1)
-    return MatMul.apply(a, b)
+    return MatMul.apply(a, b.unsqueeze(-1)).squeeze(-1)
 
 
 def dot(a, b):

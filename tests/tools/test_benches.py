@@ -84,6 +84,17 @@ def test_bench_ab_compares_two_checkouts_in_fresh_processes():
     assert lines[0]["pairs"] == 2 and len(lines[0]["ms_pairs"]) == 2 and lines[0]["after_over_before_median"] > 0
 
 
+def test_bench_ab_times_each_small_op_with_each_checkouts_library():
+    """ops:tiny, the checkout against itself, the fast layer off on one side: a line per op, in us."""
+    done = run("bench_ab.py", ".", ".", "--pairs", "2", "--workloads", "ops:tiny", "--after_env", "TINYATTN_FAST=0")
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [line.get("workload") for line in lines[:-1]] == [f"ops:tiny {op}" for op in
+                                                           ("add", "matmul", "softmax", "layer_norm", "linear")]
+    assert all(line["pairs"] == 2 and len(line["us_pairs"]) == 2 and line["after_us_median"] > 0 for line in lines[:-1])
+    assert "cpu" in lines[-1]
+
+
 def test_bench_denormal_prints_a_ratio_per_case_and_flushing_mode():
     """A tiny run: the CPU, then the matmul and the step (fast layer on), each with flushing off, then on."""
     from tinyattn.fast import denormals

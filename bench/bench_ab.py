@@ -2,7 +2,7 @@
 
     git worktree add ../before HEAD~5                  # the code to compare with
     python bench/bench_ab.py ../before . --pairs 10    # step: baby, default, mid; decoding: baby, default
-    python bench/bench_ab.py ../before . --workloads ops:small --after_env TINYATTN_FAST=0
+    python bench/bench_ab.py ../before . --workloads ops:small ops:formulas   # one small op
 
 For each workload, each pair runs the "before" checkout and the "after" one,
 each in a fresh process (its own imports, numba's cache, BLAS threads), the
@@ -13,14 +13,16 @@ order swapped from pair to pair, and nothing else in between:
     decode:CONFIG   bench/bench_decode.py --configs CONFIG --batches 1 8: the median ms per
                     generated token, batch 1 and batch 8 (needs PyTorch: its side runs too)
     ops:small       bench/bench_small_ops.py: the median us of one no-grad op on small
-                    tensors (add, matmul, softmax, layer_norm, linear; one label each):
-                    the engine's cost per op (ops:tiny: a few calls, for a test)
+                    tensors (add, matmul, softmax, layer_norm, linear; one label each),
+                    compiled (an older checkout: its fast layer, on by default then)
+    ops:formulas    the same, the ops as written (not compiled; an older checkout: its
+                    fast layer off): the engine's cost per op (ops:tiny: a few calls, for a test)
 
 Each run uses the benchmark script of its own checkout, but for ops:small:
 both sides run the bench_small_ops.py beside this file (an older checkout
 may not have it), each importing its own checkout's tinyattn, which the run
 checks. --before_env and --after_env set variables for one side only (the
-fast layer off on one side: --after_env TINYATTN_FAST=0). Prints one JSON
+numba's kernels off on one side: --after_env TINYATTN_CPU_KERNELS=0). Prints one JSON
 line per workload (per op for ops:small): the medians of each side, the
 median of the after/before ratios of the pairs (above 1: after is slower)
 with their spread, and every pair, in ms (us for ops:small); then the CPU.
@@ -38,7 +40,8 @@ from bench_step import cpu_info  # (beside this file: python puts its folder on 
 
 WORKLOADS = ["step:baby", "step:default", "step:mid", "decode:baby", "decode:default"]
 STEP_FLAGS = {"mid": ["--blocks", "4", "--steps", "3", "--warmup", "2"]}
-OPS_FLAGS = {"small": [], "tiny": ["--repeats", "2", "--number", "10", "--warmup", "10"]}   # (tiny: a test's)
+OPS_FLAGS = {"small": [], "formulas": ["--formulas"],
+             "tiny": ["--repeats", "2", "--number", "10", "--warmup", "10"]}   # (tiny: a test's)
 UNITS = {"step": "ms", "decode": "ms", "ops": "us"}
 SMALL_OPS = Path(__file__).resolve().with_name("bench_small_ops.py")
 
@@ -81,7 +84,7 @@ def main(argv=None):
     p.add_argument("--before_env", nargs="+", default=[], metavar="NAME=VALUE",
                    help="environment variables for the before side only")
     p.add_argument("--after_env", nargs="+", default=[], metavar="NAME=VALUE",
-                   help="environment variables for the after side only (e.g. TINYATTN_FAST=0)")
+                   help="environment variables for the after side only (e.g. TINYATTN_CPU_KERNELS=0)")
     args = p.parse_args(argv)
     env = {"before": environment(p, args.before_env), "after": environment(p, args.after_env)}
     for workload in args.workloads:

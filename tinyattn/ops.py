@@ -927,16 +927,18 @@ def check_float(op, x):
 
 def softmax(x, dim=-1):
     check_float("softmax", x)
-    if 0 in x.shape:                                   # no elements: nothing to normalise (no max to take)
+    shape = x.shape
+    if 0 in shape:                                     # no elements: nothing to normalise (no max to take)
         return x * 1.0
-    return Softmax.apply(x, dim=normalize_dim(dim, x.ndim, "softmax"))
+    return Softmax.apply(x, dim=normalize_dim(dim, len(shape), "softmax"))
 
 
 def log_softmax(x, dim=-1):
     check_float("log_softmax", x)
-    if 0 in x.shape:
+    shape = x.shape
+    if 0 in shape:
         return x * 1.0
-    return LogSoftmax.apply(x, dim=normalize_dim(dim, x.ndim, "log_softmax"))
+    return LogSoftmax.apply(x, dim=normalize_dim(dim, len(shape), "log_softmax"))
 
 
 def logsumexp(x, dim=-1, keepdim=False):

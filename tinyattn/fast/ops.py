@@ -357,8 +357,10 @@ class Linear(FastOp, F.Linear):
     backward's products in one split (products.matmuls)."""
 
     def fast_forward(self, x, weight, bias=None):
+        if x.ndim == 2:                                                  # (N, in) already
+            return self.backend.products.linear(x, weight, bias)
         out = self.backend.products.linear(self.xp.reshape(x, (-1, x.shape[-1])), weight, bias)   # (N, out)
-        return out if x.ndim == 2 else self.xp.reshape(out, tuple(x.shape[:-1]) + (weight.shape[0],))
+        return self.xp.reshape(out, tuple(x.shape[:-1]) + (weight.shape[0],))
 
     def fast_backward(self, g):                                         # g (..., out)
         return self._backward_arrays(g.data, self.parents[0].data, self.parents[1].data, self.needs_input_grad)

@@ -339,8 +339,9 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, fused=True
     """Normalise over the last dims, those of ``normalized_shape``: (C,) or, as in PyTorch,
     several, (H, W), whose elements are normalised together (as one dim of H * W)."""
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    if not shape or x.shape[len(x.shape) - len(shape):] != shape or x.ndim < len(shape):
-        raise ValueError(f"layer_norm: normalized_shape {shape} does not match input shape {x.shape}")
+    x_shape = x.shape
+    if not shape or x_shape[-len(shape):] != shape:          # (fewer dims than shape: never equal)
+        raise ValueError(f"layer_norm: normalized_shape {shape} does not match input shape {x_shape}")
     if len(shape) > 1:                                       # (..., H, W) as (..., H * W), and back
         n = math.prod(shape)
         flat = [None if t is None else t.reshape(n) for t in (weight, bias)]

@@ -85,8 +85,9 @@ def test_bench_ab_compares_two_checkouts_in_fresh_processes():
 
 
 def test_bench_ab_times_each_small_op_with_each_checkouts_library():
-    """ops:tiny, the checkout against itself, the fast layer off on one side: a line per op, in us."""
-    done = run("bench_ab.py", ".", ".", "--pairs", "2", "--workloads", "ops:tiny", "--after_env", "TINYATTN_FAST=0")
+    """ops:tiny, the checkout against itself, numba's kernels off on one side: a line per op, in us."""
+    done = run("bench_ab.py", str(ROOT), str(ROOT), "--pairs", "2", "--workloads", "ops:tiny",
+               "--after_env", "TINYATTN_CPU_KERNELS=0")
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     assert [line.get("workload") for line in lines[:-1]] == [f"ops:tiny {op}" for op in

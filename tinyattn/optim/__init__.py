@@ -48,7 +48,14 @@ class Optimizer:
             p.grad = None
 
     def step(self):
-        raise NotImplementedError
+        """One update of each parameter that has a gradient: ``update(p, group)``, each optimizer's own."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self.update(p, group)
+
+    def update(self, p, group):
+        raise NotImplementedError(f"{type(self).__name__} has no update (or a step of its own)")
 
     # --- saving: state keyed by the parameter's position, values on the host ---
     def state_dict(self):
@@ -152,12 +159,6 @@ class Adam(Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad))
 
-    def step(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self.update(p, group)
-
     def update(self, p, group):
         """One Adam step for parameter ``p``, on its arrays, in place."""
         lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
@@ -202,10 +203,7 @@ class AdamW(Optimizer):
     def step(self):
         if self.fused and AdamW.fused_step is not None and AdamW.fused_step(self):   # (False: the loop runs)
             return
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self.update(p, group)
+        super().step()
 
     def update(self, p, group):
         """One AdamW step for parameter ``p``, on its arrays, in place."""

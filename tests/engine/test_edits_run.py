@@ -428,6 +428,35 @@ def test_through_the_training_program_the_edited_scale_runs_compiled_as_not(edit
     assert "tinyattn:" not in library_err
 
 
+def test_through_the_training_program_a_replaced_tensor_mean_runs_compiled_as_not(tmp_path, monkeypatch, capsys):
+    """python -m train (its main, in this process) with Tensor.mean replaced at run time by the
+    learner's own: compiled, every step's loss and the val loss are --compile False's to float32
+    rounding, not the library's, and one line says what stepped aside."""
+    from train import checkpoint
+    from train.command import main
+    from training_data import TINY
+    text = tmp_path / "tiny.txt"
+    text.write_text(TEXT)
+
+    def train(name, *flags):
+        out = tmp_path / name
+        assert main(["--data", str(text), "--out_dir", str(out), *TINY, "--max_iters", "8", "--eval_interval", "4",
+                     "--learning_rate", "0.03", "--warmup_iters", "0", "--quiet", *flags]) == 0
+        meta = checkpoint.read_meta(str(out / "ckpt.npz"))
+        return np.array(meta["train_losses"]), meta["log"][-1]["val_loss"]
+    library = train("library")
+    capsys.readouterr()
+    monkeypatch.setattr(ta.Tensor, "mean", _my_mean)
+    on = train("on")
+    err = capsys.readouterr().err
+    off = train("off", "--compile", "False")
+    np.testing.assert_allclose(on[0], off[0], rtol=1e-5)
+    assert on[1] == pytest.approx(off[1], rel=1e-5) and abs(on[1] - library[1]) > 1e-3
+    lines = [line for line in err.splitlines() if line.startswith("tinyattn:")]
+    assert lines == ["tinyattn: tensor.py: Tensor.mean is not the library's; the fast ops, the fused layers and "
+                     "the fused AdamW step aside, and your code runs"], err
+
+
 STEP = """
 import json, sys, numpy as np, tinyattn as ta
 from tinyattn.models import GPT, GPTConfig

@@ -54,8 +54,12 @@ def clip_grads_with_norm_(parameters, max_norm, total_norm, foreach=None):
     coef = xp.asarray(xp.minimum(max_norm / (norm + 1e-6), 1.0))
     if backend.on_host and float(coef) >= 1.0:
         return
+    scale = {}                                                # coef in each gradient's dtype, made once
     for g in grads:
-        g.data = g.data * xp.astype(coef, g.data.dtype)       # a new array: gradients that share one are scaled once
+        dtype = g.data.dtype
+        if dtype not in scale:
+            scale[dtype] = xp.astype(coef, dtype)
+        g.data = g.data * scale[dtype]                        # a new array: gradients that share one are scaled once
 
 
 def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):

@@ -26,6 +26,16 @@ class _GradMode(threading.local):
 
 
 _grad_mode = _GradMode()
+
+
+class _Compiled(threading.local):
+    """What a compiled call (ta.compile: tinyattn/fast/compiled.py) runs in place of the library's
+    code, in this thread while it runs; outside one, nothing."""
+    ops = {}                # teaching Function class -> the fast layer's subclass (Function.apply runs it)
+    layers = None           # {layer: its runner}, in a compiled model's call (Module.__call__ runs it)
+
+
+compiled = _Compiled()
 hooks = None   # while ta.detect_anomaly or ta.profile runs: their hooks (tinyattn/hooks.py); else None
 _Tensor = None          # the Tensor class: set once by tinyattn/tensor.py (use_tensor_class)
 
@@ -166,7 +176,7 @@ class Function:
     @classmethod
     def apply(cls, *inputs, **params):
         arrays, backend = _arrays_and_backend(inputs, cls)
-        ctx = backend.fast_ops.get(cls, cls)()        # the fast layer's version of the op, if it has one
+        ctx = compiled.ops.get(cls, cls)()            # in a compiled call: the op's fast version, if it has one
         ctx.backend = backend
         ctx.xp = backend.xp
         try:

@@ -27,7 +27,7 @@ from tinyattn.backend import NumpyBackend
 from tinyattn.fast import checked
 from tinyattn.fast.fingerprints import FINGERPRINTS
 from tinyattn.models import GPT, GPTConfig, gpt
-from tinyattn.nn import attention, functional as F, modules
+from tinyattn.nn import attention, functional as F
 from training_data import TEXT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,16 +85,16 @@ def test_the_fingerprints_do_not_depend_on_the_python_version(python):
 
 # ---------------------------------------------------------------- run-time replacement, of anything noted
 def test_replacing_anything_noted_turns_off_the_paths_of_its_file_and_back_on(capsys):
-    """Every function, class, method and property of the teaching modules, replaced (by a wrapper:
-    the same numbers, other code), turns off exactly the paths that depend on its file, with one
-    line; put back, they run again and nothing more is said."""
+    """Every function, class, method, property and constant of the teaching modules (and of the
+    backends), replaced (a function by a wrapper: the same numbers, other code), turns off exactly
+    the paths that depend on its file, with one line; put back, they run again and nothing more is said."""
     assert checked.allowed() == set(checked.DEPENDS)
     capsys.readouterr()
     seen = 0
-    for file, owner, namespace, names, _, values in checked._noted.spaces:
-        target = checked.module_of(file) if not owner else _class(file, owner)
+    for file, owner, namespace, names, _, values, *_ in checked._noted.spaces:
+        target = _owner(file, owner)
         for name, value in zip(names, values):
-            setattr(target, name, _wrapper(value))
+            setattr(target, name, _replacement(value))
             try:
                 allowed = checked.allowed()
                 err = capsys.readouterr().err.splitlines()
@@ -110,22 +110,49 @@ def test_replacing_anything_noted_turns_off_the_paths_of_its_file_and_back_on(ca
     assert seen > 500                                   # (every function of nine files, and Tensor's methods)
 
 
-def _class(file, qualname):
+def _owner(file, owner):
+    """What a noted namespace belongs to: the module, a backend (get_backend('cpu')), or a class."""
+    if not owner:
+        return checked.module_of(file)
+    if owner.startswith("get_backend("):
+        return ta.backend.get_backend(owner[len("get_backend('"):-2])
     obj = checked.module_of(file)
-    for part in qualname.split("."):
+    for part in owner.split("."):
         obj = getattr(obj, part)
     return obj
 
 
-def _wrapper(value):
-    """``value`` wrapped: a function of other code (a class is subclassed, a property re-made)."""
+def _replacement(value):
+    """Other code with the same numbers (a class subclassed, a property re-made, a function wrapped),
+    or another value of a constant."""
     if isinstance(value, type):
         return type(value.__name__, (value,), {})
     if isinstance(value, property):
         return property(lambda self: value.__get__(self), value.fset)
     if isinstance(value, (staticmethod, classmethod)):
         return type(value)(lambda *a, **k: value.__func__(*a, **k))
-    return lambda *args, **kwargs: value(*args, **kwargs)
+    if callable(value):
+        return lambda *args, **kwargs: value(*args, **kwargs)
+    if isinstance(value, frozenset):
+        return value | {None}
+    return value + ((None,) if isinstance(value, tuple) else "x" if isinstance(value, str)
+                    else b"x" if isinstance(value, bytes) else 1)
+
+
+@pytest.mark.parametrize("where", ["NumpyBackend.erf over Backend.erf", "Linear.__call__ over Module.__call__",
+                                   "erf set on the cpu backend itself"])
+def test_a_name_added_that_shadows_another_counts_as_a_replacement(where, monkeypatch):
+    """A method set on a subclass over the one it inherits, or on a backend object over its class's:
+    what runs changes, though no noted name did."""
+    owner, name, file = {"NumpyBackend.erf over Backend.erf": (NumpyBackend, "erf", "backend/__init__.py"),
+                         "Linear.__call__ over Module.__call__": (ta.nn.Linear, "__call__", "nn/modules.py"),
+                         "erf set on the cpu backend itself": (ta.backend.get_backend("cpu"), "erf",
+                                                               "backend/__init__.py")}[where]
+    assert name not in vars(owner)
+    monkeypatch.setattr(owner, name, lambda *args: None, raising=False)
+    assert checked.allowed() == {path for path, files in checked.DEPENDS.items() if file not in files}
+    monkeypatch.undo()
+    assert checked.allowed() == set(checked.DEPENDS)
 
 
 def test_a_method_added_to_a_class_changes_nothing():
@@ -353,7 +380,7 @@ def test_without_compile_no_call_goes_into_the_fast_layer():
     attributes = {name: dict(vars(m)) for name, m in model.named_modules()}
     compiled = ta.compile(model)
     assert fast_functions(compiled, compiled.configure_optimizer(0.1, 1e-3, (0.9, 0.95)))
-    assert modules.compiled is None and {name: dict(vars(m)) for name, m in model.named_modules()} == attributes
+    assert ta.autograd.compiled.layers is None and {name: dict(vars(m)) for name, m in model.named_modules()} == attributes
     assert fast_functions(model, model.configure_optimizer(0.1, 1e-3, (0.9, 0.95))) == []   # (the model is as it was)
 
 

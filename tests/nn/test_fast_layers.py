@@ -64,8 +64,8 @@ def attributes(model):
 def nothing_left_compiled():
     """After each test, no layer's runner and no fast op is left on: they run only inside a call."""
     yield
-    assert nn.modules.compiled is None
-    assert not get_backend("cpu").fast_ops
+    assert ta.autograd.compiled.layers is None
+    assert not ta.autograd.compiled.ops
 
 
 @pytest.fixture
@@ -142,8 +142,8 @@ PROMPT_THEN_TOKENS = [10, 13] + list(range(14, 41))   # a prompt, a chunk of 3, 
 def test_compile_keeps_every_class_sets_nothing_on_the_layers_and_gives_the_librarys_layers_a_runner(runner_calls):
     model = gpt_model()
     block = model.h[0]
-    seen = []                                                           # nn.modules.compiled, seen by lm_head
-    model.lm_head.forward = lambda x, head=model.lm_head: seen.append(nn.modules.compiled) or nn.Linear.forward(head, x)
+    seen = []                                                           # the compiled layers, seen by lm_head
+    model.lm_head.forward = lambda x, head=model.lm_head: seen.append(ta.autograd.compiled.layers) or nn.Linear.forward(head, x)
     before = attributes(model)
     compiled = ta.compile(model)
     assert isinstance(compiled, CompiledModule) and compiled._orig_mod is model and ta.compile(compiled) is compiled
@@ -163,7 +163,7 @@ def test_compile_keeps_every_class_sets_nothing_on_the_layers_and_gives_the_libr
         **{model: fast_models.GPT}, **{b: fast_models.Block for b in model.h},
         **{b.mlp: fast_models.MLP for b in model.h}, **{b.attn: fast_modules.MultiHeadAttention for b in model.h}}
     assert runner_calls["GPT"] == 1 and runner_calls["Block"] == 2 and runner_calls["MultiHeadAttention"] == 2
-    assert nn.modules.compiled is None                                  # and after it, nothing
+    assert ta.autograd.compiled.layers is None                                  # and after it, nothing
     repr(compiled)
     assert attributes(model) == before                                  # nothing set on any layer
     assert not [m for m in model.modules() if "_fused" in m.__dict__]
@@ -323,11 +323,11 @@ def test_greedy_generate_writes_the_same_tokens_both_ways_and_leaves_the_model_a
     idx = random_ids(B, 5)
     teaching = model.generate(idx, 40, temperature=0).numpy()           # past 16 and 32: the window slides
     assert not array_paths and not runner_calls                         # the plain model: no runner ran
-    assert nn.modules.compiled is None and attributes(model) == before and model.training
+    assert ta.autograd.compiled.layers is None and attributes(model) == before and model.training
     uncached = model.generate(idx, 40, temperature=0, use_cache=False).numpy()
     fast = ta.compile(model).generate(idx, 40, temperature=0).numpy()
     assert array_paths["attention"] > 0 and runner_calls["GPT"] == 40
-    assert nn.modules.compiled is None and attributes(model) == before and model.training
+    assert ta.autograd.compiled.layers is None and attributes(model) == before and model.training
     np.testing.assert_array_equal(fast, teaching)
     np.testing.assert_array_equal(fast, uncached)
 
@@ -599,14 +599,13 @@ def test_a_sequence_long_enough_for_the_tiled_path_runs_the_teaching_forward(cac
         tiled["calls"] += 1
         return forward(self, *args, **kwargs)
     monkeypatch.setattr(fast_ops.FlashAttention, "forward", counted_flash)
-    monkeypatch.setattr(attention, "TILED_MIN_SCORES", 1)               # every length is "long"
-    with ta.inference_mode():
+    with every_length_long(), ta.inference_mode():
         long = run(compiled)
     assert array_paths["attention"] == 0 and tiled["calls"] > 0
     np.testing.assert_allclose(long, naive, **TOL["float64"])
     tiled.clear()
     array_paths.clear()
-    with ta.inference_mode():
+    with every_length_long(), ta.inference_mode():
         teaching = run(model)
     assert not array_paths and not tiled                               # (the teaching FlashAttention)
     np.testing.assert_allclose(long, teaching, **TOL["float64"])
@@ -712,7 +711,7 @@ def test_the_gpts_array_path_refuses_ids_out_of_range_as_the_teaching_path_does(
     assert str(fast.value) == str(teaching.value) and "[0, 13)" in str(fast.value)
     with ta.inference_mode(), pytest.raises(ValueError, match="longer than block_size"):
         compiled(random_ids(1, 65))                                     # block_size 64
-    assert runner_calls["GPT"] == 2 and nn.modules.compiled is None     # (put back after an error too)
+    assert runner_calls["GPT"] == 2 and ta.autograd.compiled.layers is None     # (put back after an error too)
 
 
 @pytest.mark.parametrize("what", ["head subclass", "a forward set on wte", "dropout on"])
@@ -842,8 +841,21 @@ def unusual_block(model, how, monkeypatch):
             block.mlp.gelu.approximate = "none"
         elif how == "an adapter":
             block.attn.c_proj = with_adapter(block.attn.c_proj, "LoRALinear")
-    if how == "long attention":
-        monkeypatch.setattr(attention, "TILED_MIN_SCORES", 1)           # every length is "long"
+
+
+@contextlib.contextmanager
+def every_length_long():
+    """attention.TILED_MIN_SCORES at 1: every length takes the tiled path. A constant of the library
+    set while it runs counts as a change of its code (the compiled paths would step aside), so for
+    the block the setting is noted as the library's (checked.note), and the library's after it."""
+    was = attention.TILED_MIN_SCORES
+    attention.TILED_MIN_SCORES = 1
+    checked.note()
+    try:
+        yield
+    finally:
+        attention.TILED_MIN_SCORES = was
+        checked.note()
 
 
 @needs_block_kernel
@@ -856,12 +868,14 @@ def test_a_block_the_fused_op_does_not_take_trains_op_by_op(how, monkeypatch):
     if how == "no kernels":
         monkeypatch.setattr(get_backend("cpu"), "use_kernels", False)
     idx, targets = random_ids(3, 20), random_ids(3, 20, seed=2)
-    ta.manual_seed(5)
-    with ta.profile() if how == "a profiler" else contextlib.nullcontext():
-        loss, fused, grads = training_grads(compiled, idx, targets)
-    assert fused == 0
-    ta.manual_seed(5)
-    want_loss, want = teaching_grads(model, idx, targets)
+    with every_length_long() if how == "long attention" else contextlib.nullcontext():
+        assert checked.allowed() == set(checked.DEPENDS)                # (op by op for its own reason)
+        ta.manual_seed(5)
+        with ta.profile() if how == "a profiler" else contextlib.nullcontext():
+            loss, fused, grads = training_grads(compiled, idx, targets)
+        assert fused == 0
+        ta.manual_seed(5)
+        want_loss, want = teaching_grads(model, idx, targets)
     np.testing.assert_allclose(loss, want_loss, **TOL["float64"])
     assert_same_grads(grads, want, "float64")
 
@@ -1020,9 +1034,65 @@ def test_only_a_compiled_call_runs_erfs_kernel(monkeypatch):
     assert not calls
     fast = ta.compile(erf_and_gelu)(x)
     assert calls == collections.Counter(kernels)                        # one call each, compiled
-    assert not cpu.fast_ops
+    assert not ta.autograd.compiled.ops
     again = erf_and_gelu(x)
     assert calls == collections.Counter(kernels)                        # and none after
     for a, b, c in zip(fast, teaching, again):
         np.testing.assert_allclose(a, b, **TOL["float64"])
         np.testing.assert_array_equal(b, c)
+
+
+# ---------------------------------------------------------------- the compiled model, as the model
+def test_a_compiled_call_runs_fast_ops_in_its_own_thread_only():
+    """A compiled call in one thread leaves another thread's ops their formulas, and calls that
+    overlap and end out of order leave nothing on."""
+    import threading
+    x = ta.randn(3, 8, requires_grad=True)
+    inside, go_on, seen = threading.Event(), threading.Event(), {}
+
+    def long_compiled_call():
+        seen["there"] = type(nn.functional.gelu(x, "tanh").grad_fn).__module__
+        inside.set()
+        go_on.wait(10)
+    worker = threading.Thread(target=ta.compile(long_compiled_call))
+    worker.start()
+    inside.wait(10)
+    here = ta.compile(lambda: type(nn.functional.gelu(x, "tanh").grad_fn).__module__)()   # (overlaps, ends first)
+    plain = type(nn.functional.gelu(x, "tanh").grad_fn).__module__
+    go_on.set()
+    worker.join(10)
+    assert seen["there"] == here == "tinyattn.fast.ops" and plain == "tinyattn.ops"
+    assert type(nn.functional.gelu(x, "tanh").grad_fn).__module__ == "tinyattn.ops"
+    assert not ta.autograd.compiled.ops and ta.autograd.compiled.layers is None
+
+
+def test_the_compiled_model_is_the_model_in_every_way_a_user_reaches_for():
+    import copy
+
+    class Named(nn.Module):                          # a layer of yours with a __repr__ and an optimizer of its own
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.lin(x)
+
+        def configure_optimizer(self, lr):
+            return ta.optim.AdamW(self.parameters(), lr=lr)
+
+        def __repr__(self):
+            return "Named!"
+    outer = nn.Sequential(Named(), nn.Linear(2, 2))
+    compiled = ta.compile(outer)
+    assert repr(outer) == "Sequential(\n  (0): Named!\n  (1): Linear(in_features=2, out_features=2, bias=True)\n)"
+    assert "(0): Named!" in repr(compiled)
+    assert len(compiled) == 2 and compiled[0] is outer[0] and list(compiled) == list(outer)
+    assert ta.compile(outer[0]).configure_optimizer(1e-3).fused is False     # (its own takes no fused=)
+    assert copy.copy(compiled)._orig_mod is outer
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=4, vocab_size=5))
+    compiled = ta.compile(model)
+    assert compiled.num_parameters() == model.num_parameters() and "generate" in dir(compiled)
+    model.num_parameters = lambda **kwargs: 42                              # (looked up on the model each time)
+    assert compiled.num_parameters() == 42
+    assert compiled.eval() is compiled and not model.training and compiled.train() is compiled and model.training
+    assert list(compiled.state_dict()) == list(model.state_dict())

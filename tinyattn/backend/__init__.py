@@ -63,9 +63,8 @@ class Backend:
     a device can do (``on_host``, ``ufunc_out``, ``setitem_basic``, ``has_nccl``),
     so nothing above this module compares device names.
 
-    Two tables belong to the fast layer (``tinyattn/fast``), which fills them
-    in when it is on: ``fast_ops`` (a teaching op -> its fast subclass, which
-    ``Function.apply`` runs instead) and the fused kernels (``kernels``).
+    The fused kernels (``kernels``) belong to the fast layer (``tinyattn/fast``),
+    which loads them on first use; its fast ops ask for them, in a compiled call.
     """
 
     name = None
@@ -75,7 +74,6 @@ class Backend:
     has_nccl = False        # its arrays can go through NCCL's collectives (tinyattn.distributed)
     clock = "host clock"    # what ta.profile times ops with (time_mark, seconds_between)
     use_kernels = True      # False: the fast ops decline every kernel (to compare them with the formulas)
-    fast_ops = {}           # teaching Function class -> the fast layer's subclass (empty: the formulas run)
     load_kernels = None     # () -> {name: kernel}: set by the fast layer, called on first use
     array_type = None       # the class of this device's arrays (is_array says yes to its subclasses too)
     _kernels = None

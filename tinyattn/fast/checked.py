@@ -9,12 +9,13 @@ with no list of functions kept by hand:
   the engine's files included, so nothing a formula calls is missed). A file's
   fingerprint is a hash of its syntax tree without docstrings (comments, blank
   lines, line endings and the Python version do not change it); fingerprints.py
-  holds the library's. Compared once, at the first ``ta.compile``.
-- **what runs now**: when the fast layer is imported (the end of ``import
-  tinyattn``), every function and class of those files' modules, and every
-  function, method and property of their classes (Tensor's included), is noted;
-  each compiled call compares them by identity, so a replacement made at any time
-  (``Tensor.mean = my_mean``, ``ops.stable_exp = f``) counts.
+  holds the library's. Compared once, at the first check (the first ``ta.compile``).
+- **what runs now**: at the end of ``import tinyattn``, every function, class and
+  constant of those files' modules, every function, method and property of their
+  classes (Tensor's included) and of the devices' backends is noted; each compiled
+  call compares them by identity, so a replacement made at any time
+  (``Tensor.mean = my_mean``, ``ops.stable_exp = f``) counts, and so does a name
+  added that shadows another (``NumpyBackend.erf = f`` over ``Backend.erf``).
 
 Any difference turns off each path that depends on that file, with one line on
 stderr naming what differs and what steps aside; put the code back and the paths
@@ -23,12 +24,14 @@ paths against it (``pytest tests/engine/test_optable.py``), then store the new
 fingerprints: ``python -m tinyattn.fast --write``.
 """
 import ast
+import builtins
 import hashlib
 import importlib
-import inspect
 import operator
 import sys
 from pathlib import Path
+
+from ..backend import made_backends
 
 PACKAGE = Path(__file__).resolve().parents[1]           # tinyattn/
 ENGINE = ("autograd.py", "tensor.py", "ops.py", "backend/__init__.py")       # what every formula runs on
@@ -72,48 +75,64 @@ def module_of(file):
     return sys.modules.get(name) or importlib.import_module(name)
 
 
-def _is_code(value):
-    """Functions, classes, cached functions and other callables, and a class's descriptors."""
-    return callable(value) or isinstance(value, (staticmethod, classmethod, property))
+_CONSTANTS = (int, float, complex, str, bytes, tuple, frozenset)
+
+
+def _is_code(name, value, module):
+    """What a formula runs: functions, classes, cached functions and other callables, a class's
+    descriptors, and a module's constants (NAMES_IN_CAPITALS: a fast path may hold its own copy)."""
+    return (callable(value) or isinstance(value, (staticmethod, classmethod, property))
+            or (module and isinstance(value, _CONSTANTS) and name.lstrip("_").isupper()))
 
 
 class _Noted:
-    """Every function, class, method and property of the teaching modules, as they were when noted:
-    per namespace (a module's or a class's dict), the names and one itemgetter that reads them
-    all back, so the check at each compiled call is a few C-level reads and comparisons."""
+    """What the teaching modules run, as it was when noted: per namespace (a module's dict, a
+    class's, a backend's), the names and one itemgetter that reads them all back, so the check at
+    each compiled call is a few C-level reads and comparisons; and every name there then, so that
+    a name added later that shadows another (a method set on a subclass over its base's, a
+    function set on a backend over its class's, a builtin) counts too."""
 
     def __init__(self):
-        self.spaces = []                                 # (file, owner's name, namespace, names, getter, values)
+        self.spaces = []          # (file, owner's name, namespace, names, getter, values, size, known, shadows)
         for file in FILES:
             module = module_of(file)
-            self._note(file, "", vars(module))
+            self._note(file, "", vars(module), lambda name: hasattr(builtins, name))
             classes = {}                                 # each class of the module's own, once, by its name there
             for name, value in vars(module).items():
                 if isinstance(value, type) and value.__module__ == module.__name__:
                     classes.setdefault(id(value), (name, value))
             for name, value in classes.values():
-                self._note(file, name, vars(value))
+                self._note(file, name, vars(value), lambda attr, cls=value: any(attr in vars(base)
+                                                                               for base in cls.__mro__[1:]))
+        for backend in made_backends():                  # (functions set on the device objects themselves)
+            self._note("backend/__init__.py", f"get_backend({backend.name!r})", vars(backend),
+                       lambda attr, cls=type(backend): hasattr(cls, attr))
 
-    def _note(self, file, owner, namespace):
-        names = [name for name, value in namespace.items() if _is_code(value)]
-        if names:                                        # (itemgetter of one name gives a value, not a tuple)
+    def _note(self, file, owner, namespace, shadows):
+        names = [name for name, value in namespace.items() if _is_code(name, value, not owner)]
+        if not names:
+            get, values = (lambda space: ()), ()
+        else:                                            # (itemgetter of one name gives a value, not a tuple)
             get = operator.itemgetter(*names) if len(names) > 1 else lambda space, name=names[0]: (space[name],)
-            self.spaces.append((file, owner, namespace, names, get, get(namespace)))
+            values = get(namespace)
+        self.spaces.append((file, owner, namespace, names, get, values, len(namespace), set(namespace), shadows))
 
     def changed(self):
         """{file: [what in it is not as noted]}, empty when everything is."""
         out = {}
-        for file, owner, namespace, names, get, values in self.spaces:
+        for file, owner, namespace, names, get, values, size, known, shadows in self.spaces:
             try:
-                if get(namespace) == values:             # (identity first: the usual case costs one read)
+                if len(namespace) == size and get(namespace) == values:   # (the usual case: one read)
                     continue
             except KeyError:
                 pass
-            out.setdefault(file, []).extend(f"{owner}.{name}" if owner else name
-                                            for name, was in zip(names, values) if namespace.get(name) is not was)
-        return out
+            differ = [name for name, was in zip(names, values) if namespace.get(name, _GONE) is not was]
+            differ += [name for name in namespace.keys() - known if callable(namespace[name]) and shadows(name)]
+            out.setdefault(file, []).extend(f"{owner}.{name}" if owner else name for name in differ)
+        return {file: names for file, names in out.items() if names}
 
 
+_GONE = object()
 _noted = None
 EDITED = ("(edited)",)
 _edited = None              # {file: EDITED} for each file whose fingerprint is not the library's (first compile)
@@ -121,7 +140,7 @@ _said = {}                  # what the last notice named: {file: [names]}
 
 
 def note():
-    """Note the library's code as it runs now (tinyattn/fast/__init__.py: at the end of import tinyattn)."""
+    """Note the library's code as it runs now (tinyattn/__init__.py: at the end of import tinyattn)."""
     global _noted
     _noted = _Noted()
 

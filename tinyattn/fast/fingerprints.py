@@ -3,13 +3,13 @@
 Written by ``python -m tinyattn.fast --write``: see checked.py.
 """
 FINGERPRINTS = {
-    'autograd.py': '8a54ee46f1d3ae6b',
-    'backend/__init__.py': '0431beb2ddb159bb',
+    'autograd.py': '8bc0faf760798c64',
+    'backend/__init__.py': '7a68319e99a113c8',
     'models/gpt.py': '4f05a299089dec60',
     'nn/attention.py': '4547cf3039339267',
     'nn/flash.py': '6611c819ffe58881',
     'nn/functional.py': '1a2a96af6d316dbe',
-    'nn/modules.py': '2579204d81a63247',
+    'nn/modules.py': 'b12483edeaed59fe',
     'ops.py': '62f9afc64d070240',
     'optim/__init__.py': 'f9529a05159a362b',
     'tensor.py': '2ac7cf6b8fc6ea02',

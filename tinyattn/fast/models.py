@@ -200,7 +200,7 @@ class Block(Runner):
         dropout is at work but DropHead's, and the
         attention is the naive (not tiled) one over a batch that shares evenly over the threads."""
         attn, mlp = block.attn, block.mlp
-        if not (autograd.hooks is None and x.backend.fast_ops and 0 not in x.shape
+        if not (autograd.hooks is None and autograd.compiled.ops and 0 not in x.shape
                 and x.dtype in _FLOATS and x.backend.kernel("block") is not None
                 and (not attn.training or attn.dropout == 0.0) and idle(attn.resid_dropout) and idle(mlp.dropout)):
             return None

@@ -74,7 +74,7 @@ class Runner:
 def no_graph(x, module):
     """True where running ``module`` on ``x`` records no graph and nothing watches the ops."""
     backend = x.backend
-    if autograd.hooks is not None or not backend.fast_ops or not backend.on_host:   # (numpy arrays here)
+    if autograd.hooks is not None or not autograd.compiled.ops or not backend.on_host:   # (numpy arrays here)
         return False
     if not is_grad_enabled():
         return True

@@ -44,7 +44,6 @@ def _note_call(module, args, out):
 
 changes = 0     # how many times an attribute of any module was set: what ta.compile decided about a
                 # model's layers is decided again after a change (a layer replaced, keep_weights set)
-compiled = None  # while a model made by ta.compile runs: {layer: its fast version} (tinyattn/fast/compiled.py)
 
 
 class Module:
@@ -81,7 +80,8 @@ class Module:
     def __call__(self, *args, **kwargs):
         if _engine.hooks is not None:             # ta.detect_anomaly checks the parameters first
             _engine.hooks.module_called(self)
-        fast = compiled.get(self) if compiled else None       # (ta.compile's version of this layer, if any)
+        layers = _engine.compiled.layers                      # in a compiled model's call: its fast layers
+        fast = layers.get(self) if layers else None
         out = self.forward(*args, **kwargs) if fast is None else fast(self, args, kwargs)
         _note_call(self, args, out)
         return out
@@ -181,10 +181,15 @@ class Module:
     def num_parameters(self):
         return sum(p.numel() for p in self.parameters())
 
-    def __repr__(self, note=None):
-        """The layers as a tree. ``note(layer)``, if given, adds its text to each layer's line
-        (ta.compile's print says so how each layer runs)."""
-        lines = [f"  ({name}): " + m.__repr__(note).replace("\n", "\n  ") for name, m in self._modules.items()]
+    def __repr__(self):
+        return self._tree()
+
+    def _tree(self, note=None):
+        """The layers as a tree (what print shows). ``note(layer)``, if given, adds its text to each
+        layer's line (ta.compile's print says so how each layer runs); a layer with a __repr__ of
+        its own shows that."""
+        lines = [f"  ({name}): " + (m._tree(note) if type(m).__repr__ is Module.__repr__ else repr(m)).replace(
+            "\n", "\n  ") for name, m in self._modules.items()]
         extra = ", ".join(text for text in (self.extra_repr(), note and note(self)) if text)
         if not lines:
             return f"{type(self).__name__}({extra})"

@@ -183,12 +183,13 @@ def _what(file, names):
 def write():
     """Store the files' fingerprints as the library's (fingerprints.py)."""
     global _edited
+    prints = file_fingerprints()
     lines = ['"""The fingerprint of each teaching file that a fast path depends on, as the library ships it.',
              "", "Written by ``python -m tinyattn.fast --write``: see checked.py.", '"""', "FINGERPRINTS = {"]
-    lines += [f"    {f!r}: {p!r}," for f, p in file_fingerprints().items()]
+    lines += [f"    {f!r}: {p!r}," for f, p in prints.items()]
     path = Path(__file__).with_name("fingerprints.py")
     path.write_text("\n".join(lines + ["}"]) + "\n")
     from . import fingerprints
-    fingerprints.FINGERPRINTS = file_fingerprints()      # (this process, too)
+    fingerprints.FINGERPRINTS = prints                   # (this process, too)
     _edited = None
     return path

@@ -34,6 +34,7 @@ from data.tasks import TASKS, WORD_TASKS, make_task
 from .config import OneLineParser, add_compile_flag, at_least
 from .data import load_text
 from .finetune import grow_vocab
+from .chat import system_messages
 from .sample import load_model
 
 
@@ -55,6 +56,8 @@ def build_parser():
     p.add_argument("--batch_size", type=at_least(1), default=64, help="prompts answered together (default 64)")
     p.add_argument("--device", default="cpu")
     add_compile_flag(p)
+    p.add_argument("--system", metavar="TEXT",
+                   help="a system message before each prompt (the model must have been fine-tuned with them)")
     p.add_argument("--json", metavar="PATH", help="also write the numbers to PATH as JSON")
     return p
 
@@ -130,6 +133,7 @@ def evaluate(args):
         raise ValueError(f"the word tasks ({', '.join(t for t in names if t in WORD_TASKS)}) take their words from "
                          "a text: pass --text FILE (or --task_text FILE)")
     model, tokenizer = load_model(args.out_dir, args.device, args.checkpoint)
+    system = system_messages(tokenizer, args.system)
     model = ta.compile(model, disable=not args.compile)
     lm = None
     if args.text:
@@ -153,7 +157,7 @@ def evaluate(args):
     results = {}
     for task in tasks:
         convs = items[task.name]
-        prompts = [render_prompt(tokenizer, c["messages"][:-1]) for c in convs]
+        prompts = [render_prompt(tokenizer, system + c["messages"][:-1]) for c in convs]
         answers = answer(model, tokenizer, prompts, args.max_new_tokens, args.batch_size, args.device)
         correct = sum(task.evaluate(c, a) for c, a in zip(convs, answers))
         in_format = sum(task.in_format(a) for a in answers)

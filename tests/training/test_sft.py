@@ -296,6 +296,7 @@ def test_a_base_model_is_evaluated_grown_and_never_answers(base, files, capsys):
 @pytest.mark.parametrize("argv, said", [
     (["--tasks", "spell,fly"], "--tasks spell,fly: fly is not a task; the tasks are"),
     (["--tasks", "spell"], "the word tasks (spell) take their words from a text"),
+    (["--tasks", "add", "--system", "Be brief."], "--system: this model has no system token (<|system|>)"),
 ])
 def test_chat_eval_refusals_are_one_line(sft, capsys, argv, said):
     assert eval_main(["--out_dir", str(sft), *argv]) == 1

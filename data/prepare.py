@@ -69,9 +69,8 @@ def read_tokenizer(path):
     """--tokenizer_from's tokenizer: a BPE or a CharTokenizer from a token folder (meta.json),
     a run's out_dir or checkpoint (the tokenizer is JSON in the checkpoint's "meta"), or a
     Hugging Face folder that GPT.export_hf wrote. A ValueError in one line otherwise."""
-    from tinyattn.models.hf import read_chars
+    from tinyattn.models.hf import read_tokenizer as read_hf_folder
     from tinyattn.tokenizers import BPE
-    from tinyattn.tokenizers.hf import from_hf_json
     path = Path(path)
     where = f"--tokenizer_from {path}"
     if (path / "meta.json").is_file():                          # a token folder
@@ -84,12 +83,9 @@ def read_tokenizer(path):
         except (OSError, KeyError, TypeError, json.JSONDecodeError) as e:
             raise ValueError(f"{where}: meta.json names no tokenizer that data.prepare wrote ({e})") from None
     if (path / "config.json").is_file():                        # an exported Hugging Face folder
-        chars = read_chars(path)
-        if chars is not None:
-            return CharTokenizer(chars)
         try:
-            tok = from_hf_json(json.loads((path / "tokenizer.json").read_text(encoding="utf-8")))
-        except (OSError, json.JSONDecodeError):
+            tok = read_hf_folder(path)
+        except OSError:
             tok = None
         if tok is None:
             raise ValueError(f"{where}: no character vocabulary or byte-level BPE in tokenizer.json")

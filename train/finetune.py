@@ -16,18 +16,16 @@ new: the optimizer state, the step (0), the data and every training flag,
 dropout included. That is the difference from --resume, which continues one run
 exactly, optimizer and data streams and all.
 """
-import json
 import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from tinyattn.models import GPT, GPTConfig
-from tinyattn.models.hf import read_chars
-from tinyattn.tokenizers.hf import from_hf_json
+from tinyattn.models.hf import read_tokenizer
 
 from . import checkpoint
-from .data import CharTokenizer, tokenizer_from_json, tokenizer_to_json
+from .data import tokenizer_from_json, tokenizer_to_json
 
 FIXED = ("n_layer", "n_head", "n_embd", "bias", "init")   # the weights decide these; block_size is at most the model's
 
@@ -73,14 +71,7 @@ def is_hf_folder(path):
 def hf_tokenizer(folder):
     """The tokenizer of a Hugging Face folder that GPT.export_hf wrote (characters or a
     byte-level BPE), or a ValueError."""
-    chars = read_chars(folder)
-    if chars is not None:
-        return CharTokenizer(chars)
-    path = os.path.join(folder, "tokenizer.json")
-    tok = None
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            tok = from_hf_json(json.load(f))
+    tok = read_tokenizer(folder)
     if tok is None:
         raise ValueError(f"{folder}: no character vocabulary or byte-level BPE in tokenizer.json (as GPT.export_hf "
                          "writes them): the training program cannot use this model's tokenizer")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from data.chat import CHAT_TOKENS, SYSTEM
 from tinyattn.models import GPT, GPTConfig
 from tinyattn.models.hf import read_chars
 from tinyattn.tokenizers.hf import from_hf_json
@@ -154,8 +155,14 @@ def fit_args(args, pretrained, dataset):
         counts = [f"{n} {kind}{'s' if n > 1 else ''}" for n, kind in ((len(specials), "special token"),
                                                                       (len(chars), "character")) if n]
         listed = "; ".join(part for part in (", ".join(specials), repr(chars) if chars else "") if part)
-        notes.append(f"; --data adds {' and '.join(counts)} to the model's tokenizer ({listed}): embedding "
-                     f"{rows} new, started at the mean of the others")
+        had_chat = all(t in pretrained.tokenizer.special_tokens for t in CHAT_TOKENS)
+        if had_chat and SYSTEM in specials:          # a chat model from before the system token
+            notes.append(f"; --data's system messages need {SYSTEM}, which the model (fine-tuned before it "
+                         f"existed) lacks: --data adds {' and '.join(counts)} ({listed}), embedding {rows} new, "
+                         "started at the mean of the others as the chat tokens' were")
+        else:
+            notes.append(f"; --data adds {' and '.join(counts)} to the model's tokenizer ({listed}): embedding "
+                         f"{rows} new, started at the mean of the others")
     given = set(args._given)
     conflicts = [f"--{k} {getattr(args, k)} (the model has {getattr(config, k)})" for k in FIXED
                  if k in given and getattr(args, k) != getattr(config, k)]

@@ -43,6 +43,11 @@ class Pretrained:
 def load_pretrained(args):
     """--init_from's model (with this run's dropout and head dropout) and its tokenizer."""
     pretrained = _load(args)
+    stage = getattr(args, "stage", None)        # (a reference model is loaded without one)
+    missing = [t for t in CHAT_TOKENS if t not in getattr(pretrained.tokenizer, "special_tokens", {})]
+    if stage in ("dpo", "rl") and missing:       # said first: it is why the run cannot go on
+        raise ValueError(f"--stage {stage}: the model in {pretrained.where} has no chat tokens ({', '.join(missing)}): "
+                         "start from a fine-tuned assistant (--init_from a run of chat fine-tuning)")
     if args.data and pretrained.tokenizer.kind == "word":
         raise ValueError(f"--init_from {pretrained.where}: the model reads words (the lesson "
                          "corpus), not the tokens of --data: drop --data")
@@ -177,6 +182,17 @@ def fit_args(args, pretrained, dataset):
         args.block_size = config.block_size
     return (f"--init_from: starting from {where} ({pretrained.model.num_parameters() / 1e6:.2f}M parameters, "
             f"vocabulary of {config.vocab_size}), with a fresh optimizer at step 0" + "".join(notes))
+
+
+def max_length(args):
+    """--max_length, the longest example in tokens the model reads (default: block_size, set in args
+    so that the checkpoint keeps it); a ValueError in one line where it is more than block_size."""
+    if args.max_length is None:
+        args.max_length = args.block_size
+    elif args.max_length > args.block_size:
+        raise ValueError(f"--max_length {args.max_length} is more than block_size {args.block_size}: the model reads "
+                         f"at most {args.block_size} tokens; pass --max_length {args.block_size} or less")
+    return args.max_length
 
 
 def resumed_tokenizer(ckpt_path):

@@ -46,8 +46,8 @@ def load_pretrained(args):
     stage = getattr(args, "stage", None)        # (a reference model is loaded without one)
     missing = [t for t in CHAT_TOKENS if t not in getattr(pretrained.tokenizer, "special_tokens", {})]
     if stage in ("dpo", "rl") and missing:       # said first: it is why the run cannot go on
-        raise ValueError(f"--stage {stage}: the model in {pretrained.where} has no chat tokens ({', '.join(missing)}): "
-                         "start from a fine-tuned assistant (--init_from a run of chat fine-tuning)")
+        raise ValueError(f"--stage {stage}: the model has no chat tokens: start from a fine-tuned assistant "
+                         "(--init_from a run of chat fine-tuning)")
     if args.data and pretrained.tokenizer.kind == "word":
         raise ValueError(f"--init_from {pretrained.where}: the model reads words (the lesson "
                          "corpus), not the tokens of --data: drop --data")

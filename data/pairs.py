@@ -134,10 +134,11 @@ def read_pairs(path):
         try:
             pair = normalized(row)
             for part in ("chosen", "rejected"):
-                check_messages(pair["prompt"] + pair[part])
-                if pair[part][0]["role"] != "assistant":
-                    raise ValueError(f"{part} begins with the {pair[part][0]['role']}'s message: an answer is the "
+                first = pair[part][0]
+                if isinstance(first, dict) and first.get("role") != "assistant":
+                    raise ValueError(f"{part} begins with the {first.get('role')}'s message: an answer is the "
                                      "assistant's")
+                check_messages(pair["prompt"] + pair[part])
         except ValueError as e:
             raise ValueError(f"{path} line {i}: {e}") from None
         rows.append({**pair, "line": i})

@@ -148,9 +148,10 @@ class Dataset:
 def truncate(ids, mask, max_length):
     """One example (ids and mask, 1-d lists or arrays) cut to max_length + 1 ids (max_length
     tokens read, the last id a target only), as TRL truncates: the prompt (everything before the
-    first trained token) loses its start, the answer (from there) its end. The answer keeps at
-    least half of the room, the prompt what the answer leaves (TRL's defaults, max_prompt_length
-    512 of max_length 1024, give the prompt half too). -> (ids, mask), unchanged where they fit."""
+    first trained token) loses its start, the answer (from there) its end. The prompt keeps at
+    most half of the room where the answer needs the rest (TRL's defaults, max_prompt_length 512
+    of max_length 1024, do the same), all it needs where the answer leaves it more.
+    -> (ids, mask), unchanged where they fit."""
     room = max_length + 1
     if len(ids) <= room:
         return ids, mask

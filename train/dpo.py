@@ -372,14 +372,14 @@ def task_of(pair):
 
 
 @ta.no_grad()
-def heldout_report(out_dir, data, device="cpu", max_new_tokens=32, compile=True):
+def heldout_report(out_dir, data, device="cpu", max_new_tokens=32, compile=True, val=None):
     """For each task of data/test.jsonl: the greedy exact match of the model in out_dir, and for a
     DPO run its implicit-reward accuracy against its reference. -> {task: {...}}."""
     from .sample import load_model
     model, tokenizer = load_model(out_dir, device)
     model = ta.compile(model, disable=not compile)
     meta = checkpoint_meta(out_dir)
-    rows = read_pairs(os.path.join(data, "test.jsonl"))
+    rows = heldout_pairs(data, val)
     args = meta.get("args") or {}
     objective = None
     if args.get("dpo_reference"):
@@ -403,6 +403,16 @@ def heldout_report(out_dir, data, device="cpu", max_new_tokens=32, compile=True)
     return report
 
 
+def heldout_pairs(data, val=None):
+    """The pairs training held out of --data: a folder's test.jsonl, --val's file, or a file's last 10%
+    (as load_pairs splits it)."""
+    paths = pair_files(data, val)
+    if paths["val"] is not None:
+        return read_pairs(paths["val"])
+    rows = read_pairs(paths["train"])
+    return rows[-max(1, round(VAL_FRACTION * len(rows))):]
+
+
 def checkpoint_meta(out_dir):
     from . import checkpoint
     return checkpoint.read_meta(os.path.join(out_dir, "ckpt.npz"))
@@ -416,12 +426,14 @@ def main(argv=None):
                                      description="Held-out pairs: each task's greedy exact match, and for a DPO "
                                                  "run its implicit-reward accuracy and log-prob drift.")
     parser.add_argument("--out_dir", required=True, help="a run (SFT or DPO) with ckpt.npz")
-    parser.add_argument("--data", required=True, help="a folder of python -m data.pairs (its test.jsonl is read)")
+    parser.add_argument("--data", required=True, help="a folder of python -m data.pairs (its test.jsonl is read), "
+                                                      "or a JSONL file of pairs (its last 10%%, as training holds out)")
+    parser.add_argument("--val", metavar="FILE", help="with --data a file of pairs: the held-out pairs training used")
     parser.add_argument("--device", default="cpu")
     add_compile_flag(parser)
     args = parser.parse_args(argv)
     try:
-        report = heldout_report(args.out_dir, args.data, args.device, compile=args.compile)
+        report = heldout_report(args.out_dir, args.data, args.device, compile=args.compile, val=args.val)
     except (OSError, ValueError) as e:
         parser.exit(1, f"{parser.prog}: error: {e}\n")
     print(json.dumps(report))

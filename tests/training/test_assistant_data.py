@@ -264,6 +264,9 @@ def test_dpo_on_one_file_of_pairs_holds_out_a_tenth_or_reads_val(tmp_path):
             np.testing.assert_array_equal(a, b)
     assert main(["--stage", "dpo", "--init_from", str(model), "--data", str(path), "--val", str(val),
                  "--out_dir", str(tmp_path / "run"), *DPO, "--max_iters", "2"]) == 0
+    from train.dpo import heldout_report
+    assert heldout_report(str(tmp_path / "run"), str(path), val=str(val))["spell"]["pairs"] == 5
+    assert heldout_report(str(tmp_path / "run"), str(path))["spell"]["pairs"] == 3     # the file's last tenth
 
 
 def test_val_is_refused_without_a_file_of_pairs(tmp_path, capsys):

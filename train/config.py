@@ -240,7 +240,8 @@ def build_parser():
     p.add_argument("--dpo_beta", type=float, metavar="BETA",
                    help="--stage dpo: the scale of the implicit rewards beta log(pi/pi_ref) (default 0.1)")
     p.add_argument("--val", metavar="FILE",
-                   help="--stage dpo with --data a file of pairs: the held-out pairs (default: the last 10%% of --data)")
+                   help="--stage dpo with --data a file of pairs: the held-out pairs "
+                        "(default: the last 10%% of --data)")
     p.add_argument("--max_length", type=at_least(1), metavar="N",
                    help="the longest conversation (SFT) or pair (DPO), in tokens the model reads: a longer one has "
                         "its prompt cut from the start and its answer from the end, as TRL truncates "

@@ -162,7 +162,9 @@ def render_answer(tokenizer, prompt, answer):
 
 def rendered_pair(tokenizer, pair):
     """(prompt length, (ids, mask) of prompt + chosen, (ids, mask) of prompt + rejected)."""
-    return (len(render(tokenizer, pair["prompt"])[0]), render(tokenizer, pair["prompt"] + pair["chosen"]), render(tokenizer, pair["prompt"] + pair["rejected"]))
+    prompt = pair["prompt"]
+    return (len(render(tokenizer, prompt)[0]), render(tokenizer, prompt + pair["chosen"]),
+            render(tokenizer, prompt + pair["rejected"]))
 
 
 def cut_pair(example, max_length):
@@ -174,7 +176,8 @@ def cut_pair(example, max_length):
         return example
     keep_prompt = min(prompt, max(room - (max(len(ci), len(ri)) - prompt), room // 2))
     start = prompt - keep_prompt
-    return keep_prompt, (ci[start:start + room], cm[start:start + room]), (ri[start:start + room], rm[start:start + room])
+    end = start + room
+    return keep_prompt, (ci[start:end], cm[start:end]), (ri[start:end], rm[start:end])
 
 
 def targets(ids, mask):

@@ -192,7 +192,8 @@ def chat_model_file(folder, block_size=48):
 
 
 def spell_pairs(n=30):
-    return [{"prompt": [user(f"spell: {w}")], "chosen": [assistant(" ".join(w))], "rejected": [assistant(" ".join(w[::-1]))]}
+    return [{"prompt": [user(f"spell: {w}")], "chosen": [assistant(" ".join(w))],
+             "rejected": [assistant(" ".join(w[::-1]))]}
             for w in ("cat", "dog", "bird", "fish", "horse", "mouse", "sheep", "goat", "lion", "bear")] * (n // 10)
 
 
@@ -280,7 +281,7 @@ def test_truncate_cuts_the_prompt_from_the_left_and_the_answer_from_the_right():
     ids = list(range(20))
     mask = [0] * 8 + [1] * 12                                        # a prompt of 8, an answer of 12
     assert truncate(ids, mask, 19) == (ids, mask)                    # 20 ids: 19 read, it fits
-    assert truncate(ids, mask, 15) == (ids[:16], mask[:16])          # the prompt (half the room) whole, the answer's start
+    assert truncate(ids, mask, 15) == (ids[:16], mask[:16])          # the prompt whole (half), the answer's start
     assert truncate(ids, mask, 9) == (ids[3:13], mask[3:13])         # half each: the prompt's end, the answer's start
     long_prompt = [0] * 14 + [1] * 6
     assert truncate(ids, long_prompt, 15) == (ids[4:], long_prompt[4:])      # the answer whole, the prompt's end

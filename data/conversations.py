@@ -68,6 +68,22 @@ def rows(tokenizer, conversations):
     return ids, mask
 
 
+def split_conversations(path, val_path=None):
+    """(train, val, lines): the conversations of the file at path and of val_path's file (else the
+    last 10% of path's), and {"train": [line numbers], "val": [...]}."""
+    numbered = read_numbered(path)
+    if val_path is not None:
+        val_numbered, train_numbered = read_numbered(val_path), numbered
+    else:
+        n_val = max(1, round(VAL_FRACTION * len(numbered)))
+        if n_val >= len(numbered):
+            raise ValueError(f"{path}: {len(numbered)} conversation(s) are too few to keep 10% for val: "
+                             "pass --val FILE")
+        train_numbered, val_numbered = numbered[:-n_val], numbered[-n_val:]
+    return ([messages for _, messages in train_numbered], [messages for _, messages in val_numbered],
+            {"train": [n for n, _ in train_numbered], "val": [n for n, _ in val_numbered]})
+
+
 def own_tokenizer(conversations):
     """A tokenizer for a model trained from scratch: the conversations' characters, then the chat tokens."""
     from tinyattn.tokenizers import CharTokenizer
@@ -83,19 +99,7 @@ def prepare_conversations(path, tokenizer_from=None, val_path=None, out_dir=None
     from .prepare import model_block_size, read_tokenizer, write_atomically
     path = Path(path)
     block_size = model_block_size(tokenizer_from) if tokenizer_from is not None else None
-    numbered = read_numbered(path)
-    conversations = [messages for _, messages in numbered]
-    if val_path is not None:
-        val_numbered = read_numbered(val_path)
-        train, val = conversations, [messages for _, messages in val_numbered]
-    else:
-        n_val = max(1, round(VAL_FRACTION * len(conversations)))
-        if n_val >= len(conversations):
-            raise ValueError(f"{path}: {len(conversations)} conversation(s) are too few to keep 10% for val: "
-                             "pass --val FILE")
-        train, val = conversations[:-n_val], conversations[-n_val:]
-        val_numbered = numbered[-n_val:]
-    lines = {"train": [n for n, _ in numbered[:len(train)]], "val": [n for n, _ in val_numbered]}
+    train, val, lines = split_conversations(path, val_path)
     if tokenizer_from is not None:
         tok = chat_tokenizer(read_tokenizer(tokenizer_from), train + val)
     else:

@@ -157,7 +157,8 @@ def build_parser():
                              "flags given, and flags after it override them.",
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="a UTF-8 text file for character-level training, or a folder of token files "
-                                   "from python -m data.prepare (default: the lesson corpus)")
+                                   "or conversations from python -m data.prepare (default: the lesson corpus); "
+                                   "--stage dpo: pairs")
     p.add_argument("--out_dir", help="where ckpt.npz, log.csv, loss.png and summary.json go")
     p.add_argument("--resume", action="store_true", help="continue from out_dir/ckpt.npz")
     p.add_argument("--init_from", metavar="PATH",
@@ -207,7 +208,8 @@ def build_parser():
     # the fine-tuning stages after SFT (SFT itself is --init_from with --data a conversation folder)
     p.add_argument("--stage", type=stage_name, metavar="dpo|rl",
                    help="dpo: preference tuning of the --init_from model (a chat model) on --data's pairs "
-                        "(python -m data.pairs), against a frozen copy of it (train/dpo.py); rl: reinforcement "
+                        "(a JSONL file in any of TRL's preference forms, or a folder of python -m data.pairs), "
+                        "against a frozen copy of it (train/dpo.py); rl: reinforcement "
                         "learning with verifiable rewards on the tasks of data/tasks.py, from --init_from an "
                         "assistant (train/rl.py), --data then being the text the word tasks take their words from")
     # --stage rl
@@ -240,7 +242,7 @@ def build_parser():
     p.add_argument("--dpo_beta", type=float, metavar="BETA",
                    help="--stage dpo: the scale of the implicit rewards beta log(pi/pi_ref) (default 0.1)")
     p.add_argument("--val", metavar="FILE",
-                   help="--stage dpo with --data a file of pairs: the held-out pairs "
+                   help="with --data a file of conversations (SFT) or of pairs (--stage dpo): the held-out ones "
                         "(default: the last 10%% of --data)")
     p.add_argument("--max_length", type=at_least(1), metavar="N",
                    help="the longest conversation (SFT) or pair (DPO), in tokens the model reads: a longer one has "
@@ -425,9 +427,9 @@ def validate_args(args):
     if args.mix_data and not args.data and not args.resume:
         problems.append("--mix_data mixes text into conversations: give --data a conversation folder too "
                         "(python -m data.prepare CONVS.jsonl writes one)")
-    if args.val and not (args.stage == "dpo" and args.data and os.path.isfile(args.data)):
-        problems.append("--val is the held-out pairs of --stage dpo with --data a file of pairs (a folder holds "
-                        "its own test.jsonl)")
+    if args.val and not (args.stage != "rl" and args.data and os.path.isfile(args.data)):
+        problems.append("--val is the held-out file of --data a file of conversations or pairs (a text's val is "
+                        "its last 10%, a folder holds its own)")
     if args.mix_data and args.mix_fraction is None:
         args.mix_fraction = 0.25
     if args.mix_fraction is not None and not 0 < args.mix_fraction < 1:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from data import coref
-from data.chat import describe_json_kind, json_kind
+from data.chat import chat_tokenizer, describe_json_kind, json_kind
 from data.conversations import is_conversation_folder
 from data.prepare import read_text_and_bytes
 from tinyattn.tokenizers import BPE, ENDOFTEXT, CharTokenizer
@@ -173,24 +173,27 @@ def random_windows(data, what, batch_size, block_size, rng):
     return x, y
 
 
-def load_data(path, tokenizer=None):
-    """--data: a folder of python -m data.prepare's token files, or a text file (characters).
-    ``tokenizer``: a trained model's, to encode a text file with (fine-tuning)."""
+def load_data(path, tokenizer=None, val=None):
+    """--data: a folder of python -m data.prepare's token files or conversations, a file of
+    conversations (JSON lines, known by content), or a text file (characters). ``tokenizer``: a
+    trained model's, to encode a text file with (fine-tuning); ``val``: --val, the held-out
+    conversations of a file of them."""
     if Path(path).is_dir():
         if is_conversation_folder(path):
             return load_conversations(path)
         return load_tokens(path)            # with --init_from, finetune.fit_args compares the tokenizers
     kind = json_kind(path)                  # JSON lines by content, whatever the file's name
     if kind == "conversations":
-        raise ValueError(f"--data {path} holds {describe_json_kind(kind)}: prepare them with python -m "
-                         f"data.prepare {path} (--tokenizer_from MODEL to fine-tune MODEL), then pass --data with "
-                         "the folder it writes")
+        return conversation_file(path, tokenizer, val)
     if kind == "pairs":
         raise ValueError(f"--data {path} holds {describe_json_kind(kind)}: DPO trains on them "
                          f"(--stage dpo --init_from MODEL --data {path})")
     if kind is not None:
         raise ValueError(f"--data {path} holds {describe_json_kind(kind)}, not text: python -m train reads a text "
                          "file, a folder of python -m data.prepare, or preference pairs with --stage dpo")
+    if val is not None:
+        raise ValueError(f"--val {val}: --data {path} is a text, whose val split is its last 10%: --val is for a "
+                         "file of conversations or pairs")
     if tokenizer is not None and tokenizer.kind != "char":
         raise ValueError(f"--data {path}: the model reads {tokenizer.kind} tokens: write them with python -m "
                          f"data.prepare {path} --tokenizer_from MODEL (the model's run or folder), then pass "
@@ -387,6 +390,20 @@ def load_conversations(folder):
                              "which names their lines")
     raw = b"".join((folder / name).read_bytes() for name in ("meta.json", "train_ids.npy", "train_mask.npy"))
     return ConversationDataset(ids, masks, tok, name=folder.name, source=fingerprint(raw))
+
+
+def conversation_file(path, tokenizer=None, val=None):
+    """A file of conversations (JSON lines) as a ConversationDataset, rendered as python -m data.prepare
+    would write its folder: with ``tokenizer`` (a model's) grown for the chat tokens and any character
+    it lacks, else the conversations' own characters; val is --val's file, else the last 10%."""
+    from data.conversations import own_tokenizer, rows, split_conversations
+    train, held_out, _ = split_conversations(path, val)
+    tok = chat_tokenizer(tokenizer, train + held_out) if tokenizer is not None else own_tokenizer(train + held_out)
+    ids, masks = {}, {}
+    for split, convs in (("train", train), ("val", held_out)):
+        ids[split], masks[split] = rows(tok, convs)
+    raw = Path(path).read_bytes() + (Path(val).read_bytes() if val is not None else b"")
+    return ConversationDataset(ids, masks, tok, name=Path(path).stem, source=fingerprint(raw))
 
 
 def load_mix(path, tokenizer):

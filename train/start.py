@@ -35,7 +35,8 @@ def setup(args, notes):
     elif args.stage == "rl":                    # the questions of the tasks, answered by the model (train/rl.py)
         dataset = rl.load_tasks(args, tokenizer)
     else:
-        dataset = load_data(args.data, tokenizer) if args.data else load_coref(seed=0, layout=args.layout)
+        dataset = load_data(args.data, tokenizer, args.val) if args.data else \
+            load_coref(seed=0, layout=args.layout)
     if pretrained:
         notes.append(finetune.fit_args(args, pretrained, dataset))
     if args.mix_data:

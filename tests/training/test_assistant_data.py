@@ -138,12 +138,31 @@ def test_conversations_are_prepared_as_conversations_whatever_the_name(files, tm
     assert json.loads((tmp_path / "out" / "meta.json").read_text())["kind"] == "conversations"
 
 
-def test_training_on_a_conversations_file_is_refused_naming_it(files, tmp_path, capsys):
-    path = tmp_path / "convs.json"
+def test_training_on_a_conversations_file_renders_them_as_prepare_does_and_resumes(files, base, tmp_path, capsys):
+    path = tmp_path / "convs.json"                     # any name: the content says conversations
     path.write_text((files / "train.jsonl").read_text())
-    err = one_line_error(capsys, main(["--data", str(path), "--out_dir", str(tmp_path / "r"), *SMALL]))
-    assert f"--data {path} holds conversations" in err and "python -m data.prepare" in err
-    assert not (tmp_path / "r" / "ckpt.npz").exists()
+    assert prepare_main([str(path), "--tokenizer_from", str(base), "--val", str(files / "test.jsonl"),
+                         "--out_dir", str(tmp_path / "folder")]) == 0
+    folder = load_conversations(tmp_path / "folder")
+    from train.data import load_data
+    from train.sample import load_model
+    direct = load_data(str(path), load_model(str(base))[1], str(files / "test.jsonl"))
+    assert direct.tokenizer.to_dict() == folder.tokenizer.to_dict()
+    for split in ("train", "val"):
+        np.testing.assert_array_equal(direct.rows[split], folder.rows[split])
+        np.testing.assert_array_equal(direct.masks[split], folder.masks[split])
+    flags = ["--data", str(path), "--val", str(files / "test.jsonl"), *SMALL, "--eval_interval", "3"]
+    assert main(["--init_from", str(base), *flags, "--out_dir", str(tmp_path / "a"), "--max_iters", "6"]) == 0
+    assert main(["--init_from", str(base), *flags, "--out_dir", str(tmp_path / "b"), "--max_iters", "3",
+                 "--lr_decay_iters", "20"]) == 0
+    assert main([*flags, "--out_dir", str(tmp_path / "b"), "--resume", "--max_iters", "6"]) == 0
+    a, b = (checkpoint.load(str(tmp_path / r / "ckpt.npz")) for r in ("a", "b"))
+    assert a[2]["train_losses"] == b[2]["train_losses"] and all(np.array_equal(a[0][k], b[0][k]) for k in a[0])
+    assert a[2]["log"][-1]["val_loss"] > 0                           # the masked loss on the assistant's tokens
+    capsys.readouterr()
+    err = one_line_error(capsys, main(["--data", str(files / "text.txt"), "--val", str(path), "--out_dir",
+                                       str(tmp_path / "t"), *SMALL]))
+    assert "--val is for a file of conversations or pairs" in err
 
 
 def test_preparing_pairs_or_a_json_document_is_refused_in_one_line(tmp_path, capsys):
@@ -270,10 +289,11 @@ def test_dpo_on_one_file_of_pairs_holds_out_a_tenth_or_reads_val(tmp_path):
     assert heldout_report(str(tmp_path / "run"), str(path))["spell"]["pairs"] == 3     # the file's last tenth
 
 
-def test_val_is_refused_without_a_file_of_pairs(tmp_path, capsys):
+def test_val_is_refused_with_a_folder(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--data", str(tmp_path), "--val", "x.jsonl", "--out_dir", str(tmp_path / "r")])
-    assert one_line_error(capsys, e.value.code, 2).endswith("(a folder holds its own test.jsonl) (see --help)")
+    assert "--val is the held-out file of --data a file of conversations or pairs" in \
+        one_line_error(capsys, e.value.code, 2)
 
 
 # ---------------------------------------------------------------- long examples

@@ -117,10 +117,16 @@ def test_a_chat_model_from_before_the_system_token_gets_it_grown_with_a_note(fil
 
 
 # ---------------------------------------------------------------- special tokens' text inside messages
-def test_a_message_that_mentions_special_tokens_is_prepared_as_text(files, base, tmp_path):
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_a_message_that_mentions_special_tokens_is_prepared_as_text(files, base, tmp_path, kind):
     said = [{"messages": [user("what ends a turn? <|end|> or <|endoftext|>"), assistant("<|end|>, then <|user|>")]}]
     path = jsonl(tmp_path / "mentions.jsonl", said * 12)
-    assert prepare_main([str(path), "--tokenizer_from", str(base), "--out_dir", str(tmp_path / "c")]) == 0
+    model = base
+    if kind == "bpe":                                  # a BPE token folder, <|endoftext|> one of its special tokens
+        model = tmp_path / "bpe"
+        assert prepare_main([str(files / "text.txt"), "--tokenizer", "bpe", "--vocab_size", "300", "--out_dir",
+                             str(model)]) == 0
+    assert prepare_main([str(path), "--tokenizer_from", str(model), "--out_dir", str(tmp_path / "c")]) == 0
     data = load_conversations(tmp_path / "c")
     specials = set(data.tokenizer.special_tokens.values())
     row = data.rows["train"][0]

@@ -14,7 +14,7 @@ from tinyattn.models import GPTConfig
 from tinyattn.models.gpt import INITS
 
 from . import checkpoint
-from data.tasks import TASKS
+from data.tasks import TASKS, task_list
 
 from .data import tokenizer_from_json, tokenizer_to_json
 
@@ -83,12 +83,25 @@ def positive_float(text):
 
 
 def task_names(text):
-    """An argparse type for --rl_tasks: task names, separated by commas."""
-    names = text.split(",")
-    unknown = [n for n in names if n not in TASKS]
-    if unknown or len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(f"expected task names from {', '.join(TASKS)}, each once, separated by "
-                                         f"commas; got {text!r}")
+    """An argparse type for --rl_tasks: task names, separated by commas or spaces (as one argument
+    or several) -> the names joined by commas."""
+    try:
+        return ",".join(task_list(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected task names from {', '.join(TASKS)}, got {text!r} ({e})") from None
+
+
+STAGES = ("dpo", "rl")
+
+
+def stage_name(text):
+    """An argparse type for --stage: dpo or rl. SFT has no --stage: it is a run on conversations."""
+    if text.lower() == "sft":
+        raise argparse.ArgumentTypeError("SFT needs no --stage: it is python -m train --data <conversation folder> "
+                                         "(python -m data.prepare CONVS.jsonl writes one), with --init_from MODEL "
+                                         "to fine-tune a model")
+    if text not in STAGES:
+        raise argparse.ArgumentTypeError(f"expected dpo or rl, got {text!r}")
     return text
 
 
@@ -144,7 +157,8 @@ def build_parser():
                              "flags given, and flags after it override them.",
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="a UTF-8 text file for character-level training, or a folder of token files "
-                                   "from python -m data.prepare (default: the lesson corpus)")
+                                   "or conversations from python -m data.prepare (default: the lesson corpus); "
+                                   "--stage dpo: pairs")
     p.add_argument("--out_dir", help="where ckpt.npz, log.csv, loss.png and summary.json go")
     p.add_argument("--resume", action="store_true", help="continue from out_dir/ckpt.npz")
     p.add_argument("--init_from", metavar="PATH",
@@ -192,14 +206,16 @@ def build_parser():
     p.add_argument("--detect_anomaly", action="store_true",
                    help="stop at the first op whose output or gradient holds NaN or Inf, and name it")
     # the fine-tuning stages after SFT (SFT itself is --init_from with --data a conversation folder)
-    p.add_argument("--stage", choices=("dpo", "rl"),
+    p.add_argument("--stage", type=stage_name, metavar="dpo|rl",
                    help="dpo: preference tuning of the --init_from model (a chat model) on --data's pairs "
-                        "(python -m data.pairs), against a frozen copy of it (train/dpo.py); rl: reinforcement "
+                        "(a JSONL file in any of TRL's preference forms, or a folder of python -m data.pairs), "
+                        "against a frozen copy of it (train/dpo.py); rl: reinforcement "
                         "learning with verifiable rewards on the tasks of data/tasks.py, from --init_from an "
                         "assistant (train/rl.py), --data then being the text the word tasks take their words from")
     # --stage rl
-    p.add_argument("--rl_tasks", type=task_names, metavar="TASK[,TASK]",
-                   help=f"--stage rl: the tasks whose questions the model answers ({', '.join(TASKS)}; default count)")
+    p.add_argument("--rl_tasks", type=task_names, nargs="+", metavar="TASK[,TASK]",
+                   help=f"--stage rl: the tasks whose questions the model answers, separated by commas or spaces "
+                        f"({', '.join(TASKS)}; default count)")
     p.add_argument("--rl_prompts", type=at_least(1), metavar="P",
                    help="--stage rl: questions a step (it is the batch size; default 16)")
     p.add_argument("--rl_samples", type=at_least(2), metavar="K", help="--stage rl: answers a question (default 8)")
@@ -225,6 +241,13 @@ def build_parser():
     # --stage dpo
     p.add_argument("--dpo_beta", type=float, metavar="BETA",
                    help="--stage dpo: the scale of the implicit rewards beta log(pi/pi_ref) (default 0.1)")
+    p.add_argument("--val", metavar="FILE",
+                   help="with --data a file of conversations (SFT) or of pairs (--stage dpo): the held-out ones "
+                        "(default: the last 10%% of --data)")
+    p.add_argument("--max_length", type=at_least(1), metavar="N",
+                   help="the longest conversation (SFT) or pair (DPO), in tokens the model reads: a longer one has "
+                        "its prompt cut from the start and its answer from the end, as TRL truncates "
+                        "(default: block_size)")
     p.add_argument("--dpo_nll", type=float, metavar="W",
                    help="--stage dpo: add W times the chosen answers' mean NLL per token, as RPO does (default 0)")
     return p
@@ -323,6 +346,11 @@ def parse_args(argv=None):
         except ValueError as e:
             parser.error(str(e))
     args = parser.parse_args(argv)
+    if args.rl_tasks is not None:                # one or more arguments (a config file's string) -> "a,b"
+        try:
+            args.rl_tasks = ",".join(task_list(args.rl_tasks))
+        except ValueError as e:
+            parser.error(f"--rl_tasks: {e}")
     if args.init_from in NANOGPT_INIT_FROM and not os.path.exists(args.init_from):
         parser.error(NANOGPT_INIT_FROM[args.init_from])
     args._given = sorted(k for k, v in vars(args).items() if v is not None and k not in ("device", "seed", "compile"))
@@ -396,6 +424,12 @@ def validate_args(args):
         problems.append("--layout is for the 'it' corpus only, not with --data")
     if args.mix_fraction is not None and not args.mix_data:
         problems.append("--mix_fraction is the share of --mix_data's rows: give --mix_data too")
+    if args.mix_data and not args.data and not args.resume:
+        problems.append("--mix_data mixes text into conversations: give --data a conversation folder too "
+                        "(python -m data.prepare CONVS.jsonl writes one)")
+    if args.val and not (args.stage != "rl" and args.data and os.path.isfile(args.data)):
+        problems.append("--val is the held-out file of --data a file of conversations or pairs (a text's val is "
+                        "its last 10%, a folder holds its own)")
     if args.mix_data and args.mix_fraction is None:
         args.mix_fraction = 0.25
     if args.mix_fraction is not None and not 0 < args.mix_fraction < 1:
@@ -407,7 +441,7 @@ def validate_args(args):
     if args.stage == "dpo":
         if not args.data or not (args.init_from or args.resume):
             problems.append("--stage dpo tunes a chat model on preference pairs: give --init_from MODEL and "
-                            "--data PAIRS (a folder of python -m data.pairs)")
+                            "--data PAIRS (a JSONL file of pairs, or a folder of python -m data.pairs)")
         if not (math.isfinite(args.dpo_beta) and args.dpo_beta > 0):
             problems.append(f"--dpo_beta must be > 0 and finite, got {args.dpo_beta}")
         if not (math.isfinite(args.dpo_nll) and args.dpo_nll >= 0):
@@ -488,6 +522,10 @@ def check_resume(args, meta, dataset, notes):
         raise ValueError(f"--resume: the vocabulary of {args.data or dataset.name} ({dataset.tokenizer.vocab_size} "
                          f"tokens) differs from the one {where} was trained with ({n_theirs} tokens)")
     same_data(args, meta, dataset, where, notes)
+    ran_length = (meta.get("args") or {}).get("max_length")
+    if ran_length is not None and args.max_length != ran_length:     # the examples would be cut elsewhere
+        raise ValueError(f"--resume: --max_length {args.max_length} (the run in {where} has --max_length "
+                         f"{ran_length}): a resumed run keeps its examples as they were; drop --max_length")
     ran_seed = (meta.get("args") or {}).get("seed")
     if ran_seed is not None and args.seed != ran_seed:       # it draws the evaluation's batches: they would change
         raise ValueError(f"--resume: --seed {args.seed} (the run in {where} has --seed {ran_seed}): a resumed run "
@@ -527,7 +565,7 @@ def same_data(args, meta, dataset, where, notes):
 RESUMED_FLAGS = ("seed", "layout", "max_iters", "batch_size", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay",
                  "beta1", "beta2", "grad_clip", "gradient_accumulation_steps", "eval_interval", "eval_iters",
                  "log_interval", "sample_tokens", "shared_batches", "always_save_checkpoint", "save_interval_s",
-                 "stage", "dpo_beta", "dpo_nll", *RL_DEFAULTS, "mix_data", "mix_fraction")
+                 "stage", "dpo_beta", "dpo_nll", *RL_DEFAULTS, "mix_data", "mix_fraction", "max_length", "val")
 
 
 def resumed_settings(out_dir):

@@ -31,8 +31,8 @@ import numpy as np
 
 import tinyattn as ta
 import tinyattn.nn.functional as F
-from data.chat import answer_text, render, render_prompt
-from data.pairs import read_pairs
+from data.chat import CHAT_TOKENS, answer_text, render, render_prompt
+from data.pairs import identical, read_pairs
 
 from .data import Dataset, fingerprint
 
@@ -121,9 +121,33 @@ class PairDataset(Dataset):
         rows = self.arrays[split]
         if rows[0].shape[1] > block_size:
             raise ValueError(f"a pair of {self.name} has {rows[0].shape[1]} input tokens, more than "
-                             f"block_size {block_size}")
+                             f"block_size {block_size}: truncate the pairs with --max_length {block_size}")
         picked = rng.integers(0, len(rows[0]), size=batch_size)          # (B,)
         return tuple(a[picked] for a in rows)
+
+    def fit_length(self, max_length):
+        """Truncate each pair longer than max_length tokens (both answers share the prompt's cut:
+        its start goes; each answer loses its end), and drop a pair whose answers are then alike.
+        -> the notes of the loading (identical pairs left out) and of this."""
+        notes, cut, dropped = list(self.notes), {}, {}
+        for split in ("train", "val"):
+            examples = [cut_pair(e, max_length) for e in self.rendered[split]]
+            cut[split] = sum(a is not b for a, b in zip(examples, self.rendered[split]))
+            kept = [e for e in examples if not same_targets(e)]
+            dropped[split] = len(examples) - len(kept)
+            if not kept:
+                raise ValueError(f"--max_length {max_length}: each of the {len(examples)} {split} pairs of "
+                                 f"{self.sources[split]} has the same chosen and rejected tokens once truncated "
+                                 "(they differ past it): nothing to train on; raise --max_length")
+            self.rendered[split] = kept
+        self.arrays = {split: example_rows(self.rendered[split]) for split in self.rendered}
+        self.train, self.val = answer_ids(self.arrays["train"]), answer_ids(self.arrays["val"])
+        if cut["train"] or cut["val"]:
+            notes.append(f"--max_length {max_length}: {cut['train']:,} of {len(self.examples['train']):,} train and "
+                         f"{cut['val']:,} of {len(self.examples['val']):,} val pairs were longer and are truncated "
+                         f"(the prompt's start, the answers' ends); {dropped['train'] + dropped['val']:,} dropped "
+                         "(their answers alike once truncated)")
+        return notes
 
     def sample_prompt(self):
         return None
@@ -134,6 +158,50 @@ def render_answer(tokenizer, prompt, answer):
     ids, mask = render(tokenizer, prompt + answer)
     y = [t if m else -1 for t, m in zip(ids[1:], mask[1:])]
     return ids[:-1], y
+
+
+def rendered_pair(tokenizer, pair):
+    """(prompt length, (ids, mask) of prompt + chosen, (ids, mask) of prompt + rejected)."""
+    prompt = pair["prompt"]
+    return (len(render(tokenizer, prompt)[0]), render(tokenizer, prompt + pair["chosen"]),
+            render(tokenizer, prompt + pair["rejected"]))
+
+
+def cut_pair(example, max_length):
+    """A rendered pair cut to max_length + 1 ids (max_length tokens read), as data.py's truncate cuts
+    one conversation: the shared prompt keeps its end, each answer its start. The same tuple where it fits."""
+    prompt, (ci, cm), (ri, rm) = example
+    room = max_length + 1
+    if max(len(ci), len(ri)) <= room:
+        return example
+    keep_prompt = min(prompt, max(room - (max(len(ci), len(ri)) - prompt), room // 2))
+    start = prompt - keep_prompt
+    end = start + room
+    return keep_prompt, (ci[start:end], cm[start:end]), (ri[start:end], rm[start:end])
+
+
+def targets(ids, mask):
+    """(x, y) of a rendered conversation: x the ids read, y the next ids, -1 off the answer."""
+    return ids[:-1], [t if m else -1 for t, m in zip(ids[1:], mask[1:])]
+
+
+def same_targets(example):
+    """Whether the chosen and rejected answers are the same tokens at the same places (the pair trains nothing)."""
+    _, chosen, rejected = example
+    return targets(*chosen) == targets(*rejected)
+
+
+def example_rows(examples):
+    """The four (N, W) arrays of rendered pairs; x is padded with 0, y with -1."""
+    width = max(len(ids) - 1 for _, c, r in examples for ids, _ in (c, r))
+    out = [np.zeros((len(examples), width), np.int64), np.full((len(examples), width), -1, np.int64),
+           np.zeros((len(examples), width), np.int64), np.full((len(examples), width), -1, np.int64)]
+    for i, (_, chosen, rejected) in enumerate(examples):
+        for k, rendered in enumerate((chosen, rejected)):
+            x, y = targets(*rendered)
+            out[2 * k][i, :len(x)] = x
+            out[2 * k + 1][i, :len(y)] = y
+    return out
 
 
 def pair_rows(tokenizer, pairs, width):
@@ -148,39 +216,75 @@ def pair_rows(tokenizer, pairs, width):
     return out
 
 
-def load_pairs(folder, tokenizer):
-    """--data FOLDER of python -m data.pairs (train.jsonl, test.jsonl) as a PairDataset: its
-    "val" split is the test pairs (words never in training)."""
+VAL_FRACTION = 0.1          # a file of pairs without --val: its last 10% are the held-out pairs
+
+
+def pair_files(data, val):
+    """{"train": path, "val": path or None} of --data (a folder of python -m data.pairs: train.jsonl and
+    test.jsonl; a file of pairs, with --val's file or none: its last 10%)."""
+    if os.path.isdir(data):
+        paths = {split: os.path.join(data, f"{name}.jsonl") for split, name in (("train", "train"), ("val", "test"))}
+        for path in paths.values():
+            if not os.path.isfile(path):
+                raise ValueError(f"--data {data}: no {os.path.basename(path)} (write the folder with "
+                                 "python -m data.pairs, or pass one JSONL file of pairs)")
+        return paths
+    if not os.path.isfile(data):
+        raise ValueError(f"--data {data}: no such file or folder (DPO reads a JSONL file of pairs, or a folder of "
+                         "python -m data.pairs)")
+    if val is not None and not os.path.isfile(val):
+        raise ValueError(f"--val {val}: no such file")
+    return {"train": data, "val": val}
+
+
+def load_pairs(data, tokenizer, val=None):
+    """--data's preference pairs as a PairDataset, rendered with the model's chat tokenizer: a folder
+    of python -m data.pairs (its "val" split is test.jsonl, words never in training), or one JSONL file
+    of pairs in any of TRL's forms (data/pairs.py) with --val's file, or its last 10%, held out. Pairs
+    whose chosen and rejected are the same are left out with a note (all of them: refused)."""
     if tokenizer is None or tokenizer.kind != "char" and tokenizer.kind != "bpe":
-        raise ValueError(f"--data {folder}: DPO renders its pairs with the model's chat tokenizer")
-    missing = [t for t in ("<|user|>", "<|assistant|>", "<|end|>") if t not in tokenizer.special_tokens]
+        raise ValueError(f"--data {data}: DPO renders its pairs with the model's chat tokenizer")
+    missing = [t for t in CHAT_TOKENS if t not in tokenizer.special_tokens]
     if missing:
         raise ValueError(f"--stage dpo: the model has no chat tokens ({', '.join(missing)}): start from a model "
                          "fine-tuned on conversations (SFT)")
-    paths = {split: os.path.join(folder, f"{name}.jsonl") for split, name in (("train", "train"), ("val", "test"))}
-    for path in paths.values():
-        if not os.path.isfile(path):
-            raise ValueError(f"--data {folder}: no {os.path.basename(path)} (write the folder with "
-                             "python -m data.pairs)")
-    pairs = {split: read_pairs(path) for split, path in paths.items()}
-    if tokenizer.kind == "char":
-        used = {c for rows in pairs.values() for p in rows for m in p["prompt"] + p["chosen"] + p["rejected"]
-                for c in m.get("content", "")}
-        unknown = sorted(used - set(tokenizer.stoi))
-        if unknown:
-            raise ValueError(f"--data {folder}: {len(unknown)} characters of the pairs are not in the model's "
-                             f"vocabulary: {', '.join(map(repr, unknown[:5]))}")
-    try:
-        lengths = [len(render_answer(tokenizer, p["prompt"], a)[0]) for rows in pairs.values() for p in rows
-                   for a in (p["chosen"], p["rejected"])]
-    except ValueError as e:
-        raise ValueError(f"--data {folder}: {e}") from None
-    width = max(lengths)
-    rows = {split: pair_rows(tokenizer, pairs[split], width) for split in pairs}
-    raw = b"".join(open(path, "rb").read() for path in paths.values())
+    paths = pair_files(data, val)
+    pairs = {split: read_pairs(path) for split, path in paths.items() if path is not None}
+    sources = {split: path for split, path in paths.items()}
+    if paths["val"] is None:
+        n_val = max(1, round(VAL_FRACTION * len(pairs["train"])))
+        if n_val >= len(pairs["train"]):
+            raise ValueError(f"{data}: {len(pairs['train'])} pair(s) are too few to hold 10% out: pass --val FILE")
+        pairs["train"], pairs["val"] = pairs["train"][:-n_val], pairs["train"][-n_val:]
+        sources["val"] = f"{data} (its last {n_val} pairs)"
+    notes = []
+    for split in ("train", "val"):
+        same = identical(pairs[split])
+        if len(same) == len(pairs[split]):
+            raise ValueError(f"{sources[split]}: chosen and rejected are the same in each of its "
+                             f"{len(same)} {split} pairs: DPO learns nothing from them")
+        if same:
+            lines = ", ".join(map(str, same[:5])) + (", ..." if len(same) > 5 else "")
+            notes.append(f"{sources[split]}: {len(same)} of {len(pairs[split])} {split} pairs have the same chosen and "
+                         f"rejected (line{'s' if len(same) > 1 else ''} {lines}): they train nothing, and are left out")
+            pairs[split] = [p for p in pairs[split] if p["chosen"] != p["rejected"]]
+    rendered = {}
+    for split in ("train", "val"):
+        rendered[split] = []
+        for p in pairs[split]:
+            try:
+                rendered[split].append(rendered_pair(tokenizer, p))
+            except ValueError as e:            # a character the model lacks, a system message without its token
+                where = paths[split] or paths["train"]
+                raise ValueError(f"{where} line {p['line']}: {e}") from None
+    rows = {split: example_rows(rendered[split]) for split in rendered}
+    raw = b"".join(open(path, "rb").read() for path in paths.values() if path is not None)
+    name = os.path.basename(os.path.normpath(data))
     dataset = PairDataset(train=answer_ids(rows["train"]), val=answer_ids(rows["val"]), tokenizer=tokenizer,
-                          name=os.path.basename(os.path.normpath(folder)), source=fingerprint(raw), examples=pairs)
+                          name=name if os.path.isdir(data) else os.path.splitext(name)[0], source=fingerprint(raw),
+                          examples=pairs)
     dataset.arrays = rows                      # {split: [x_chosen, y_chosen, x_rejected, y_rejected]}
+    dataset.rendered, dataset.sources, dataset.notes = rendered, sources, notes
     return dataset
 
 
@@ -271,14 +375,14 @@ def task_of(pair):
 
 
 @ta.no_grad()
-def heldout_report(out_dir, data, device="cpu", max_new_tokens=32, compile=True):
+def heldout_report(out_dir, data, device="cpu", max_new_tokens=32, compile=True, val=None):
     """For each task of data/test.jsonl: the greedy exact match of the model in out_dir, and for a
     DPO run its implicit-reward accuracy against its reference. -> {task: {...}}."""
     from .sample import load_model
     model, tokenizer = load_model(out_dir, device)
     model = ta.compile(model, disable=not compile)
     meta = checkpoint_meta(out_dir)
-    rows = read_pairs(os.path.join(data, "test.jsonl"))
+    rows = heldout_pairs(data, val)
     args = meta.get("args") or {}
     objective = None
     if args.get("dpo_reference"):
@@ -302,6 +406,16 @@ def heldout_report(out_dir, data, device="cpu", max_new_tokens=32, compile=True)
     return report
 
 
+def heldout_pairs(data, val=None):
+    """The pairs training held out of --data: a folder's test.jsonl, --val's file, or a file's last 10%
+    (as load_pairs splits it)."""
+    paths = pair_files(data, val)
+    if paths["val"] is not None:
+        return read_pairs(paths["val"])
+    rows = read_pairs(paths["train"])
+    return rows[-max(1, round(VAL_FRACTION * len(rows))):]
+
+
 def checkpoint_meta(out_dir):
     from . import checkpoint
     return checkpoint.read_meta(os.path.join(out_dir, "ckpt.npz"))
@@ -315,12 +429,14 @@ def main(argv=None):
                                      description="Held-out pairs: each task's greedy exact match, and for a DPO "
                                                  "run its implicit-reward accuracy and log-prob drift.")
     parser.add_argument("--out_dir", required=True, help="a run (SFT or DPO) with ckpt.npz")
-    parser.add_argument("--data", required=True, help="a folder of python -m data.pairs (its test.jsonl is read)")
+    parser.add_argument("--data", required=True, help="a folder of python -m data.pairs (its test.jsonl is read), "
+                                                      "or a JSONL file of pairs (its last 10%%, as training holds out)")
+    parser.add_argument("--val", metavar="FILE", help="with --data a file of pairs: the held-out pairs training used")
     parser.add_argument("--device", default="cpu")
     add_compile_flag(parser)
     args = parser.parse_args(argv)
     try:
-        report = heldout_report(args.out_dir, args.data, args.device, compile=args.compile)
+        report = heldout_report(args.out_dir, args.data, args.device, compile=args.compile, val=args.val)
     except (OSError, ValueError) as e:
         parser.exit(1, f"{parser.prog}: error: {e}\n")
     print(json.dumps(report))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from data.chat import CHAT_TOKENS, SYSTEM
 from tinyattn.models import GPT, GPTConfig
 from tinyattn.models.hf import read_tokenizer
 
@@ -40,6 +41,11 @@ class Pretrained:
 def load_pretrained(args):
     """--init_from's model (with this run's dropout and head dropout) and its tokenizer."""
     pretrained = _load(args)
+    stage = getattr(args, "stage", None)        # (a reference model is loaded without one)
+    missing = [t for t in CHAT_TOKENS if t not in getattr(pretrained.tokenizer, "special_tokens", {})]
+    if stage in ("dpo", "rl") and missing:       # said first: it is why the run cannot go on
+        raise ValueError(f"--stage {stage}: the model has no chat tokens: start from a fine-tuned assistant "
+                         "(--init_from a run of chat fine-tuning)")
     if args.data and pretrained.tokenizer.kind == "word":
         raise ValueError(f"--init_from {pretrained.where}: the model reads words (the lesson "
                          "corpus), not the tokens of --data: drop --data")
@@ -145,8 +151,14 @@ def fit_args(args, pretrained, dataset):
         counts = [f"{n} {kind}{'s' if n > 1 else ''}" for n, kind in ((len(specials), "special token"),
                                                                       (len(chars), "character")) if n]
         listed = "; ".join(part for part in (", ".join(specials), repr(chars) if chars else "") if part)
-        notes.append(f"; --data adds {' and '.join(counts)} to the model's tokenizer ({listed}): embedding "
-                     f"{rows} new, started at the mean of the others")
+        had_chat = all(t in pretrained.tokenizer.special_tokens for t in CHAT_TOKENS)
+        if had_chat and SYSTEM in specials:          # a chat model from before the system token
+            notes.append(f"; --data's system messages need {SYSTEM}, which the model (fine-tuned before it "
+                         f"existed) lacks: --data adds {' and '.join(counts)} ({listed}), embedding {rows} new, "
+                         "started at the mean of the others as the chat tokens' were")
+        else:
+            notes.append(f"; --data adds {' and '.join(counts)} to the model's tokenizer ({listed}): embedding "
+                         f"{rows} new, started at the mean of the others")
     given = set(args._given)
     conflicts = [f"--{k} {getattr(args, k)} (the model has {getattr(config, k)})" for k in FIXED
                  if k in given and getattr(args, k) != getattr(config, k)]
@@ -161,6 +173,17 @@ def fit_args(args, pretrained, dataset):
         args.block_size = config.block_size
     return (f"--init_from: starting from {where} ({pretrained.model.num_parameters() / 1e6:.2f}M parameters, "
             f"vocabulary of {config.vocab_size}), with a fresh optimizer at step 0" + "".join(notes))
+
+
+def max_length(args):
+    """--max_length, the longest example in tokens the model reads (default: block_size, set in args
+    so that the checkpoint keeps it); a ValueError in one line where it is more than block_size."""
+    if args.max_length is None:
+        args.max_length = args.block_size
+    elif args.max_length > args.block_size:
+        raise ValueError(f"--max_length {args.max_length} is more than block_size {args.block_size}: the model reads "
+                         f"at most {args.block_size} tokens; pass --max_length {args.block_size} or less")
+    return args.max_length
 
 
 def resumed_tokenizer(ckpt_path):

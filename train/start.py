@@ -31,11 +31,12 @@ def setup(args, notes):
     tokenizer = pretrained.tokenizer if pretrained else finetune.resumed_tokenizer(ckpt_path) if args.resume else None
     if args.stage == "dpo":                     # preference pairs, rendered with the model's chat tokenizer
         from .dpo import load_pairs
-        dataset = load_pairs(args.data, tokenizer)
+        dataset = load_pairs(args.data, tokenizer, args.val)
     elif args.stage == "rl":                    # the questions of the tasks, answered by the model (train/rl.py)
         dataset = rl.load_tasks(args, tokenizer)
     else:
-        dataset = load_data(args.data, tokenizer) if args.data else load_coref(seed=0, layout=args.layout)
+        dataset = load_data(args.data, tokenizer, args.val) if args.data else \
+            load_coref(seed=0, layout=args.layout)
     if pretrained:
         notes.append(finetune.fit_args(args, pretrained, dataset))
     if args.mix_data:
@@ -58,6 +59,8 @@ def setup(args, notes):
         ran = meta.get("args") or {}
         args.fine_tuned_from = ran.get("fine_tuned_from") or ran.get("init_from")
         config = GPTConfig(**meta["config"])
+    if args.stage != "rl":                      # conversations and pairs longer than --max_length are cut
+        notes += dataset.fit_length(finetune.max_length(args))
     if device_backend.on_host:                  # refused before it is allocated, in one line
         whole_rows = dataset.rows is not None and getattr(dataset, "mix", None) is None   # (mixed rows: block_size)
         tokens_per_row = dataset.rows["train"].shape[1] - 1 if whole_rows else config.block_size

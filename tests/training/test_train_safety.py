@@ -597,3 +597,25 @@ def test_eval_only_prints_the_losses_and_writes_nothing(text_file, tmp_path, cap
     line = capsys.readouterr().out
     assert line.startswith("eval at step 0: train loss ") and not fresh.exists()
     assert float(line.split("val loss ")[1].split()[0]) == pytest.approx(np.log(33), abs=0.1)    # vocab 33
+
+
+# ---------------------------------------------------------------- a disk that fills up
+def test_a_full_disk_mid_save_names_the_file_and_keeps_the_last_checkpoint(text_file, tmp_path, capsys,
+                                                                            monkeypatch):
+    import errno
+    out, real, calls = tmp_path / "run", np.savez, []
+
+    def savez(file, **arrays):               # the third checkpoint write (ckpt.npz at step 10) fills the disk
+        calls.append(1)
+        if len(calls) == 3:
+            file.write(b"half a checkpoint")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(file, **arrays)
+    monkeypatch.setattr(checkpoint.np, "savez", savez)
+    code = main_caught(["--data", text_file, "--out_dir", str(out), *TINY, "--max_iters", "10",
+                        "--eval_interval", "5"])
+    assert code == 1
+    assert one_error_line(capsys) == (f"python -m train: error: could not write {out / 'ckpt.npz'}: no space left "
+                                      "on device; the previous ckpt.npz is intact")
+    assert checkpoint.read_meta(str(out / "ckpt.npz"))["step"] == 5
+    assert sorted(os.listdir(out)) == ["best.npz", "ckpt.npz", "log.csv"]      # no temporary file left behind

@@ -69,7 +69,7 @@ def save_run(path, model, optimizer, state, args, dataset):
                 args={k: v for k, v in vars(args).items() if not k.startswith("_")}, data_rng=state["data_rng"].bit_generator.state,
                 device_rng=ta.backend.get_backend(args.device).get_rng_state(),
                 tokenizer=tokenizer_to_json(dataset.tokenizer), dataset=dataset.name, log=state["log"],
-                train_losses=state["train_losses"], elapsed=state.get("elapsed"), data_source=dataset.source,
+                train_losses=state["train_losses"], step_log=state.get("step_log"), elapsed=state.get("elapsed"), data_source=dataset.source,
                 cpu_threads=ta.get_num_threads())
     if dist.world_size() > 1:                    # every rank's streams, for --resume (train/parallel.py)
         meta.update(world_size=dist.world_size(), rank_rngs=state.get("rank_rngs"))

@@ -213,6 +213,11 @@ def build_parser():
                    help="--stage rl: the longest answer sampled, in tokens (default 32)")
     p.add_argument("--rl_eval_prompts", type=at_least(1), metavar="N",
                    help="--stage rl: held-out questions each evaluation answers (default 48)")
+    p.add_argument("--rl_reward", metavar="exact|number|contains|MODULE:FUNCTION",
+                   help="--stage rl with --data PROMPTS.jsonl (\"prompt\" and \"answer\", or conversations whose "
+                        "last assistant turn is the answer): how an answer scores against the reference: exact "
+                        "match (the default), the same last number, contains it, or your function, called as TRL's "
+                        "reward functions are: fn(completions, prompts=..., answer=..., **columns) -> list of floats")
     p.add_argument("--profile", action="store_true",
                    help=f"time every op over steps {PROFILE_STEPS.start}-{PROFILE_STEPS.stop - 1}, print the "
                         "table and write out_dir/trace.json (for chrome://tracing or Perfetto)")
@@ -326,6 +331,7 @@ def parse_args(argv=None):
     if args.init_from in NANOGPT_INIT_FROM and not os.path.exists(args.init_from):
         parser.error(NANOGPT_INIT_FROM[args.init_from])
     args._given = sorted(k for k, v in vars(args).items() if v is not None and k not in ("device", "seed", "compile"))
+    args.rl_tasks_given = args.rl_tasks is not None      # (--stage rl: a prompts file takes no tasks)
     notes = []
     if args.resume and args.init_from:           # the command that started the run, with --resume appended
         try:
@@ -383,7 +389,7 @@ def same_model_path(a, b):
 
 
 RL_DEFAULTS = dict(rl_tasks="count", rl_prompts=16, rl_samples=8, rl_temperature=1.0, rl_kl=0.0, rl_std=False,
-                   rl_max_tokens=32, rl_eval_prompts=48)
+                   rl_max_tokens=32, rl_eval_prompts=48, rl_reward=None)
 
 
 def rl_settings(args):

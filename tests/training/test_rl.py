@@ -163,7 +163,7 @@ def rl_run(assistant, out, *extra):
 def final_state(out):
     model, optim, meta = checkpoint.load(str(out / "ckpt.npz"))
     optim_arrays = {f"{i}/{k}": v for i, values in optim["state"].items() for k, v in values.items()}
-    return model, optim_arrays, meta["train_losses"], meta["log"], meta["step"]
+    return model, optim_arrays, meta["train_losses"], (meta["log"], meta["step_log"]), meta["step"]
 
 
 def test_a_few_rl_steps_write_a_gpt_checkpoint_and_an_accuracy_log(assistant, tmp_path, capsys):
@@ -210,8 +210,9 @@ def test_ctrl_c_and_resume_is_exact(assistant, tmp_path, uninterrupted, what, at
     want_model, want_optim, want_losses, want_log, want_step = uninterrupted
     assert step == want_step == 7
     assert losses == want_losses
-    assert [{k: v for k, v in r.items() if k != "time"} for r in log] == \
-        [{k: v for k, v in r.items() if k != "time"} for r in want_log]
+    assert [{k: v for k, v in r.items() if k != "time"} for r in log[0]] == \
+        [{k: v for k, v in r.items() if k != "time"} for r in want_log[0]]
+    assert log[1] == want_log[1] and len(log[1]) == 7            # each step's rewards, as the uninterrupted run's
     for key in model:
         np.testing.assert_array_equal(model[key], want_model[key], err_msg=key)
     for key in optim:

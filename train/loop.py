@@ -69,7 +69,7 @@ def train(args, notes=()):
                         loss = train_step(model, optimizer, batches, args.grad_clip, average_grads, stage.loss)
                     with interrupts.uninterrupted():
                         run.pending.append(loss)         # read every log_interval steps: reading waits
-                        run.pending_numbers.append(numbers)      # for the device
+                        run.pending_numbers.append(numbers)      # for the device (and the numbers with them)
                         state["step"] = step + 1
                 run.time_step(time.time() - t0)
                 bar.update(1)

@@ -1,6 +1,5 @@
 """Starting a run of python -m train: the data, the model and its optimizer (new, fine-tuned from
 another model, or as a checkpoint left them), and the learner's pieces for --use_exercises."""
-import argparse
 import contextlib
 import math
 import os

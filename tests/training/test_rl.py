@@ -441,3 +441,17 @@ def test_data_that_is_not_a_text_for_the_tasks_is_refused(assistant, tmp_path, c
                  "--out_dir", str(tmp_path / "rl"), "--quiet", *extra])
     err = error_lines(capsys.readouterr().err)
     assert code == 1 and len(err) == 1 and said in err[0], err
+
+
+def test_a_prompts_run_resumes_exactly_with_its_command_and_resume_appended(assistant, reward_module, tmp_path,
+                                                                           capsys):
+    data = write_prompts(tmp_path / "prompts.jsonl")
+    argv = lambda out: prompts_run(assistant, data, out, "--rl_reward", f"{reward_module}:by_length",  # noqa: E731
+                                   "--lr_decay_iters", "4", "--warmup_iters", "1", "--rl_kl", "0.1")
+    assert main([*argv(tmp_path / "a"), "--max_iters", "4"]) == 0
+    assert main([*argv(tmp_path / "b"), "--max_iters", "2"]) == 0
+    assert main([*argv(tmp_path / "b"), "--max_iters", "4", "--resume"]) == 0
+    assert "is the model the run started from" in capsys.readouterr().err
+    a, b = (checkpoint.load(str(tmp_path / r / "ckpt.npz")) for r in ("a", "b"))
+    assert all(np.array_equal(a[0][k], b[0][k]) for k in a[0])
+    assert a[2]["step_log"] == b[2]["step_log"] and len(a[2]["step_log"]) == 4

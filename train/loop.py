@@ -4,8 +4,10 @@ With no --data it trains on the lesson's generated "it" corpus (data/coref.py)
 and reports how well the model, and its attention, resolve "it". With
 --data FILE it trains a character-level model on any UTF-8 text file.
 
-This module is the run: ``train_step`` and the loop (``train(args)``). Around
-it: config.py (the flags, presets and their checks), start.py (the data, the
+This module is the run: ``train_step`` and the loop (``train(args)``), the same
+for every stage. Around it: stages.py (the stage: its batches, its loss, its
+evaluation and what it prints; DPO's in dpo.py, RL's in rl.py), config.py (the
+flags, presets and their checks), start.py (the stage and its data, the
 model and its optimizer, new or from a checkpoint), report.py (log.csv,
 loss.png, the profile), checkpoint.py, and command.py (``main``, which
 ``python -m train`` runs: errors become one line and an exit status).

@@ -229,6 +229,11 @@ def build_parser():
                    help="--stage rl: the longest answer sampled, in tokens (default 32)")
     p.add_argument("--rl_eval_prompts", type=at_least(1), metavar="N",
                    help="--stage rl: held-out questions each evaluation answers (default 48)")
+    p.add_argument("--rl_reward", metavar="exact|number|contains|MODULE:FUNCTION",
+                   help="--stage rl with --data PROMPTS.jsonl (\"prompt\" and \"answer\", or conversations whose "
+                        "last assistant turn is the answer): how an answer scores against the reference: exact "
+                        "match (the default), the same last number, contains it, or your function, called as TRL's "
+                        "reward functions are: fn(completions, prompts=..., answer=..., **columns) -> list of floats")
     p.add_argument("--profile", action="store_true",
                    help=f"time every op over steps {PROFILE_STEPS.start}-{PROFILE_STEPS.stop - 1}, print the "
                         "table and write out_dir/trace.json (for chrome://tracing or Perfetto)")
@@ -354,8 +359,13 @@ def parse_args(argv=None):
     if args.init_from in NANOGPT_INIT_FROM and not os.path.exists(args.init_from):
         parser.error(NANOGPT_INIT_FROM[args.init_from])
     args._given = sorted(k for k, v in vars(args).items() if v is not None and k not in ("device", "seed", "compile"))
-    if args.resume and args.init_from:
-        parser.error("--resume continues a run, --init_from starts a new one from a model: give one of them")
+    args.rl_tasks_given = args.rl_tasks is not None      # (--stage rl: a prompts file takes no tasks)
+    notes = []
+    if args.resume and args.init_from:           # the command that started the run, with --resume appended
+        try:
+            notes.append(resume_ignores_init_from(args))
+        except ValueError as e:
+            parser.error(str(e))
     preset = {**COMMON, **PRESETS["text" if args.data else "coref"], "seed": DEFAULT_SEED}
     ran = resumed_settings(args.out_dir or preset["out_dir"]) if args.resume else {}
     if (args.stage or ran.get("stage")) == "dpo":
@@ -369,14 +379,45 @@ def parse_args(argv=None):
     rl_problem = rl_settings(args)
     if rl_problem:
         parser.error(rl_problem)
-    problems, notes = validate_args(args)
+    problems, checked = validate_args(args)
     if problems:
         parser.error("; ".join(problems))
-    return args, notes
+    return args, notes + checked
+
+
+def resume_ignores_init_from(args):
+    """--resume with --init_from (the command that started a fine-tuning run, or a config file that
+    sets init_from, with --resume appended): as nanoGPT's init_from = 'resume' replaces the file's
+    setting, the run continues from its checkpoint. --init_from must be the model the run started
+    from; it is then dropped. -> the note that says so; raises ValueError for another model."""
+    where = os.path.join(args.out_dir or PRESETS["text" if args.data else "coref"]["out_dir"], "ckpt.npz")
+    try:
+        ran = checkpoint.read_meta(where).get("args") or {}
+    except (ValueError, OSError):
+        ran = None                               # no run to compare with: setup says what is wrong
+    started = ran and (ran.get("fine_tuned_from") or ran.get("init_from") or ran.get("dpo_reference"))
+    if ran is not None and not started:
+        raise ValueError(f"--resume: the run in {where} started from scratch, not from --init_from "
+                         f"{args.init_from}: drop --init_from to resume it")
+    if started and not same_model_path(args.init_from, started):
+        raise ValueError(f"--resume: --init_from {args.init_from} is not the model the run in {where} started "
+                         f"from ({started}): drop --init_from to resume it, or use another --out_dir for a new run")
+    given, args.init_from = args.init_from, None
+    args._given = [k for k in args._given if k != "init_from"]
+    return f"--resume: --init_from {given} is the model the run started from; the run continues from {where}"
+
+
+def same_model_path(a, b):
+    """Do two --init_from paths name the same model (a folder and its ckpt.npz alike)?"""
+    def resolved(path):
+        path = os.path.abspath(path)
+        inside = os.path.join(path, "ckpt.npz")
+        return inside if os.path.isdir(path) and os.path.isfile(inside) else path
+    return resolved(a) == resolved(b)
 
 
 RL_DEFAULTS = dict(rl_tasks="count", rl_prompts=16, rl_samples=8, rl_temperature=1.0, rl_kl=0.0, rl_std=False,
-                   rl_max_tokens=32, rl_eval_prompts=48)
+                   rl_max_tokens=32, rl_eval_prompts=48, rl_reward=None)
 
 
 def rl_settings(args):

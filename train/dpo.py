@@ -18,10 +18,12 @@ adds the chosen answer's mean negative log-likelihood per token (RPO, Pang et al
 which keeps the correct answer likely (each pair's per token, then the mean over the pairs, as
 the DPO loss is: a batch split over processes or micro-batches gives the same loss).
 
-The reference's log-probabilities are computed at every step, under no_grad, from the
-reference model that the run loads from --init_from's path at its start (and again at
---resume: the checkpoint keeps that path and the file's SHA-256, and refuses one that
-changed). Nothing about the reference is kept in the checkpoint, so resuming is exact.
+A step costs two forwards, as TRL's DPOTrainer does it: the chosen and the rejected answers go
+through the policy together (one batch of 2B rows, concatenated), and through the reference
+together, under no_grad. The reference is the model that the run loads from --init_from's path at
+its start (and again at --resume: the checkpoint keeps that path and the file's SHA-256, and
+refuses one that changed). Nothing about the reference is kept in the checkpoint, so resuming is
+exact.
 """
 import hashlib
 import os
@@ -35,6 +37,7 @@ from data.chat import CHAT_TOKENS, answer_text, render, render_prompt
 from data.pairs import identical, read_pairs
 
 from .data import Dataset, fingerprint
+from .stages import LanguageModel
 
 
 # ---------------------------------------------------------------------------
@@ -53,58 +56,134 @@ def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta):
     return -F.logsigmoid(beta * (chosen_logratio - rejected_logratio)).mean()
 
 
+def pair_logprobs(model, batch):
+    """(chosen, rejected) log-probs (B,) each, of a batch of pairs (x_chosen, y_chosen, x_rejected,
+    y_rejected), each (B, T): one forward, the chosen and rejected rows run as one batch (2B, T)."""
+    xc, yc, xr, yr = batch
+    B = xc.shape[0]
+    both = sequence_logprobs(model, ta.cat([xc, xr], 0), ta.cat([yc, yr], 0))   # (2B,)
+    return both[:B], both[B:]
+
+
 class DPOObjective:
-    """run.loss_fn for --stage dpo: ``objective(model, batch)`` -> the 0-d loss of a batch of
-    pairs (x_chosen, y_chosen, x_rejected, y_rejected), each (B, T)."""
+    """The loss of --stage dpo: ``objective(model, batch)`` -> the 0-d loss of a batch of pairs
+    (x_chosen, y_chosen, x_rejected, y_rejected), each (B, T). Two forwards: the policy's, and the
+    frozen reference's (under no_grad)."""
 
     def __init__(self, reference, beta, nll=0.0):
         self.reference, self.beta, self.nll = reference, beta, nll
 
     def logprobs(self, model, batch):
         """(policy chosen, policy rejected, reference chosen, reference rejected), each (B,)."""
-        xc, yc, xr, yr = batch
         with ta.no_grad():                                     # the reference never trains
-            ref_chosen, ref_rejected = sequence_logprobs(self.reference, xc, yc), \
-                sequence_logprobs(self.reference, xr, yr)
-        return sequence_logprobs(model, xc, yc), sequence_logprobs(model, xr, yr), ref_chosen, ref_rejected
+            ref_chosen, ref_rejected = pair_logprobs(self.reference, batch)
+        policy_chosen, policy_rejected = pair_logprobs(model, batch)
+        return policy_chosen, policy_rejected, ref_chosen, ref_rejected
 
-    def __call__(self, model, batch):
-        policy_chosen, policy_rejected, ref_chosen, ref_rejected = self.logprobs(model, batch)
+    def loss(self, logprobs, batch):
+        """The objective from the four log-probs of a batch: DPO's, plus --dpo_nll's term."""
+        policy_chosen, policy_rejected, ref_chosen, ref_rejected = logprobs
         loss = dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, self.beta)
         if self.nll:                                           # each chosen answer's NLL per token, the mean
             n_tokens = ta.where(batch[1] != -1, 1.0, 0.0).sum(-1)              # over the pairs. (B,) lengths
             loss = loss - (policy_chosen / n_tokens.to(policy_chosen.dtype)).mean() * self.nll
         return loss
 
+    def __call__(self, model, batch):
+        return self.loss(self.logprobs(model, batch), batch)
+
+
+class DPO(LanguageModel):
+    """--stage dpo as the loop runs it (train/stages.py): its batches are pairs, its loss the DPO
+    objective against the frozen reference (loaded by ``prepare``), and its evaluation the loss of
+    each split and, on the val pairs, the plain DPO loss, the implicit-reward accuracy and the drift
+    of the log-probs from the reference's."""
+
+    def __init__(self, data, args):
+        super().__init__(data, args)
+        self.objective = None
+
+    def prepare(self, model, meta, pretrained, notes):
+        """The reference: a new run records --init_from's path and SHA-256 in args (the checkpoint
+        keeps them); --resume (``meta``) loads it from them, refusing a file that changed."""
+        args = self.args
+        if meta is None:
+            args.dpo_reference = os.path.abspath(args.init_from)
+            args.dpo_reference_sha256 = file_sha256(reference_file(args.dpo_reference))
+        else:
+            ran = meta.get("args") or {}
+            args.dpo_reference, args.dpo_reference_sha256 = ran.get("dpo_reference"), ran.get("dpo_reference_sha256")
+            ckpt_path = os.path.join(args.out_dir, "ckpt.npz")
+            if not args.dpo_reference:
+                raise ValueError(f"--resume: {ckpt_path} is not a DPO run (--stage dpo): resume it without --stage")
+            where = reference_file(args.dpo_reference)
+            if not os.path.exists(where):
+                raise ValueError(f"--resume: the DPO reference {args.dpo_reference} (the run's --init_from) is gone: "
+                                 "put it back to resume the run")
+            if file_sha256(where) != args.dpo_reference_sha256:
+                raise ValueError(f"--resume: the DPO reference {args.dpo_reference} (the run's --init_from) has "
+                                 "changed since the run began: the run cannot continue against another reference")
+        self.objective = DPOObjective(load_reference(args.dpo_reference, args), args.dpo_beta, args.dpo_nll)
+        notes.append(f"--stage dpo: beta {args.dpo_beta:g}, nll {args.dpo_nll:g}, against the frozen reference "
+                     f"{args.dpo_reference}; the losses are the DPO objective's")
+
+    def describe(self):
+        n = {split: len(rows[0]) for split, rows in self.data.arrays.items()}
+        return f"{self.data.name}: {n['train']:,} train / {n['val']:,} val pairs"
+
+    def loss(self, model, batch):
+        return self.objective(model, batch)
+
+    def progress(self, loss):
+        return dict(loss=f"{loss:.4f}")
+
     @ta.no_grad()
-    def metrics(self, model, dataset, args):
-        """On the val pairs (the batches estimate_loss reads): the plain DPO loss, the implicit-reward
-        accuracy (the fraction of pairs where β log π/π_ref is higher for the chosen answer), and how
-        far the policy's log-probs of the chosen and rejected answers have moved from the reference's."""
-        model.eval()
+    def evaluate(self, model):
+        """--eval_iters batches of each split, drawn from a generator of its own (the same batches
+        at every evaluation): the mean objective of each, and on the val pairs, from the same
+        forwards, the plain DPO loss, the implicit-reward accuracy (the fraction of pairs where
+        β log π/π_ref is higher for the chosen answer), and how far the policy's log-probs of the
+        chosen and rejected answers have moved from the reference's."""
+        args = self.args
         rng = np.random.default_rng(args.seed + 1)
-        for _ in range(args.eval_iters):                       # estimate_loss's train batches come first:
-            dataset.get_batch("train", args.batch_size, args.block_size, rng)    # then its val batches are these
-        parts = []
+        losses, val_logprobs = {}, []
+        model.eval()
         try:
-            for _ in range(args.eval_iters):
-                batch = tuple(ta.tensor(a, device=args.device)
-                              for a in dataset.get_batch("val", args.batch_size, args.block_size, rng))
-                parts.append(np.stack([t.numpy().astype(np.float64) for t in self.logprobs(model, batch)]))
+            for split in ("train", "val"):
+                parts = []
+                for _ in range(args.eval_iters):
+                    batch = tuple(ta.tensor(a, device=args.device)
+                                  for a in self.get_batch(split, args.batch_size, args.block_size, rng))
+                    logprobs = self.objective.logprobs(model, batch)
+                    parts.append(self.objective.loss(logprobs, batch))
+                    if split == "val":
+                        val_logprobs.append(np.stack([t.numpy().astype(np.float64) for t in logprobs]))
+                losses[split] = (sum(parts[1:], parts[0]) * (1.0 / len(parts))).item()
         finally:
             model.train()
-        pc, pr, rc, rr = np.concatenate(parts, axis=1)         # each (eval_iters * B,)
-        margin = self.beta * ((pc - rc) - (pr - rr))
-        return dict(val_dpo_loss=round(float(np.mean(np.logaddexp(0.0, -margin))), 6),
+        pc, pr, rc, rr = np.concatenate(val_logprobs, axis=1)    # each (eval_iters * B,)
+        margin = self.objective.beta * ((pc - rc) - (pr - rr))
+        return dict(train_loss=round(losses["train"], 6), val_loss=round(losses["val"], 6),
+                    val_dpo_loss=round(float(np.mean(np.logaddexp(0.0, -margin))), 6),
                     val_reward_accuracy=round(float(np.mean(margin > 0)), 4),
                     val_chosen_drift=round(float(np.mean(pc - rc)), 4),
                     val_rejected_drift=round(float(np.mean(pr - rr)), 4))
 
+    def eval_line(self, m):
+        return (f"train loss {m['train_loss']:.4f}, val loss {m['val_loss']:.4f} (reward accuracy "
+                f"{m['val_reward_accuracy']:.3f}, dpo loss {m['val_dpo_loss']:.4f}, log-prob drift "
+                f"chosen {m['val_chosen_drift']:+.3f}, rejected {m['val_rejected_drift']:+.3f})")
 
-def describe_metrics(m):
-    """The evaluation line's part for DPO."""
-    return (f"reward accuracy {m['val_reward_accuracy']:.3f}, dpo loss {m['val_dpo_loss']:.4f}, log-prob drift "
-            f"chosen {m['val_chosen_drift']:+.3f}, rejected {m['val_rejected_drift']:+.3f}")
+    def sample_ids(self):
+        return None                                # (its evaluation line says how it does)
+
+    def summary(self, final, best):
+        return dict(best_val_loss=round(best, 6), **final)
+
+    def done_line(self, summary):
+        return (f"done: {summary['iters']} iters, best val loss {summary['best_val_loss']:.4f}, val loss "
+                f"{summary['val_loss']:.4f}, reward accuracy {summary['val_reward_accuracy']:.3f}, "
+                f"{summary['wall_s']:.0f} s; wrote {os.path.join(self.args.out_dir, 'summary.json')}")
 
 
 # ---------------------------------------------------------------------------
@@ -322,33 +401,6 @@ def load_reference(path, args):
     reference = ta.compile(reference.to(args.dtype).to(args.device), disable=not getattr(args, "compile", True))
     reference.eval()
     return reference
-
-
-def attach(run, args, meta, notes):
-    """Make ``run`` a DPO run: its loss_fn, and the evaluation's metrics. A new run records
-    --init_from's path and SHA-256 in args (the checkpoint keeps them); --resume (``meta``)
-    loads the reference from them, refusing a file that changed."""
-    if meta is None:
-        args.dpo_reference = os.path.abspath(args.init_from)
-        args.dpo_reference_sha256 = file_sha256(reference_file(args.dpo_reference))
-    else:
-        ran = meta.get("args") or {}
-        args.dpo_reference, args.dpo_reference_sha256 = ran.get("dpo_reference"), ran.get("dpo_reference_sha256")
-        if not args.dpo_reference:
-            raise ValueError(f"--resume: {run.ckpt_path} is not a DPO run (--stage dpo): resume it without --stage")
-        where = reference_file(args.dpo_reference)
-        if not os.path.exists(where):
-            raise ValueError(f"--resume: the DPO reference {args.dpo_reference} (the run's --init_from) is gone: "
-                             "put it back to resume the run")
-        if file_sha256(where) != args.dpo_reference_sha256:
-            raise ValueError(f"--resume: the DPO reference {args.dpo_reference} (the run's --init_from) has changed "
-                             "since the run began: the run cannot continue against another reference")
-    objective = DPOObjective(load_reference(args.dpo_reference, args), args.dpo_beta, args.dpo_nll)
-    run.loss_fn = objective
-    run.eval_metrics = lambda model: objective.metrics(model, run.dataset, args)
-    run.describe_metrics = describe_metrics
-    notes.append(f"--stage dpo: beta {args.dpo_beta:g}, nll {args.dpo_nll:g}, against the frozen reference "
-                 f"{args.dpo_reference}; the losses are the DPO objective's")
 
 
 # ---------------------------------------------------------------------------

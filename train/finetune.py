@@ -38,13 +38,13 @@ class Pretrained:
     where: str          # the file or folder it came from, for messages
 
 
-def load_pretrained(args):
-    """--init_from's model (with this run's dropout and head dropout) and its tokenizer."""
+def load_pretrained(args, chat_stage=None):
+    """--init_from's model (with this run's dropout and head dropout) and its tokenizer.
+    ``chat_stage``: the stage (its name) that fine-tunes an assistant, which needs the chat tokens."""
     pretrained = _load(args)
-    stage = getattr(args, "stage", None)        # (a reference model is loaded without one)
     missing = [t for t in CHAT_TOKENS if t not in getattr(pretrained.tokenizer, "special_tokens", {})]
-    if stage in ("dpo", "rl") and missing:       # said first: it is why the run cannot go on
-        raise ValueError(f"--stage {stage}: the model has no chat tokens: start from a fine-tuned assistant "
+    if chat_stage and missing:                  # said first: it is why the run cannot go on
+        raise ValueError(f"--stage {chat_stage}: the model has no chat tokens: start from a fine-tuned assistant "
                          "(--init_from a run of chat fine-tuning)")
     if args.data and pretrained.tokenizer.kind == "word":
         raise ValueError(f"--init_from {pretrained.where}: the model reads words (the lesson "

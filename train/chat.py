@@ -37,15 +37,13 @@ import sys
 
 import tinyattn as ta
 import tinyattn.nn as nn
-from data import chat as chat_format
-from data.chat import CHAT_TOKENS, answer_text, render_prompt
+from data.chat import CHAT_TOKENS, SYSTEM, answer_text, render_prompt
 from tinyattn.models.gpt import sample_next
 
 from .config import OneLineParser, add_compile_flag, at_least
 from .sample import finite_at_least_0, load_model
 
 PROG = "python -m train.chat"
-SYSTEM = getattr(chat_format, "SYSTEM", "<|system|>")      # the system message's token
 
 
 def build_parser():

@@ -399,6 +399,13 @@ def test_system_needs_a_model_with_a_system_token(tmp_path):
                           "fine-tune it on conversations with system messages first\n")
 
 
+def test_a_system_message_the_model_cannot_read_is_refused_once(tmp_path):
+    write_run(tmp_path, system="Be brief.")
+    out = run_chat(["--out_dir", str(tmp_path), "--system", "Zut!"], stdin="spell cat\nspell that\n")
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr == "python -m train.chat: error: --system: character 'Z' is not in the vocabulary\n"
+
+
 def test_system_starts_each_conversation_and_stays_after_clear(tmp_path, monkeypatch, capsys):
     """--system with a model that has <|system|>: each prompt the model reads is data/chat.py's
     render_prompt of [system, user, ...]; /clear starts again from the system message."""

@@ -37,15 +37,13 @@ import sys
 
 import tinyattn as ta
 import tinyattn.nn as nn
-from data import chat as chat_format
-from data.chat import CHAT_TOKENS, answer_text, render_prompt
+from data.chat import CHAT_TOKENS, SYSTEM, answer_text, encode_text, render_prompt
 from tinyattn.models.gpt import sample_next
 
 from .config import OneLineParser, add_compile_flag, at_least
 from .sample import finite_at_least_0, load_model
 
 PROG = "python -m train.chat"
-SYSTEM = getattr(chat_format, "SYSTEM", "<|system|>")      # the system message's token
 
 
 def build_parser():
@@ -229,12 +227,17 @@ def converse(model, tokenizer, args, interactive, system=()):
 
 def system_messages(tokenizer, text):
     """--system TEXT as the messages a conversation starts with ([] without it), or a
-    ValueError when the model has no system token: it never saw a system message."""
+    ValueError when the model has no system token (it never saw a system message) or cannot
+    encode TEXT (a character outside its vocabulary): refused once, not at every turn."""
     if text is None:
         return []
     if SYSTEM not in tokenizer.special_tokens:
         raise ValueError(f"--system: this model has no system token ({SYSTEM}): fine-tune it on conversations "
                          "with system messages first")
+    try:
+        encode_text(tokenizer, text)
+    except ValueError as e:
+        raise ValueError(f"--system: {e}") from None
     return [{"role": "system", "content": text}]
 
 

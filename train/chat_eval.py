@@ -29,7 +29,7 @@ import numpy as np
 
 import tinyattn as ta
 from data.chat import END, answer_text, chat_tokenizer, render_prompt
-from data.tasks import TASKS, WORD_TASKS, make_task
+from data.tasks import TASKS, WORD_TASKS, make_task, task_list
 
 from .config import OneLineParser, add_compile_flag, at_least
 from .data import load_text
@@ -102,14 +102,12 @@ def text_loss(model, tokenizer, path, device, batch_size=64):
 
 
 def task_names(given):
-    """--tasks's values (["spell,add"], ["spell", "add"] or ["spell, add"]) -> ["spell", "add"],
-    or a ValueError naming what is not a task."""
-    names = [t for value in given for t in value.replace(",", " ").split()]
-    unknown = [t for t in names if t not in TASKS]
-    if unknown or not names:
-        said = ", ".join(unknown) if unknown else "nothing"
-        raise ValueError(f"--tasks {' '.join(given)}: {said} is not a task; the tasks are {','.join(TASKS)}")
-    return list(dict.fromkeys(names))
+    """--tasks's values (["spell,add"], ["spell", "add"] or ["spell, add"]) -> ["spell", "add"]
+    (data/tasks.py's task_list), or a ValueError in one line naming the flag."""
+    try:
+        return task_list(given)
+    except ValueError as e:
+        raise ValueError(f"--tasks {' '.join(given)}: {e}") from None
 
 
 def check_json_path(path):

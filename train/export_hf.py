@@ -27,14 +27,13 @@ from .sample import load_model
 
 
 def chat_roles(tokenizer):
-    """{role: token} of the chat format (data/chat.py) that the tokenizer has, or None for a
-    model that is not a chat model (no <|user|>, <|assistant|> and <|end|>)."""
+    """{role: token} of the chat format (data/chat.py's ROLES) that the tokenizer has (the system's
+    only where it has <|system|>), or None for a model that is not a chat model (no <|user|>,
+    <|assistant|> and <|end|>)."""
     special = getattr(tokenizer, "special_tokens", {})
     if any(t not in special for t in chat.CHAT_TOKENS):
         return None
-    system = getattr(chat, "SYSTEM", "<|system|>")
-    roles = {"system": system} if system in special else {}
-    return {**roles, "user": chat.USER, "assistant": chat.ASSISTANT}
+    return {role: token for role, token in chat.ROLES.items() if token in special}
 
 
 def export(model, tokenizer, folder):

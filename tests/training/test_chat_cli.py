@@ -30,12 +30,14 @@ from train.sample import load_model
 TEXT = "spell the cat, then count it: how many t in that?"      # no newline: an answer is one line
 
 
-def write_run(out_dir, block_size=48, chat_tokens=True, seed=0):
+def write_run(out_dir, block_size=48, chat_tokens=True, seed=0, system=None):
     """A run folder with a ckpt.npz as python -m train writes it: a random 1-layer GPT on a
-    character vocabulary, grown with the chat tokens unless chat_tokens is False. -> tokenizer."""
+    character vocabulary, grown with the chat tokens unless chat_tokens is False (and with
+    <|system|> and the characters of ``system``, a system message's text, as fine-tuning on
+    conversations that begin with it grows it). -> tokenizer."""
     tok = CharTokenizer.from_text(TEXT)
     if chat_tokens:
-        tok = chat_format.chat_tokenizer(tok, [])
+        tok = chat_format.chat_tokenizer(tok, [[{"role": "system", "content": system}]] if system else [])
     ta.manual_seed(seed)
     model = GPT(GPTConfig(block_size=block_size, vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=16))
     optimizer = model.configure_optimizer(0.1, 1e-3, (0.9, 0.95))
@@ -395,6 +397,49 @@ def test_system_needs_a_model_with_a_system_token(tmp_path):
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr == (f"python -m train.chat: error: --system: this model has no system token ({chat.SYSTEM}): "
                           "fine-tune it on conversations with system messages first\n")
+
+
+def test_a_system_message_the_model_cannot_read_is_refused_once(tmp_path):
+    write_run(tmp_path, system="Be brief.")
+    out = run_chat(["--out_dir", str(tmp_path), "--system", "Zut!"], stdin="spell cat\nspell that\n")
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr == "python -m train.chat: error: --system: character 'Z' is not in the vocabulary\n"
+
+
+def test_system_starts_each_conversation_and_stays_after_clear(tmp_path, monkeypatch, capsys):
+    """--system with a model that has <|system|>: each prompt the model reads is data/chat.py's
+    render_prompt of [system, user, ...]; /clear starts again from the system message."""
+    tok = write_run(tmp_path, system="Be brief.")
+    assert chat_format.SYSTEM in tok.special_tokens
+    read, real = [], chat.stream
+
+    def recording(model, prompt, *args, **kwargs):
+        read.append(list(prompt))
+        yield from real(model, prompt, *args, **kwargs)
+
+    monkeypatch.setattr(chat, "stream", recording)
+    system = {"role": "system", "content": "Be brief."}
+
+    def user(text):
+        return {"role": "user", "content": text}
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("spell cat\ncount it\n"))     # each line its own conversation
+    assert chat.main(["--out_dir", str(tmp_path), "--system", "Be brief.", "--temperature", "0",
+                      "--max_new_tokens", "3"]) == 0
+    assert read == [chat_format.render_prompt(tok, [system, user("spell cat")]),
+                    chat_format.render_prompt(tok, [system, user("count it")])]
+    assert read[0][:2] == [tok.special_tokens[chat_format.SYSTEM], tok.stoi["B"]]
+    assert len(capsys.readouterr().out.split("\n")) == 3                          # two answers
+
+    read.clear()
+    monkeypatch.setattr(sys, "stdin", io.StringIO("spell cat\ncount it\n/clear\nspell that\n"))
+    assert chat.main(["--out_dir", str(tmp_path), "--system", "Be brief.", "--temperature", "0",
+                      "--max_new_tokens", "3", "--min_room", "4", "--conversation"]) == 0
+    first = capsys.readouterr().out.split("\n")[0]
+    assert read == [chat_format.render_prompt(tok, [system, user("spell cat")]),
+                    chat_format.render_prompt(tok, [system, user("spell cat"), {"role": "assistant", "content": first},
+                                                    user("count it")]),
+                    chat_format.render_prompt(tok, [system, user("spell that")])]
 
 
 # --- a trained chat model, where there is one ---

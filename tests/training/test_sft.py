@@ -294,7 +294,8 @@ def test_a_base_model_is_evaluated_grown_and_never_answers(base, files, capsys):
 
 
 @pytest.mark.parametrize("argv, said", [
-    (["--tasks", "spell,fly"], "--tasks spell,fly: fly is not a task; the tasks are"),
+    (["--tasks", "spell,fly"], "--tasks spell,fly: 'fly' is not a task: the tasks are"),
+    (["--tasks", "spell", "spell"], "--tasks spell spell: a task is given twice"),
     (["--tasks", "spell"], "the word tasks (spell) take their words from a text"),
     (["--tasks", "add", "--system", "Be brief."], "--system: this model has no system token (<|system|>)"),
 ])

@@ -443,25 +443,27 @@ def default_start(tokenizer):
 
 
 def load_text(path, tokenizer=None):
-    """A UTF-8 text file as a char-level Dataset: first 90% train, last 10% val.
+    """A UTF-8 text file as a Dataset: the first 90% of its tokens train, the last 10% val.
 
-    ``tokenizer``: a trained model's CharTokenizer to encode with (fine-tuning); a text
-    with characters outside its vocabulary is refused, naming a few. Else the
-    vocabulary is the text's own characters."""
+    ``tokenizer``: a trained model's tokenizer to encode with (fine-tuning, evaluation): a
+    character vocabulary refuses a text with characters outside it, naming a few; a byte-level
+    BPE encodes any text. Else the vocabulary is the text's own characters."""
     path = Path(path)
     text, raw = read_text_and_bytes(path)
     tok = tokenizer if tokenizer is not None else CharTokenizer.from_text(text)
-    unknown = sorted(set(text) - set(tok.stoi))
-    if unknown:
-        shown = ", ".join(repr(c) for c in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
-        raise ValueError(f"{path}: {len(unknown)} characters are not in the model's vocabulary of "
-                         f"{tok.vocab_size}: {shown}")
+    if tok.kind != "bpe":
+        unknown = sorted(set(text) - set(tok.stoi))
+        if unknown:
+            shown = ", ".join(repr(c) for c in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+            raise ValueError(f"{path}: {len(unknown)} characters are not in the model's vocabulary of "
+                             f"{tok.vocab_size}: {shown}")
     ids = np.array(tok.encode(text), dtype=np.int64)   # (N,)
     n = int(0.9 * len(ids))
+    train_bytes = len(tok.decode_bytes(ids[:n])) if tok.kind == "bpe" else len(text[:n].encode("utf-8"))
     # data/NAME/input.txt is named NAME, like nanoGPT's data folders; else the file's stem
     name = path.parent.name if path.stem == "input" and path.parent.name else path.stem
     return Dataset(train=ids[:n], val=ids[n:], tokenizer=tok, name=name, source=fingerprint(raw),
-                   text_bytes={"train": len(text[:n].encode("utf-8")), "val": len(text[n:].encode("utf-8"))})
+                   text_bytes={"train": train_bytes, "val": len(text.encode("utf-8")) - train_bytes})
 
 
 def fingerprint(raw):

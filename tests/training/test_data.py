@@ -346,3 +346,18 @@ def test_coref_sentence_batches_start_at_zero():
         assert ds.tokenizer.decode(list(xr[:n]) + [yr[n - 1]]) in texts
     with pytest.raises(ValueError, match=f"has {width - 1} input tokens, more than block_size 16"):
         ds.get_batch("val", 2, 16, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_load_text_with_a_models_tokenizer_counts_the_bytes_each_split_covers(tmp_path, kind):
+    """Bits per byte divide by the bytes of the split's text: a BPE's 90% of tokens is not 90% of
+    the characters (chat_eval --text with a BPE model)."""
+    from tinyattn.tokenizers import BPE
+    text = "héllo wörld, the quick brown fox jumps over the lazy dog.\n" * 40
+    path = tmp_path / "text.txt"
+    path.write_text(text, encoding="utf-8")
+    tok = CharTokenizer.from_text(text) if kind == "char" else BPE.train(text, 300)
+    data = load_text(path, tok)
+    decode = (lambda ids: tok.decode(ids).encode("utf-8")) if kind == "char" else tok.decode_bytes
+    assert data.text_bytes == {"train": len(decode(data.train)), "val": len(decode(data.val))}
+    assert data.text_bytes["train"] + data.text_bytes["val"] == len(text.encode("utf-8"))

@@ -11,6 +11,8 @@ Markers a page may hold (HTML comments, so they do not show on GitHub; the site 
                                     transformers, mpiexec); its commands are still parsed
     <!-- inputs: FILE FILE ... -->  files and folders the reader supplies (or makes on another
                                     page), which the page's commands may read
+    <!-- commands not checked: REASON -->   the page's commands are a dated record of what was
+                                    run then, placeholders included (the benchmarks' details)
 """
 import argparse
 import contextlib
@@ -31,6 +33,7 @@ DOCS = ROOT / "docs"
 
 NOT_RUN = re.compile(r"<!--\s*not run:\s*(.*?)\s*-->")
 INPUTS = re.compile(r"<!--\s*inputs:\s*(.*?)\s*-->", re.S)
+UNCHECKED = re.compile(r"<!--\s*commands not checked:\s*(.*?)\s*-->", re.S)
 SNIPPET = re.compile(r'^--8<-- "([^":]+)(?::([\w-]+))?"\s*$', re.M)
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
 
@@ -168,13 +171,23 @@ def programs():
     return ["train", *[p for p in found if p != "train" and p != "train.command"]]
 
 
+@contextlib.contextmanager
+def _in(folder):
+    was = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(was)
+
+
 def parse(program, args):
     """Parse a command line with the program's own parser, running nothing.
     -> None if it parses, else the program's one-line error."""
     parser = program_parser(program)
     err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    try:           # from the repository root, where the pages' commands run (config/sft.py)
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), _in(ROOT):
             if program == "train" and "--resume" not in args:
                 from train.config import parse_args         # the whole check, config files included
                 parse_args(args)                             # (--resume reads the run's folder: flags only)
@@ -194,7 +207,7 @@ def parse(program, args):
 # programs a page may call that are not the project's: left alone
 KNOWN = {"pip", "pip3", "pytest", "cd", "export", "source", ".", "cat", "ls", "mkdir", "rm", "cp", "mv", "echo",
          "git", "apt-get", "sudo", "mkdocs", "head", "tail", "tee", "less", "nvidia-smi", "bash", "sh", "unset",
-         "wc", "sleep", "kill", "jupyter", "chromium"}
+         "wc", "sleep", "kill", "jupyter", "chromium", "venv", "find", "grep", "diff", "python"}
 WRAPPERS = {"timeout": 1, "nohup": 0, "time": 0, "env": 0}     # name: how many arguments of its own it takes
 
 # the files and folders a program reads (inputs) and writes (outputs), by flag; "" is the positional
@@ -208,7 +221,8 @@ READS = {
 }
 WRITES = {"train": ["--out_dir"], "data.prepare": ["--out_dir"], "data.tasks": ["--out"], "data.pairs": ["--out_dir"],
           "train.export_hf": ["--to"], "data/shakespeare_char.py": ["--out"]}
-DEFAULT_WRITES = {"data/shakespeare_char.py": ["data/shakespeare_char/input.txt"], "train": ["out-coref"]}
+DEFAULT_WRITES = {"data/shakespeare_char.py": lambda args: ["data/shakespeare_char/input.txt"],
+                  "train": lambda args: ["out" if "--data" in args else "out-coref"]}
 
 
 @dataclass
@@ -239,30 +253,49 @@ def expand_loops(lines):
             i += 1
             continue
         var, values, rest = m.group(1), shlex.split(m.group(2)), m.group(3)
-        body, depth, i = ([rest] if rest.strip() else []), 1, i + 1
-        while i < len(lines) and not re.match(r"\s*done\b", lines[i]):
+        one_line = re.match(r"(.*?);?\s*done\s*$", rest)          # for x in a b; do cmd $x; done
+        body, i = ([one_line.group(1) if one_line else rest] if rest.strip() else []), i + 1
+        while not one_line and i < len(lines) and not re.match(r"\s*done\b", lines[i]):
             body.append(lines[i])
             i += 1
-        i += 1
+        i += 0 if one_line else 1
         for value in values:
             out += expand_loops([re.sub(rf"\$\{{?{var}\}}?\b", value, line) for line in body])
     return out
+
+
+def split_line(line):
+    """One shell line -> its simple commands, each a list of words, and the files each
+    redirects its output to: quotes, comments, &&, ||, ;, | and > read as the shell reads them."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    parts, words, redirect, expect_file = [], [], [], False
+    for token in lexer:
+        if expect_file:
+            redirect.append(token)
+            expect_file = False
+        elif token in (">", ">>", "&>"):
+            if words and words[-1] == "2":               # 2> FILE
+                words.pop()
+            expect_file = True
+        elif token in ("&&", "||", ";", "|", "&"):
+            parts.append((words, redirect))
+            words, redirect = [], []
+        else:
+            words.append(token)
+    parts.append((words, redirect))
+    return [(w, r) for w, r in parts if w or r]
 
 
 def commands(block):
     """The commands of a shell block, parsed into programs and arguments."""
     found = []
     for line in expand_loops(shell_lines(block)):
-        for part in re.split(r"\s*(?:&&|\|\||;|\|)\s*", line):
-            words = shlex.split(part, comments=True)
-            redirect = []
-            while len(words) >= 2 and words[-2] in (">", ">>", "2>", "&>"):
-                redirect.append(words[-1])
-                words = words[:-2]
-            while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):    # VAR=value command
+        for words, redirect in split_line(line):
+            while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):    # VAR=value command
                 words = words[1:]
-            while words and words[0] in WRAPPERS:
-                words = words[1 + WRAPPERS[words[0]]:]
+            while words and os.path.basename(words[0]) in WRAPPERS:
+                words = words[1 + WRAPPERS[os.path.basename(words[0])]:]
             if words and words[0] == "mpiexec":
                 words = words[1:]
                 while words and words[0].startswith("-"):
@@ -275,10 +308,10 @@ def commands(block):
 
 def to_command(words, redirect):
     if words[0] in ("python", "python3") and len(words) > 1:
-        if words[1] == "-m" and words[2] not in ("venv", "pip", "pytest", "mkdocs"):
-            cmd = Command(words[2], words[3:])
-        elif words[1] in ("-m", "-c"):
-            cmd = Command(words[2] if words[1] == "-m" else "python", [])
+        if words[1] == "-m":
+            cmd = Command(words[2], words[3:]) if words[2] not in KNOWN else Command(words[2], [])
+        elif words[1] == "-c":
+            cmd = Command("python", [])
         else:
             cmd = Command(words[1], words[2:])
     else:
@@ -314,6 +347,8 @@ def check_page(name, text):
     """Every command of a page against its program; every file it reads made before, in the
     repository, or named as the reader's input. -> a list of problems (empty: all good)."""
     problems, made, supplied = [], set(), reader_inputs(text)
+    if UNCHECKED.search(text):
+        return []
     project = set(programs())
     for b in blocks(text):
         if b.lang not in ("bash", "sh", "console", "shell"):
@@ -335,12 +370,12 @@ def check_page(name, text):
                     reads += flag_values(c.args, "--out_dir")
                 writes = [v for flag in WRITES.get(c.program, []) for v in flag_values(c.args, flag)]
                 if c.program in DEFAULT_WRITES and not writes:
-                    writes = DEFAULT_WRITES[c.program]
+                    writes = DEFAULT_WRITES[c.program](c.args)
                 if c.program == "data.prepare" and not flag_values(c.args, "--out_dir"):
                     source = Path(flag_values(c.args, "")[0])
                     vocab = flag_values(c.args, "--vocab_size")
                     writes = [str(source.parent / (f"bpe{vocab[0]}" if vocab else "char"))]
-            elif c.program in KNOWN or c.program == "python":
+            elif c.program in KNOWN:
                 reads, writes = c.reads, c.writes
             elif c.program.endswith(".py") or "." in c.program and not c.program.startswith("-"):
                 problems.append(f"{where}: no such program in the project (known: {', '.join(sorted(project))})")

@@ -52,4 +52,6 @@ def on_page_markdown(markdown, page, config, files):
     markdown = doccheck.INPUTS.sub(
         lambda m: "!!! info \"What you supply\"\n    " + ", ".join(f"`{p}`" for p in m.group(1).split())
         + ": the commands below read these; the page makes no other file they need.\n", markdown)
+    markdown = doccheck.UNCHECKED.sub(lambda m: f'!!! note "Commands not checked by the docs\' tests"\n    {m.group(1)}\n',
+                                      markdown)
     return markdown

@@ -47,6 +47,7 @@ def on_page_markdown(markdown, page, config, files):
     def flags(m):
         names = doccheck.programs() if m.group(1) == "all" else [m.group(1)]
         return "\n".join(flags_table(p) for p in names)
+    markdown = doccheck.expand_snippets(markdown)      # EXERCISES.md's parts, so that their markers show too
     markdown = FLAGS.sub(flags, markdown)
     markdown = doccheck.NOT_RUN.sub(lambda m: f'!!! note "Not run by the docs\' tests: {m.group(1)}"\n', markdown)
     markdown = doccheck.INPUTS.sub(

@@ -157,12 +157,13 @@ def programs():
     the scripts run by their path, found by their use of argparse (so a new one is not missed)."""
     found = []
     for path in sorted([*ROOT.glob("train/**/*.py"), *ROOT.glob("data/*.py"), *ROOT.glob("exercises/__main__.py"),
-                        *ROOT.glob("tinyattn/fast/__main__.py"), *ROOT.glob("bench/*.py")]):
+                        *ROOT.glob("tinyattn/fast/__main__.py"), *ROOT.glob("bench/*.py"),
+                        ROOT / "docs" / "tools" / "make_pictures.py"]):
         source = path.read_text()
         if not re.search(r"parse_(known_)?args\(", source) or "__main__" not in source and path.name != "__main__.py":
             continue
         rel = path.relative_to(ROOT)
-        if rel.parts[0] == "bench" or rel == Path("data/shakespeare_char.py"):
+        if rel.parts[0] in ("bench", "docs") or rel == Path("data/shakespeare_char.py"):
             found.append(str(rel))                        # run by its path
         elif rel.name == "__main__.py":
             found.append(".".join(rel.parts[:-1]))

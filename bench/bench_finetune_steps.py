@@ -54,9 +54,10 @@ def batches(stage, run, data, n, batch_size):
         dataset = dpo.load_pairs(data, tokenizer)
     else:
         args = SimpleNamespace(rl_tasks="count", data=data, rl_eval_prompts=8, rl_samples=8, rl_temperature=1.0,
-                               rl_max_tokens=32, rl_std=False, rl_kl=0.0, block_size=block)
-        dataset = rl.load_tasks(args, tokenizer)
-        dataset.attach(model)
+                               rl_max_tokens=32, rl_std=False, rl_kl=0.0, block_size=block, rl_reward=None,
+                               rl_tasks_given=True)
+        dataset = rl.RL(rl.load_questions(args, tokenizer), args)      # the stage, answering with the run's model
+        dataset.prepare(model, None, None, [])
         batch_size //= args.rl_samples                        # questions: each gives rl_samples rows
     return [dataset.get_batch("train", batch_size, block, rng) for _ in range(n)]
 

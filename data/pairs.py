@@ -13,18 +13,20 @@ answers share most of their tokens, so the preference is about the few that diff
 The words (and addition's operand pairs) are split into train and test as data/tasks.py
 splits them, so no test pair's word is in a train pair:
 
-    python -m data.pairs --text input.txt --tasks spell reverse --out_dir pairs
+    python -m data.pairs --text input.txt --tasks spell,reverse --out_dir pairs
 
 writes pairs/train.jsonl (from the train words) and pairs/test.jsonl (from the test words),
-which python -m train --stage dpo --data pairs reads.
+which python -m train --stage dpo --data pairs reads. DPO reads any file of pairs in TRL's
+three forms too (read_pairs): standard (strings), conversational (message lists), and with an
+implicit prompt (chosen and rejected whole conversations that begin alike).
 """
 import json
 import random
 import sys
 from pathlib import Path
 
-from data.chat import jsonl_objects
-from data.tasks import TASKS, OneLineParser, make_task, reference
+from data.chat import check_messages, jsonl_objects
+from data.tasks import TASKS, OneLineParser, make_task, reference, task_list
 
 
 def near_miss_letters(letters, rng):
@@ -84,25 +86,78 @@ def write_pairs(folder, text, task_names, n_train, n_test, seed=0, split_seed=0)
     return written
 
 
+PAIR_FORMS = ('{"prompt": str, "chosen": str, "rejected": str} (standard), {"prompt": [messages], "chosen": '
+              '[messages], "rejected": [messages]} (conversational), or {"chosen": [messages], "rejected": '
+              '[messages]} (an implicit prompt: the messages they share)')
+
+
+def as_messages(value, role):
+    """A TRL field as a list of messages: a string is one message of ``role``."""
+    return [{"role": role, "content": value}] if isinstance(value, str) else value
+
+
+def normalized(row):
+    """One pair in any of TRL's three preference forms -> {"prompt", "chosen", "rejected"}, each a
+    list of messages; a ValueError (one line, without the file) where it is none of them.
+
+    A string prompt is the user's message and a string answer the assistant's: DPO here tunes a
+    chat model, which reads a question as a user's turn (TRL would feed a base model the raw
+    strings). An implicit prompt (no "prompt") is the messages chosen and rejected begin with
+    alike, as TRL's extract_prompt takes it."""
+    if not isinstance(row, dict) or not all(isinstance(row.get(k), (str, list)) and row.get(k)
+                                            for k in ("chosen", "rejected")):
+        raise ValueError(f"a pair is {PAIR_FORMS}")
+    chosen, rejected = as_messages(row["chosen"], "assistant"), as_messages(row["rejected"], "assistant")
+    if "prompt" in row:
+        if not isinstance(row["prompt"], (str, list)) or not row["prompt"]:
+            raise ValueError(f"\"prompt\" is text or a list of messages; a pair is {PAIR_FORMS}")
+        prompt = as_messages(row["prompt"], "user")
+    else:
+        if isinstance(row["chosen"], str) or isinstance(row["rejected"], str):
+            raise ValueError("a pair without \"prompt\" has chosen and rejected as whole conversations (lists of "
+                             "messages) that begin alike")
+        shared = 0
+        while shared < min(len(chosen), len(rejected)) - 1 and chosen[shared] == rejected[shared]:
+            shared += 1
+        if shared == 0:
+            raise ValueError("chosen and rejected share no first message: without \"prompt\" they are whole "
+                             "conversations that begin alike (the prompt)")
+        prompt, chosen, rejected = chosen[:shared], chosen[shared:], rejected[shared:]
+    return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+
+
 def read_pairs(path):
-    """The pairs of a JSONL file, each checked for its three keys (a ValueError in one line)."""
+    """The pairs of a JSONL file in any of TRL's three forms (PAIR_FORMS), each normalized to
+    message lists with its "line" number; a ValueError in one line naming the file and line."""
     rows = []
     for i, row in jsonl_objects(path):
-        if not isinstance(row, dict) or not all(isinstance(row.get(k), list) and row.get(k)
-                                                for k in ("prompt", "chosen", "rejected")):
-            raise ValueError(f"{path} line {i}: a pair is {{\"prompt\": [messages], \"chosen\": [message], "
-                             "\"rejected\": [message]}")
-        rows.append(row)
+        try:
+            pair = normalized(row)
+            for part in ("chosen", "rejected"):
+                first = pair[part][0]
+                if isinstance(first, dict) and first.get("role") != "assistant":
+                    raise ValueError(f"{part} begins with the {first.get('role')}'s message: an answer is the "
+                                     "assistant's")
+                check_messages(pair["prompt"] + pair[part])
+        except ValueError as e:
+            raise ValueError(f"{path} line {i}: {e}") from None
+        rows.append({**pair, "line": i})
     if not rows:
         raise ValueError(f"{path}: no pairs")
     return rows
+
+
+def identical(pairs):
+    """The line numbers of the pairs whose chosen and rejected answers are the same (they train nothing)."""
+    return [p["line"] for p in pairs if p["chosen"] == p["rejected"]]
 
 
 def main(argv=None):
     parser = OneLineParser(prog="python -m data.pairs",
                            description="Write preference pairs (a correct answer, a near miss) for DPO.")
     parser.add_argument("--text", help="the text whose words the word tasks use (not needed for add alone)")
-    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=["spell", "reverse"])
+    parser.add_argument("--tasks", nargs="+", default=["spell,reverse"], metavar="TASK[,TASK]",
+                        help=f"the tasks, separated by commas or spaces: {', '.join(TASKS)} (default spell,reverse)")
     parser.add_argument("--n", type=int, default=2000, help="train pairs per task (default 2000)")
     parser.add_argument("--n_test", type=int, default=400, help="test pairs per task (default 400)")
     parser.add_argument("--seed", type=int, default=0, help="the items' order and the near misses (default 0)")
@@ -110,6 +165,10 @@ def main(argv=None):
                         help="which words (or pairs) are test ones (default 0, as python -m data.tasks)")
     parser.add_argument("--out_dir", required=True, help="the folder for train.jsonl and test.jsonl")
     args = parser.parse_args(argv)
+    try:
+        args.tasks = task_list(args.tasks)
+    except ValueError as e:
+        parser.error(f"--tasks: {e}")
     for name in ("n", "n_test"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")

@@ -69,9 +69,8 @@ def read_tokenizer(path):
     """--tokenizer_from's tokenizer: a BPE or a CharTokenizer from a token folder (meta.json),
     a run's out_dir or checkpoint (the tokenizer is JSON in the checkpoint's "meta"), or a
     Hugging Face folder that GPT.export_hf wrote. A ValueError in one line otherwise."""
-    from tinyattn.models.hf import read_chars
+    from tinyattn.models.hf import read_tokenizer as read_hf_folder
     from tinyattn.tokenizers import BPE
-    from tinyattn.tokenizers.hf import from_hf_json
     path = Path(path)
     where = f"--tokenizer_from {path}"
     if (path / "meta.json").is_file():                          # a token folder
@@ -84,12 +83,9 @@ def read_tokenizer(path):
         except (OSError, KeyError, TypeError, json.JSONDecodeError) as e:
             raise ValueError(f"{where}: meta.json names no tokenizer that data.prepare wrote ({e})") from None
     if (path / "config.json").is_file():                        # an exported Hugging Face folder
-        chars = read_chars(path)
-        if chars is not None:
-            return CharTokenizer(chars)
         try:
-            tok = from_hf_json(json.loads((path / "tokenizer.json").read_text(encoding="utf-8")))
-        except (OSError, json.JSONDecodeError):
+            tok = read_hf_folder(path)
+        except OSError:
             tok = None
         if tok is None:
             raise ValueError(f"{where}: no character vocabulary or byte-level BPE in tokenizer.json")
@@ -108,6 +104,20 @@ def read_tokenizer(path):
     if tok.get("kind") == "char":
         return CharTokenizer.from_dict(tok)
     raise ValueError(f"{where}: a {tok.get('kind')} tokenizer (the lesson corpus's) does not encode a text file")
+
+
+def model_block_size(path):
+    """The block_size of the model at --tokenizer_from's path (a run, a checkpoint or a Hugging
+    Face folder), or None for a token folder or anything unreadable."""
+    path = Path(path)
+    try:
+        if (path / "config.json").is_file():
+            return int(json.loads((path / "config.json").read_text(encoding="utf-8"))["n_positions"])
+        ckpt = path / "ckpt.npz" if path.is_dir() else path
+        with np.load(ckpt, allow_pickle=False) as f:
+            return int(json.loads(str(f["meta"]))["config"]["block_size"])
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile):
+        return None
 
 
 def chunks(text, size=1 << 20):
@@ -290,8 +300,8 @@ def split_point(text, specials):
 def main(argv=None):
     parser = OneLineParser(prog="python -m data.prepare",
                                      description="Tokenize a text file into train.bin / val.bin for python -m train --data DIR.")
-    parser.add_argument("file", help="a UTF-8 text file, or a .jsonl file of conversations (one {\"messages\": [...]} "
-                                     "a line) for supervised fine-tuning")
+    parser.add_argument("file", help="a UTF-8 text file, or a file of conversations (JSON lines, one {\"messages\": "
+                                     "[...]} a line, whatever its name) for supervised fine-tuning")
     parser.add_argument("--tokenizer", default=None, choices=["bpe", "char"], help="a new tokenizer (default: bpe)")
     parser.add_argument("--vocab_size", type=int, default=None,
                         help="bpe only: the number of token ids, <|endoftext|> included (e.g. 1024)")
@@ -312,10 +322,18 @@ def main(argv=None):
                         help="conversations only: the val conversations (e.g. the tasks' test split); "
                              "default: the last 10%% of FILE")
     args = parser.parse_args(argv)
-    if args.file.endswith(".jsonl"):
+    from .chat import describe_json_kind, json_kind
+    kind = json_kind(args.file)                # by content: a .json, .JSONL or any name
+    if kind in ("conversations", "json lines"):        # (other JSON lines: their first line is refused by name)
         return main_conversations(parser, args)
+    if kind is not None:
+        also = " (python -m train --stage dpo --init_from MODEL --data FILE reads them as they are)" \
+            if kind == "pairs" else ""
+        print(f"python -m data.prepare: error: {args.file} holds {describe_json_kind(kind)}: data.prepare takes a "
+              f"text file or conversations{also}", file=sys.stderr)
+        return 1
     if args.val is not None:
-        parser.error("--val is for a .jsonl file of conversations; a text file's val split is its last 10%")
+        parser.error("--val is for a file of conversations; a text file's val split is its last 10%")
     if args.tokenizer_from is None and args.tokenizer in (None, "bpe") and args.vocab_size is None:
         parser.error("--tokenizer bpe needs --vocab_size (e.g. --vocab_size 1024), or --tokenizer_from DIR_OR_RUN")
     try:
@@ -353,6 +371,7 @@ def main_conversations(parser, args):
     except (ValueError, OSError) as e:
         print(f"python -m data.prepare: error: {e}", file=sys.stderr)
         return 1
+    long_note(meta)
     out = meta["out_dir"]
     print(f"wrote {out}: {meta['train_conversations']:,} train and {meta['val_conversations']:,} val conversations "
           f"(train_ids.npy, train_mask.npy, val_ids.npy, val_mask.npy), {meta['tokenizer_file']} "
@@ -361,8 +380,24 @@ def main_conversations(parser, args):
         print(f"fine-tune on it with:\n  python -m train --init_from {meta['tokenizer_from']} --data {out} "
               "--out_dir OUT_DIR")
     else:
-        print(f"train on it with:\n  python -m train --data {out}")
+        longest = max(meta["train_longest"]["tokens"], meta["val_longest"]["tokens"])
+        print(f"train on it with:\n  python -m train --data {out}\n(the longest conversation reads {longest} tokens: "
+              f"--block_size {longest} or more fits each whole; longer ones are truncated to --max_length)")
     return 0
+
+
+def long_note(meta):
+    """A note on stderr about conversations longer than --tokenizer_from's block_size: python -m
+    train truncates them."""
+    block_size = meta.get("block_size")
+    longest = max((meta[f"{split}_longest"] for split in ("train", "val")), key=lambda d: d["tokens"])
+    where = f"{longest['file']} line {longest['line']}, {longest['tokens']} tokens"
+    if block_size is not None:
+        n = {split: meta.get(f"{split}_longer_than_block_size", 0) for split in ("train", "val")}
+        if n["train"] or n["val"]:
+            print(f"python -m data.prepare: note: {n['train']:,} train and {n['val']:,} val conversations are longer "
+                  f"than the model's block_size {block_size} (the longest: {where}): python -m train truncates "
+                  "each to --max_length (default: block_size)", file=sys.stderr)
 
 
 if __name__ == "__main__":

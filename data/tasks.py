@@ -176,6 +176,20 @@ WORD_TASKS = {"spell": Spell, "count": CountLetter, "reverse": Reverse}
 TASKS = [*WORD_TASKS, "add"]
 
 
+def task_list(values):
+    """Task names as a flag gives them, separated by commas, spaces or both ("spell,reverse",
+    "spell reverse", or argparse's list of either) -> the list of names; a ValueError in one line
+    naming what is not a task, or a task given twice."""
+    if isinstance(values, str):
+        values = [values]
+    names = [n for value in values for n in re.split(r"[,\s]+", value) if n]
+    unknown = [n for n in names if n not in TASKS]
+    if unknown or not names or len(set(names)) != len(names):
+        what = f"{unknown[0]!r} is not a task" if unknown else "a task is given twice" if names else "no task given"
+        raise ValueError(f"{what}: the tasks are {', '.join(TASKS)}, each once, separated by commas or spaces")
+    return names
+
+
 def make_task(name, text=None, split_seed=0):
     """A task by name; the word tasks take their words from ``text``."""
     if name == "add":

@@ -20,9 +20,13 @@ import weakref
 
 class _GradMode(threading.local):
     """Whether ops record a graph: one flag per thread, as in PyTorch, so a thread that runs
-    backward (which records nothing) does not switch recording off in another thread."""
-    enabled = True
-    inference = None        # inside ta.inference_mode(): an object that names the block; else None
+    backward (which records nothing) does not switch recording off in another thread.
+    (Each thread's values are set in __init__, which every new thread runs: a value on the
+    instance is read at once, where a class attribute would be looked up past it on every op.)"""
+
+    def __init__(self):
+        self.enabled = True
+        self.inference = None   # inside ta.inference_mode(): an object that names the block; else None
 
 
 _grad_mode = _GradMode()
@@ -30,9 +34,11 @@ _grad_mode = _GradMode()
 
 class _Compiled(threading.local):
     """What a compiled call (ta.compile: tinyattn/fast/compiled.py) runs in place of the library's
-    code, in this thread while it runs; outside one, nothing."""
-    ops = {}                # teaching Function class -> the fast layer's subclass (Function.apply runs it)
-    layers = None           # {layer: its runner}, in a compiled model's call (Module.__call__ runs it)
+    code, in this thread while it runs; outside one, nothing (set as _GradMode's are)."""
+
+    def __init__(self):
+        self.ops = {}           # teaching Function class -> the fast layer's subclass (Function.apply runs it)
+        self.layers = None      # {layer: its runner}, in a compiled model's call (Module.__call__ runs it)
 
 
 compiled = _Compiled()

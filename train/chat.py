@@ -19,14 +19,25 @@ as it was (/clear starts a new one). Nothing is dropped behind your back.
 
 Commands: /clear (a new conversation), /quit (or Ctrl-D). Ctrl-C stops an answer as it is
 written (what it said so far stays in the conversation); at the prompt it ends the chat.
-With stdin not a terminal (a file, a pipe) each line is a turn and only the answers are
-printed, one a line.
+
+With stdin not a terminal (a file, a pipe) each line is a question of its own (--conversation:
+the turns of one conversation) and exactly one line is printed for each line read: the answer
+(its own newlines written \\n), or an empty line for a blank line, a /clear, or a turn refused,
+whose reason goes to stderr. The exit status is 1 when some turn was refused. So the answers
+pair with the questions:
+
+    python -m train.chat --out_dir out-sft --temperature 0 < questions.txt > answers.txt
+    paste questions.txt answers.txt
+
+--system TEXT starts every conversation with a system message, for a model fine-tuned on
+conversations that have them.
 """
+import io
 import sys
 
 import tinyattn as ta
 import tinyattn.nn as nn
-from data.chat import CHAT_TOKENS, answer_text, render_prompt
+from data.chat import CHAT_TOKENS, SYSTEM, answer_text, encode_text, render_prompt
 from tinyattn.models.gpt import sample_next
 
 from .config import OneLineParser, add_compile_flag, at_least
@@ -50,6 +61,12 @@ def build_parser():
     p.add_argument("--min_room", type=at_least(1), default=16,
                    help="a turn must leave the answer at least this many of the model's block_size tokens, "
                         "else it is refused (default 16)")
+    p.add_argument("--system", metavar="TEXT",
+                   help="a system message that starts every conversation (the model must have been fine-tuned "
+                        "with system messages)")
+    p.add_argument("--conversation", action="store_true",
+                   help="input that is not a terminal: the lines are the turns of one conversation (default: "
+                        "each line is a conversation of its own)")
     p.add_argument("--seed", type=at_least(0), default=1337)
     p.add_argument("--device", default="cpu")
     add_compile_flag(p)
@@ -135,51 +152,93 @@ def answer(model, tokenizer, prompt, limit, temperature, top_k, out=None):
     return text, ended
 
 
-def converse(model, tokenizer, args, interactive):
-    """The loop: read a line, answer it, until /quit or the end of the input. -> exit status 0."""
+def converse(model, tokenizer, args, interactive, system=()):
+    """The loop: read a line, answer it, until /quit or the end of the input. ``system``: the
+    messages every conversation starts with (a system message, or none).
+    -> exit status: 0, or 1 when some turn was refused (input that is not a terminal)."""
     block = model.config.block_size
-    messages = []
+    system = list(system)
+    messages = list(system)
     prompt_text = "> " if interactive else ""
+    refused_lines, lines = 0, 0
+
+    def refuse(why):
+        """A turn not sent: its reason on stderr and, from a pipe, an empty line for its answer."""
+        nonlocal refused_lines
+        note(why)
+        if not interactive:
+            print(flush=True)
+            refused_lines += 1
+
     while True:
         try:
             line = input(prompt_text)
         except EOFError:                               # Ctrl-D, or the end of a file
             if interactive:
                 print()
-            return 0
+            elif refused_lines:
+                note(f"{PROG}: {refused_lines} of {lines} lines refused (an empty line for each)")
+            return 1 if refused_lines else 0
         except KeyboardInterrupt:                      # Ctrl-C at the prompt: the end, without a traceback
             print()
             return 0
+        lines += 1
         text = line.strip()
         if text in ("/quit", "/exit"):
-            return 0
+            return 1 if refused_lines else 0
         if text == "/clear":
-            messages = []
+            messages = list(system)
             note("(a new conversation)")
+            if not interactive:
+                print(flush=True)                      # one line out for each line in
             continue
         if text.startswith("/"):
-            note(f"unknown command {text.split()[0]}: /clear starts a new conversation, /quit ends")
+            refuse(f"unknown command {text.split()[0]}: /clear starts a new conversation, /quit ends")
             continue
         if not text:
+            if not interactive:
+                print(flush=True)
             continue
+        if not interactive and not args.conversation:
+            messages = list(system)                    # each line its own conversation
         asked = messages + [{"role": "user", "content": text}]
         try:
             prompt = render_prompt(tokenizer, asked)
         except ValueError as e:                        # a character outside the vocabulary, a chat token's text
-            note(f"not sent: {e}")
+            refuse(f"not sent: {e}")
             continue
-        refused = refusal(len(prompt), block, args.min_room, not messages)
+        refused = refusal(len(prompt), block, args.min_room, len(messages) == len(system))
         if refused:
-            note(refused)
+            refuse(refused)
             continue
         limit = min(args.max_new_tokens, block - len(prompt))
-        said, ended = answer(model, tokenizer, prompt, limit, args.temperature, args.top_k)
+        if interactive:
+            said, ended = answer(model, tokenizer, prompt, limit, args.temperature, args.top_k)
+        else:                                          # one line an answer: its own newlines written \n
+            said, ended = answer(model, tokenizer, prompt, limit, args.temperature, args.top_k, out=io.StringIO())
+            print(said.replace("\n", "\\n"), flush=True)
         if ended == "stopped":
             note("(stopped: what it said so far stays in the conversation)")
         elif ended == "cut":
             why = "--max_new_tokens" if limit == args.max_new_tokens else f"the model reads {block} tokens"
             note(f"(cut at {limit} tokens: {why})")
         messages = asked + [{"role": "assistant", "content": said}]
+
+
+def system_messages(tokenizer, text):
+    """--system TEXT as the messages a conversation starts with ([] without it), or a
+    ValueError when the model has no system token (it never saw a system message) or cannot
+    encode TEXT (a character outside its vocabulary): refused once, not at every turn."""
+    if text is None:
+        return []
+    if SYSTEM not in tokenizer.special_tokens:
+        raise ValueError(f"--system: this model has no system token ({SYSTEM}): fine-tune it on conversations "
+                         "with system messages first")
+    try:
+        encode_text(tokenizer, text)
+    except ValueError as e:
+        raise ValueError(f"--system: {e}") from None
+    return [{"role": "system", "content": text}]
 
 
 def note(text):
@@ -200,6 +259,7 @@ def main(argv=None):
     try:
         model, tokenizer = load_model(args.out_dir, args.device, args.checkpoint)
         check_chat_model(tokenizer, args.out_dir)
+        system = system_messages(tokenizer, args.system)
         model = ta.compile(model, disable=not args.compile)
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
@@ -211,7 +271,7 @@ def main(argv=None):
         note(f"{args.out_dir}: a model of {model.num_parameters() / 1e6:.2f}M parameters that reads "
              f"{model.config.block_size} tokens. /clear starts a new conversation, /quit (or Ctrl-D) ends.")
     try:
-        return converse(model, tokenizer, args, interactive)
+        return converse(model, tokenizer, args, interactive, system)
     except KeyboardInterrupt:                          # Ctrl-C between the prompt and the answer
         print()
         return 0

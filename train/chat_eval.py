@@ -9,6 +9,8 @@ With --text FILE, also the language model's val loss and bits per byte on the fi
     python -m train.chat_eval --out_dir out-sft --text input.txt
     python -m train.chat_eval --out_dir out-base --text input.txt --tasks spell,reverse --n 100
 
+(--tasks takes the names separated by commas or spaces: spell,reverse and spell reverse alike.)
+
 A base model, pretrained on text alone, has no ids for the chat tokens (nor for characters the
 text lacks, such as "+"). It is evaluated as fine-tuning starts from it: its embedding is grown
 with a row for each missing token, at the mean of its rows (train/finetune.py's grow_vocab), and
@@ -19,6 +21,7 @@ format. Its language-model loss is the model's own, before the growth.
 """
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -26,11 +29,12 @@ import numpy as np
 
 import tinyattn as ta
 from data.chat import END, answer_text, chat_tokenizer, render_prompt
-from data.tasks import TASKS, WORD_TASKS, make_task
+from data.tasks import TASKS, WORD_TASKS, make_task, task_list
 
 from .config import OneLineParser, add_compile_flag, at_least
 from .data import load_text
 from .finetune import grow_vocab
+from .chat import system_messages
 from .sample import load_model
 
 
@@ -39,7 +43,8 @@ def build_parser():
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out_dir", required=True, help="the run (a folder with ckpt.npz)")
     p.add_argument("--checkpoint", default="ckpt", choices=["ckpt", "best"])
-    p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, of {', '.join(TASKS)} (default: all)")
+    p.add_argument("--tasks", nargs="+", default=list(TASKS), metavar="TASK",
+                   help=f"which tasks, separated by commas or spaces, of {','.join(TASKS)} (default: all)")
     p.add_argument("--n", type=at_least(1), default=400, help="held-out prompts a task (default 400)")
     p.add_argument("--text", help="a text file: the language model's val loss on its last 10%%; also the text "
                                   "the word tasks take their words from")
@@ -51,6 +56,8 @@ def build_parser():
     p.add_argument("--batch_size", type=at_least(1), default=64, help="prompts answered together (default 64)")
     p.add_argument("--device", default="cpu")
     add_compile_flag(p)
+    p.add_argument("--system", metavar="TEXT",
+                   help="a system message before each prompt (the model must have been fine-tuned with them)")
     p.add_argument("--json", metavar="PATH", help="also write the numbers to PATH as JSON")
     return p
 
@@ -94,17 +101,37 @@ def text_loss(model, tokenizer, path, device, batch_size=64):
     return loss, data.bits_per_byte(loss)
 
 
+def task_names(given):
+    """--tasks's values (["spell,add"], ["spell", "add"] or ["spell, add"]) -> ["spell", "add"]
+    (data/tasks.py's task_list), or a ValueError in one line naming the flag."""
+    try:
+        return task_list(given)
+    except ValueError as e:
+        raise ValueError(f"--tasks {' '.join(given)}: {e}") from None
+
+
+def check_json_path(path):
+    """A ValueError in one line unless --json's PATH can be written: its folder exists and it is
+    not a folder itself (checked before the evaluation, not after it)."""
+    path = Path(path)
+    folder = path.parent
+    if path.is_dir():
+        raise ValueError(f"--json {path}: is a folder; give a file name (such as {path / 'eval.json'})")
+    if not folder.is_dir():
+        raise ValueError(f"--json {path}: the folder {folder} does not exist (make it first)")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"--json {path}: the folder {folder} is not writable")
+
+
 def evaluate(args):
     """The numbers: {"tasks": {name: {accuracy, format, n}}, "lm": {...} or None, "grown": note or None}."""
-    names = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    unknown = [t for t in names if t not in TASKS]
-    if unknown or not names:
-        raise ValueError(f"--tasks {args.tasks}: the tasks are {', '.join(TASKS)}")
+    names = task_names(args.tasks)
     words_from = args.task_text or args.text
     if words_from is None and any(t in WORD_TASKS for t in names):
         raise ValueError(f"the word tasks ({', '.join(t for t in names if t in WORD_TASKS)}) take their words from "
                          "a text: pass --text FILE (or --task_text FILE)")
     model, tokenizer = load_model(args.out_dir, args.device, args.checkpoint)
+    system = system_messages(tokenizer, args.system)
     model = ta.compile(model, disable=not args.compile)
     lm = None
     if args.text:
@@ -128,7 +155,7 @@ def evaluate(args):
     results = {}
     for task in tasks:
         convs = items[task.name]
-        prompts = [render_prompt(tokenizer, c["messages"][:-1]) for c in convs]
+        prompts = [render_prompt(tokenizer, system + c["messages"][:-1]) for c in convs]
         answers = answer(model, tokenizer, prompts, args.max_new_tokens, args.batch_size, args.device)
         correct = sum(task.evaluate(c, a) for c, a in zip(convs, answers))
         in_format = sum(task.in_format(a) for a in answers)
@@ -155,6 +182,8 @@ def table(numbers):
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
+        if args.json:
+            check_json_path(args.json)
         numbers = evaluate(args)
     except (ValueError, OSError, KeyError, RuntimeError) as e:
         print(f"python -m train.chat_eval: error: {e}", file=sys.stderr)
@@ -163,7 +192,11 @@ def main(argv=None):
         print(f"python -m train.chat_eval: note: {numbers['grown']}", file=sys.stderr)
     print(table(numbers))
     if args.json:
-        Path(args.json).write_text(json.dumps(numbers, indent=2) + "\n", encoding="utf-8")
+        try:
+            Path(args.json).write_text(json.dumps(numbers, indent=2) + "\n", encoding="utf-8")
+        except OSError as e:
+            print(f"python -m train.chat_eval: error: --json {args.json}: {e.strerror or e}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -43,10 +43,23 @@ def save(path, model, optimizer, meta, state=None):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(e, OSError):               # a full disk, a quota: one line, and what is left
+            raise not_written(path, e) from None
         raise
+
+
+def not_written(path, error):
+    """The OSError of a write that failed (a full disk, a quota, a folder gone): it names the file and
+    says what the previous one is (the write goes to a temporary file first, so that one is whole)."""
+    reason = error.strerror or str(error) or type(error).__name__
+    kept = f"the previous {os.path.basename(path)} is intact" if os.path.exists(path) else \
+        f"no {os.path.basename(path)} was there before"
+    out = OSError(f"could not write {path}: {reason[0].lower() + reason[1:]}; {kept}")
+    out.errno = error.errno                     # (the message alone is the one line a command prints)
+    return out
 
 
 def save_run(path, model, optimizer, state, args, dataset):
@@ -56,7 +69,7 @@ def save_run(path, model, optimizer, state, args, dataset):
                 args={k: v for k, v in vars(args).items() if not k.startswith("_")}, data_rng=state["data_rng"].bit_generator.state,
                 device_rng=ta.backend.get_backend(args.device).get_rng_state(),
                 tokenizer=tokenizer_to_json(dataset.tokenizer), dataset=dataset.name, log=state["log"],
-                train_losses=state["train_losses"], elapsed=state.get("elapsed"), data_source=dataset.source,
+                train_losses=state["train_losses"], step_log=state.get("step_log"), elapsed=state.get("elapsed"), data_source=dataset.source,
                 cpu_threads=ta.get_num_threads())
     if dist.world_size() > 1:                    # every rank's streams, for --resume (train/parallel.py)
         meta.update(world_size=dist.world_size(), rank_rngs=state.get("rank_rngs"))
@@ -85,9 +98,11 @@ def write_text(path, text):
         with os.fdopen(fd, "w", newline="") as f:
             f.write(text)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(e, OSError):
+            raise not_written(path, e) from None
         raise
 
 

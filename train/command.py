@@ -1,7 +1,6 @@
 """python -m train as a command: one process (or each of many, under mpiexec) parses the flags,
 runs the training and turns what can go wrong into one line and an exit status."""
 import contextlib
-import os
 import sys
 
 import numpy as np
@@ -46,7 +45,7 @@ def run(argv=None):
                 exercises_swapped_in(args.use_exercises), \
                 ta.detect_anomaly() if args.detect_anomaly else contextlib.nullcontext():
             # a blow-up is reported once, below
-            summary = train(args, notes)
+            train(args, notes)
     except KeyboardInterrupt:                    # before the training loop began: nothing to save
         if dist.rank() == 0:
             print("python -m train: interrupted before training began: nothing was saved", file=sys.stderr)
@@ -72,28 +71,4 @@ def run(argv=None):
         print(f"python -m train: error: out of memory: {str(e).splitlines()[0] if str(e) else 'MemoryError'} "
               f"(lower --batch_size or --block_size, or the model's --n_embd or --n_layer)", file=sys.stderr)
         return 1
-    if dist.rank() != 0:
-        return 0
-    if "sampled_accuracy" in summary:               # --stage rl
-        said = ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in summary.items()
-                         if k.endswith("accuracy") or k.startswith("greedy_"))
-        print(f"eval at step {summary['step']}: {said}" if args.eval_only else
-              f"done: {summary['iters']} iters, held-out {said}, {summary['wall_s']:.0f} s; wrote "
-              f"{os.path.join(args.out_dir, 'summary.json')}")
-        return 0
-    if args.eval_only:
-        bpb = f", {summary['val_bpb']:.4f} val bits per byte" if "val_bpb" in summary else ""
-        print(f"eval at step {summary['step']}: train loss {summary['train_loss']:.4f}, val loss "
-              f"{summary['val_loss']:.4f} (perplexity {summary['val_perplexity']:.2f}){bpb}")
-        return 0
-    extra = ""
-    if "heldout_accuracy" in summary:
-        extra = (f", held-out referent accuracy {summary['heldout_accuracy']:.3f}, "
-                 f"attention on the referent {summary['heldout_attention_correct']:.3f}")
-    print(f"done: {summary['iters']} iters, best val loss {summary['best_val_loss']:.4f} "
-          f"(perplexity {summary['best_val_perplexity']:.2f}), "
-          f"val loss {summary['val_loss']:.4f}{extra}, "
-          f"{'' if 'val_bpb' not in summary else str(round(summary['val_bpb'], 4)) + ' val bits per byte, '}"
-          f"{'no steps timed' if summary['tokens_per_s'] is None else str(summary['tokens_per_s']) + ' tokens/s'}, "
-          f"{summary['wall_s']:.0f} s; wrote {os.path.join(args.out_dir, 'summary.json')}")
-    return 0
+    return 0                                     # (the run printed its last line: its stage's)

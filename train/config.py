@@ -14,7 +14,7 @@ from tinyattn.models import GPTConfig
 from tinyattn.models.gpt import INITS
 
 from . import checkpoint
-from data.tasks import TASKS
+from data.tasks import TASKS, task_list
 
 from .data import tokenizer_from_json, tokenizer_to_json
 
@@ -83,12 +83,25 @@ def positive_float(text):
 
 
 def task_names(text):
-    """An argparse type for --rl_tasks: task names, separated by commas."""
-    names = text.split(",")
-    unknown = [n for n in names if n not in TASKS]
-    if unknown or len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(f"expected task names from {', '.join(TASKS)}, each once, separated by "
-                                         f"commas; got {text!r}")
+    """An argparse type for --rl_tasks: task names, separated by commas or spaces (as one argument
+    or several) -> the names joined by commas."""
+    try:
+        return ",".join(task_list(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected task names from {', '.join(TASKS)}, got {text!r} ({e})") from None
+
+
+STAGES = ("dpo", "rl")
+
+
+def stage_name(text):
+    """An argparse type for --stage: dpo or rl. SFT has no --stage: it is a run on conversations."""
+    if text.lower() == "sft":
+        raise argparse.ArgumentTypeError("SFT needs no --stage: it is python -m train --data <conversation folder> "
+                                         "(python -m data.prepare CONVS.jsonl writes one), with --init_from MODEL "
+                                         "to fine-tune a model")
+    if text not in STAGES:
+        raise argparse.ArgumentTypeError(f"expected dpo or rl, got {text!r}")
     return text
 
 
@@ -144,7 +157,8 @@ def build_parser():
                              "flags given, and flags after it override them.",
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="a UTF-8 text file for character-level training, or a folder of token files "
-                                   "from python -m data.prepare (default: the lesson corpus)")
+                                   "or conversations from python -m data.prepare (default: the lesson corpus); "
+                                   "--stage dpo: pairs")
     p.add_argument("--out_dir", help="where ckpt.npz, log.csv, loss.png and summary.json go")
     p.add_argument("--resume", action="store_true", help="continue from out_dir/ckpt.npz")
     p.add_argument("--init_from", metavar="PATH",
@@ -192,14 +206,16 @@ def build_parser():
     p.add_argument("--detect_anomaly", action="store_true",
                    help="stop at the first op whose output or gradient holds NaN or Inf, and name it")
     # the fine-tuning stages after SFT (SFT itself is --init_from with --data a conversation folder)
-    p.add_argument("--stage", choices=("dpo", "rl"),
+    p.add_argument("--stage", type=stage_name, metavar="dpo|rl",
                    help="dpo: preference tuning of the --init_from model (a chat model) on --data's pairs "
-                        "(python -m data.pairs), against a frozen copy of it (train/dpo.py); rl: reinforcement "
+                        "(a JSONL file in any of TRL's preference forms, or a folder of python -m data.pairs), "
+                        "against a frozen copy of it (train/dpo.py); rl: reinforcement "
                         "learning with verifiable rewards on the tasks of data/tasks.py, from --init_from an "
                         "assistant (train/rl.py), --data then being the text the word tasks take their words from")
     # --stage rl
-    p.add_argument("--rl_tasks", type=task_names, metavar="TASK[,TASK]",
-                   help=f"--stage rl: the tasks whose questions the model answers ({', '.join(TASKS)}; default count)")
+    p.add_argument("--rl_tasks", type=task_names, nargs="+", metavar="TASK[,TASK]",
+                   help=f"--stage rl: the tasks whose questions the model answers, separated by commas or spaces "
+                        f"({', '.join(TASKS)}; default count)")
     p.add_argument("--rl_prompts", type=at_least(1), metavar="P",
                    help="--stage rl: questions a step (it is the batch size; default 16)")
     p.add_argument("--rl_samples", type=at_least(2), metavar="K", help="--stage rl: answers a question (default 8)")
@@ -213,6 +229,11 @@ def build_parser():
                    help="--stage rl: the longest answer sampled, in tokens (default 32)")
     p.add_argument("--rl_eval_prompts", type=at_least(1), metavar="N",
                    help="--stage rl: held-out questions each evaluation answers (default 48)")
+    p.add_argument("--rl_reward", metavar="exact|number|contains|MODULE:FUNCTION",
+                   help="--stage rl with --data PROMPTS.jsonl (\"prompt\" and \"answer\", or conversations whose "
+                        "last assistant turn is the answer): how an answer scores against the reference: exact "
+                        "match (the default), the same last number, contains it, or your function, called as TRL's "
+                        "reward functions are: fn(completions, prompts=..., answer=..., **columns) -> list of floats")
     p.add_argument("--profile", action="store_true",
                    help=f"time every op over steps {PROFILE_STEPS.start}-{PROFILE_STEPS.stop - 1}, print the "
                         "table and write out_dir/trace.json (for chrome://tracing or Perfetto)")
@@ -225,6 +246,13 @@ def build_parser():
     # --stage dpo
     p.add_argument("--dpo_beta", type=float, metavar="BETA",
                    help="--stage dpo: the scale of the implicit rewards beta log(pi/pi_ref) (default 0.1)")
+    p.add_argument("--val", metavar="FILE",
+                   help="with --data a file of conversations (SFT) or of pairs (--stage dpo): the held-out ones "
+                        "(default: the last 10%% of --data)")
+    p.add_argument("--max_length", type=at_least(1), metavar="N",
+                   help="the longest conversation (SFT) or pair (DPO), in tokens the model reads: a longer one has "
+                        "its prompt cut from the start and its answer from the end, as TRL truncates "
+                        "(default: block_size)")
     p.add_argument("--dpo_nll", type=float, metavar="W",
                    help="--stage dpo: add W times the chosen answers' mean NLL per token, as RPO does (default 0)")
     return p
@@ -323,11 +351,21 @@ def parse_args(argv=None):
         except ValueError as e:
             parser.error(str(e))
     args = parser.parse_args(argv)
+    if args.rl_tasks is not None:                # one or more arguments (a config file's string) -> "a,b"
+        try:
+            args.rl_tasks = ",".join(task_list(args.rl_tasks))
+        except ValueError as e:
+            parser.error(f"--rl_tasks: {e}")
     if args.init_from in NANOGPT_INIT_FROM and not os.path.exists(args.init_from):
         parser.error(NANOGPT_INIT_FROM[args.init_from])
     args._given = sorted(k for k, v in vars(args).items() if v is not None and k not in ("device", "seed", "compile"))
-    if args.resume and args.init_from:
-        parser.error("--resume continues a run, --init_from starts a new one from a model: give one of them")
+    args.rl_tasks_given = args.rl_tasks is not None      # (--stage rl: a prompts file takes no tasks)
+    notes = []
+    if args.resume and args.init_from:           # the command that started the run, with --resume appended
+        try:
+            notes.append(resume_ignores_init_from(args))
+        except ValueError as e:
+            parser.error(str(e))
     preset = {**COMMON, **PRESETS["text" if args.data else "coref"], "seed": DEFAULT_SEED}
     ran = resumed_settings(args.out_dir or preset["out_dir"]) if args.resume else {}
     if (args.stage or ran.get("stage")) == "dpo":
@@ -341,14 +379,45 @@ def parse_args(argv=None):
     rl_problem = rl_settings(args)
     if rl_problem:
         parser.error(rl_problem)
-    problems, notes = validate_args(args)
+    problems, checked = validate_args(args)
     if problems:
         parser.error("; ".join(problems))
-    return args, notes
+    return args, notes + checked
+
+
+def resume_ignores_init_from(args):
+    """--resume with --init_from (the command that started a fine-tuning run, or a config file that
+    sets init_from, with --resume appended): as nanoGPT's init_from = 'resume' replaces the file's
+    setting, the run continues from its checkpoint. --init_from must be the model the run started
+    from; it is then dropped. -> the note that says so; raises ValueError for another model."""
+    where = os.path.join(args.out_dir or PRESETS["text" if args.data else "coref"]["out_dir"], "ckpt.npz")
+    try:
+        ran = checkpoint.read_meta(where).get("args") or {}
+    except (ValueError, OSError):
+        ran = None                               # no run to compare with: setup says what is wrong
+    started = ran and (ran.get("fine_tuned_from") or ran.get("init_from") or ran.get("dpo_reference"))
+    if ran is not None and not started:
+        raise ValueError(f"--resume: the run in {where} started from scratch, not from --init_from "
+                         f"{args.init_from}: drop --init_from to resume it")
+    if started and not same_model_path(args.init_from, started):
+        raise ValueError(f"--resume: --init_from {args.init_from} is not the model the run in {where} started "
+                         f"from ({started}): drop --init_from to resume it, or use another --out_dir for a new run")
+    given, args.init_from = args.init_from, None
+    args._given = [k for k in args._given if k != "init_from"]
+    return f"--resume: --init_from {given} is the model the run started from; the run continues from {where}"
+
+
+def same_model_path(a, b):
+    """Do two --init_from paths name the same model (a folder and its ckpt.npz alike)?"""
+    def resolved(path):
+        path = os.path.abspath(path)
+        inside = os.path.join(path, "ckpt.npz")
+        return inside if os.path.isdir(path) and os.path.isfile(inside) else path
+    return resolved(a) == resolved(b)
 
 
 RL_DEFAULTS = dict(rl_tasks="count", rl_prompts=16, rl_samples=8, rl_temperature=1.0, rl_kl=0.0, rl_std=False,
-                   rl_max_tokens=32, rl_eval_prompts=48)
+                   rl_max_tokens=32, rl_eval_prompts=48, rl_reward=None)
 
 
 def rl_settings(args):
@@ -396,6 +465,12 @@ def validate_args(args):
         problems.append("--layout is for the 'it' corpus only, not with --data")
     if args.mix_fraction is not None and not args.mix_data:
         problems.append("--mix_fraction is the share of --mix_data's rows: give --mix_data too")
+    if args.mix_data and not args.data and not args.resume:
+        problems.append("--mix_data mixes text into conversations: give --data a conversation folder too "
+                        "(python -m data.prepare CONVS.jsonl writes one)")
+    if args.val and not (args.stage != "rl" and args.data and os.path.isfile(args.data)):
+        problems.append("--val is the held-out file of --data a file of conversations or pairs (a text's val is "
+                        "its last 10%, a folder holds its own)")
     if args.mix_data and args.mix_fraction is None:
         args.mix_fraction = 0.25
     if args.mix_fraction is not None and not 0 < args.mix_fraction < 1:
@@ -407,7 +482,7 @@ def validate_args(args):
     if args.stage == "dpo":
         if not args.data or not (args.init_from or args.resume):
             problems.append("--stage dpo tunes a chat model on preference pairs: give --init_from MODEL and "
-                            "--data PAIRS (a folder of python -m data.pairs)")
+                            "--data PAIRS (a JSONL file of pairs, or a folder of python -m data.pairs)")
         if not (math.isfinite(args.dpo_beta) and args.dpo_beta > 0):
             problems.append(f"--dpo_beta must be > 0 and finite, got {args.dpo_beta}")
         if not (math.isfinite(args.dpo_nll) and args.dpo_nll >= 0):
@@ -488,6 +563,10 @@ def check_resume(args, meta, dataset, notes):
         raise ValueError(f"--resume: the vocabulary of {args.data or dataset.name} ({dataset.tokenizer.vocab_size} "
                          f"tokens) differs from the one {where} was trained with ({n_theirs} tokens)")
     same_data(args, meta, dataset, where, notes)
+    ran_length = (meta.get("args") or {}).get("max_length")
+    if ran_length is not None and args.max_length != ran_length:     # the examples would be cut elsewhere
+        raise ValueError(f"--resume: --max_length {args.max_length} (the run in {where} has --max_length "
+                         f"{ran_length}): a resumed run keeps its examples as they were; drop --max_length")
     ran_seed = (meta.get("args") or {}).get("seed")
     if ran_seed is not None and args.seed != ran_seed:       # it draws the evaluation's batches: they would change
         raise ValueError(f"--resume: --seed {args.seed} (the run in {where} has --seed {ran_seed}): a resumed run "
@@ -527,7 +606,7 @@ def same_data(args, meta, dataset, where, notes):
 RESUMED_FLAGS = ("seed", "layout", "max_iters", "batch_size", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay",
                  "beta1", "beta2", "grad_clip", "gradient_accumulation_steps", "eval_interval", "eval_iters",
                  "log_interval", "sample_tokens", "shared_batches", "always_save_checkpoint", "save_interval_s",
-                 "stage", "dpo_beta", "dpo_nll", *RL_DEFAULTS, "mix_data", "mix_fraction")
+                 "stage", "dpo_beta", "dpo_nll", *RL_DEFAULTS, "mix_data", "mix_fraction", "max_length", "val")
 
 
 def resumed_settings(out_dir):

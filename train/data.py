@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from data import coref
+from data.chat import chat_tokenizer, describe_json_kind, json_kind
 from data.conversations import is_conversation_folder
 from data.prepare import read_text_and_bytes
 from tinyattn.tokenizers import BPE, ENDOFTEXT, CharTokenizer
@@ -132,11 +133,33 @@ class Dataset:
         y = picked[:, 1:].copy()
         return x, y
 
+    def fit_length(self, max_length):
+        """Truncate the examples to ``max_length`` tokens (--max_length): -> notes for the run's
+        log. A stream of text has no examples: nothing to do."""
+        return []
+
     def sample_prompt(self):
         """Text to start a sample from: the lesson's question, or a newline (as nanoGPT does)."""
         if self.name == "coref":
             return "the animal didn't cross the street because it was too tired . it ="
         return "\n" if "\n" in self.tokenizer.stoi else self.tokenizer.decode(self.train[:1])
+
+
+def truncate(ids, mask, max_length):
+    """One example (ids and mask, 1-d lists or arrays) cut to max_length + 1 ids (max_length
+    tokens read, the last id a target only), as TRL truncates: the prompt (everything before the
+    first trained token) loses its start, the answer (from there) its end. The prompt keeps at
+    most half of the room where the answer needs the rest (TRL's defaults, max_prompt_length 512
+    of max_length 1024, do the same), all it needs where the answer leaves it more.
+    -> (ids, mask), unchanged where they fit."""
+    room = max_length + 1
+    if len(ids) <= room:
+        return ids, mask
+    first = int(np.argmax(np.asarray(mask) == 1))         # where the answer starts
+    answer = len(ids) - first
+    keep_prompt = min(first, max(room - answer, room // 2))
+    start, end = first - keep_prompt, first + room - keep_prompt
+    return ids[start:end], mask[start:end]
 
 
 def random_windows(data, what, batch_size, block_size, rng):
@@ -150,13 +173,27 @@ def random_windows(data, what, batch_size, block_size, rng):
     return x, y
 
 
-def load_data(path, tokenizer=None):
-    """--data: a folder of python -m data.prepare's token files, or a text file (characters).
-    ``tokenizer``: a trained model's, to encode a text file with (fine-tuning)."""
+def load_data(path, tokenizer=None, val=None):
+    """--data: a folder of python -m data.prepare's token files or conversations, a file of
+    conversations (JSON lines, known by content), or a text file (characters). ``tokenizer``: a
+    trained model's, to encode a text file with (fine-tuning); ``val``: --val, the held-out
+    conversations of a file of them."""
     if Path(path).is_dir():
         if is_conversation_folder(path):
             return load_conversations(path)
         return load_tokens(path)            # with --init_from, finetune.fit_args compares the tokenizers
+    kind = json_kind(path)                  # JSON lines by content, whatever the file's name
+    if kind == "conversations":
+        return conversation_file(path, tokenizer, val)
+    if kind == "pairs":
+        raise ValueError(f"--data {path} holds {describe_json_kind(kind)}: DPO trains on them "
+                         f"(--stage dpo --init_from MODEL --data {path})")
+    if kind is not None:
+        raise ValueError(f"--data {path} holds {describe_json_kind(kind)}, not text: python -m train reads a text "
+                         "file, a folder of python -m data.prepare, or preference pairs with --stage dpo")
+    if val is not None:
+        raise ValueError(f"--val {val}: --data {path} is a text, whose val split is its last 10%: --val is for a "
+                         "file of conversations or pairs")
     if tokenizer is not None and tokenizer.kind != "char":
         raise ValueError(f"--data {path}: the model reads {tokenizer.kind} tokens: write them with python -m "
                          f"data.prepare {path} --tokenizer_from MODEL (the model's run or folder), then pass "
@@ -260,6 +297,30 @@ class ConversationDataset(Dataset):
         self.masks = masks                   # {"train": (N, W), "val": (M, W)} 1 on the assistant's ids
         self.mix, self.mix_fraction = None, 0.0
 
+    def fit_length(self, max_length):
+        """Truncate each conversation longer than max_length tokens (truncate: the prompt from the
+        left, the answer from the right). -> a note with the counts, or none."""
+        cut = {}
+        for split in ("train", "val"):
+            ids, mask = self.rows[split], self.masks[split]                       # (N, W)
+            lengths = (ids >= 0).sum(1)                                           # (N,) ids of each
+            long_rows = np.flatnonzero(lengths > max_length + 1)
+            cut[split] = len(long_rows)
+            if not len(long_rows):
+                continue
+            width = min(ids.shape[1], max_length + 1)
+            new_ids, new_mask = ids[:, :width].copy(), mask[:, :width].copy()
+            for r in long_rows:
+                row_ids, row_mask = truncate(ids[r, :lengths[r]], mask[r, :lengths[r]], max_length)
+                new_ids[r], new_mask[r] = row_ids, row_mask
+            self.rows[split], self.masks[split] = new_ids, new_mask
+        self.train, self.val = (self.rows[s][self.rows[s] >= 0].astype(np.int64) for s in ("train", "val"))
+        if not any(cut.values()):
+            return []
+        return [f"--max_length {max_length}: {cut['train']:,} of {len(self.rows['train']):,} train and "
+                f"{cut['val']:,} of {len(self.rows['val']):,} val conversations were longer and are truncated "
+                "(the prompt's start, the answer's end); 0 dropped"]
+
     def add_mix(self, ids, source, fraction):
         """Mix windows of the text ``ids`` (1-d) into each train batch: round(fraction * B) rows."""
         self.mix, self.mix_fraction = np.asarray(ids, dtype=np.int64), fraction
@@ -276,7 +337,7 @@ class ConversationDataset(Dataset):
         width = ids.shape[1] - 1
         if width > block_size:
             raise ValueError(f"a conversation of {self.name} has {width} input tokens, more than block_size "
-                             f"{block_size}: train with a larger --block_size")
+                             f"{block_size}: truncate them with --max_length {block_size}")
         n_text = self.mixed_rows(batch_size) if split == "train" else 0
         picked = rng.integers(0, len(ids), size=batch_size - n_text)           # (B - n_text,)
         x = np.where(ids[picked, :-1] < 0, self.pad_id, ids[picked, :-1]).astype(np.int64)
@@ -322,8 +383,27 @@ def load_conversations(folder):
         if a.max() >= tok.vocab_size:
             raise ValueError(f"{folder}/{split}_ids.npy holds token id {int(a.max())}, past the vocabulary of "
                              f"{tok.vocab_size} ids: write the folder again with python -m data.prepare")
+        silent = int((m.max(1) == 0).sum())                  # a conversation with nothing to train on
+        if silent:
+            raise ValueError(f"{folder}/{split}_mask.npy: {silent} of {len(m)} conversations have no assistant "
+                             "tokens, nothing to train on: prepare the folder again with python -m data.prepare, "
+                             "which names their lines")
     raw = b"".join((folder / name).read_bytes() for name in ("meta.json", "train_ids.npy", "train_mask.npy"))
     return ConversationDataset(ids, masks, tok, name=folder.name, source=fingerprint(raw))
+
+
+def conversation_file(path, tokenizer=None, val=None):
+    """A file of conversations (JSON lines) as a ConversationDataset, rendered as python -m data.prepare
+    would write its folder: with ``tokenizer`` (a model's) grown for the chat tokens and any character
+    it lacks, else the conversations' own characters; val is --val's file, else the last 10%."""
+    from data.conversations import own_tokenizer, rows, split_conversations
+    train, held_out, _ = split_conversations(path, val)
+    tok = chat_tokenizer(tokenizer, train + held_out) if tokenizer is not None else own_tokenizer(train + held_out)
+    ids, masks = {}, {}
+    for split, convs in (("train", train), ("val", held_out)):
+        ids[split], masks[split] = rows(tok, convs)
+    raw = Path(path).read_bytes() + (Path(val).read_bytes() if val is not None else b"")
+    return ConversationDataset(ids, masks, tok, name=Path(path).stem, source=fingerprint(raw))
 
 
 def load_mix(path, tokenizer):

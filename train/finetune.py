@@ -16,18 +16,17 @@ new: the optimizer state, the step (0), the data and every training flag,
 dropout included. That is the difference from --resume, which continues one run
 exactly, optimizer and data streams and all.
 """
-import json
 import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from data.chat import CHAT_TOKENS, SYSTEM
 from tinyattn.models import GPT, GPTConfig
-from tinyattn.models.hf import read_chars
-from tinyattn.tokenizers.hf import from_hf_json
+from tinyattn.models.hf import read_tokenizer
 
 from . import checkpoint
-from .data import CharTokenizer, tokenizer_from_json, tokenizer_to_json
+from .data import tokenizer_from_json, tokenizer_to_json
 
 FIXED = ("n_layer", "n_head", "n_embd", "bias", "init")   # the weights decide these; block_size is at most the model's
 
@@ -39,9 +38,14 @@ class Pretrained:
     where: str          # the file or folder it came from, for messages
 
 
-def load_pretrained(args):
-    """--init_from's model (with this run's dropout and head dropout) and its tokenizer."""
+def load_pretrained(args, chat_stage=None):
+    """--init_from's model (with this run's dropout and head dropout) and its tokenizer.
+    ``chat_stage``: the stage (its name) that fine-tunes an assistant, which needs the chat tokens."""
     pretrained = _load(args)
+    missing = [t for t in CHAT_TOKENS if t not in getattr(pretrained.tokenizer, "special_tokens", {})]
+    if chat_stage and missing:                  # said first: it is why the run cannot go on
+        raise ValueError(f"--stage {chat_stage}: the model has no chat tokens: start from a fine-tuned assistant "
+                         "(--init_from a run of chat fine-tuning)")
     if args.data and pretrained.tokenizer.kind == "word":
         raise ValueError(f"--init_from {pretrained.where}: the model reads words (the lesson "
                          "corpus), not the tokens of --data: drop --data")
@@ -73,14 +77,7 @@ def is_hf_folder(path):
 def hf_tokenizer(folder):
     """The tokenizer of a Hugging Face folder that GPT.export_hf wrote (characters or a
     byte-level BPE), or a ValueError."""
-    chars = read_chars(folder)
-    if chars is not None:
-        return CharTokenizer(chars)
-    path = os.path.join(folder, "tokenizer.json")
-    tok = None
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            tok = from_hf_json(json.load(f))
+    tok = read_tokenizer(folder)
     if tok is None:
         raise ValueError(f"{folder}: no character vocabulary or byte-level BPE in tokenizer.json (as GPT.export_hf "
                          "writes them): the training program cannot use this model's tokenizer")
@@ -154,8 +151,14 @@ def fit_args(args, pretrained, dataset):
         counts = [f"{n} {kind}{'s' if n > 1 else ''}" for n, kind in ((len(specials), "special token"),
                                                                       (len(chars), "character")) if n]
         listed = "; ".join(part for part in (", ".join(specials), repr(chars) if chars else "") if part)
-        notes.append(f"; --data adds {' and '.join(counts)} to the model's tokenizer ({listed}): embedding "
-                     f"{rows} new, started at the mean of the others")
+        had_chat = all(t in pretrained.tokenizer.special_tokens for t in CHAT_TOKENS)
+        if had_chat and SYSTEM in specials:          # a chat model from before the system token
+            notes.append(f"; --data's system messages need {SYSTEM}, which the model (fine-tuned before it "
+                         f"existed) lacks: --data adds {' and '.join(counts)} ({listed}), embedding {rows} new, "
+                         "started at the mean of the others as the chat tokens' were")
+        else:
+            notes.append(f"; --data adds {' and '.join(counts)} to the model's tokenizer ({listed}): embedding "
+                         f"{rows} new, started at the mean of the others")
     given = set(args._given)
     conflicts = [f"--{k} {getattr(args, k)} (the model has {getattr(config, k)})" for k in FIXED
                  if k in given and getattr(args, k) != getattr(config, k)]
@@ -170,6 +173,17 @@ def fit_args(args, pretrained, dataset):
         args.block_size = config.block_size
     return (f"--init_from: starting from {where} ({pretrained.model.num_parameters() / 1e6:.2f}M parameters, "
             f"vocabulary of {config.vocab_size}), with a fresh optimizer at step 0" + "".join(notes))
+
+
+def max_length(args):
+    """--max_length, the longest example in tokens the model reads (default: block_size, set in args
+    so that the checkpoint keeps it); a ValueError in one line where it is more than block_size."""
+    if args.max_length is None:
+        args.max_length = args.block_size
+    elif args.max_length > args.block_size:
+        raise ValueError(f"--max_length {args.max_length} is more than block_size {args.block_size}: the model reads "
+                         f"at most {args.block_size} tokens; pass --max_length {args.block_size} or less")
+    return args.max_length
 
 
 def resumed_tokenizer(ckpt_path):

@@ -4,8 +4,10 @@ With no --data it trains on the lesson's generated "it" corpus (data/coref.py)
 and reports how well the model, and its attention, resolve "it". With
 --data FILE it trains a character-level model on any UTF-8 text file.
 
-This module is the run: ``train_step`` and the loop (``train(args)``). Around
-it: config.py (the flags, presets and their checks), start.py (the data, the
+This module is the run: ``train_step`` and the loop (``train(args)``), the same
+for every stage. Around it: stages.py (the stage: its batches, its loss, its
+evaluation and what it prints; DPO's in dpo.py, RL's in rl.py), config.py (the
+flags, presets and their checks), start.py (the stage and its data, the
 model and its optimizer, new or from a checkpoint), report.py (log.csv,
 loss.png, the profile), checkpoint.py, and command.py (``main``, which
 ``python -m train`` runs: errors become one line and an exit status).
@@ -26,7 +28,7 @@ from tinyattn.nn.utils import clip_grad_norm_
 
 from . import checkpoint, interrupts, parallel
 from .config import PROFILE_STEPS
-from .report import perplexity, report_profile, write_log, write_results
+from .report import report_profile, write_log, write_results
 from .start import announce, setup
 
 
@@ -36,17 +38,13 @@ def train(args, notes=()):
     Under mpiexec every process runs it (train/parallel.py says who does what)."""
     notes = list(notes)
     with parallel.together():                   # under mpiexec: an error in any process stops them all
-        dataset, model, optimizer, state, meta = setup(args, notes)
+        stage, model, optimizer, state, meta = setup(args, notes)     # the stage: train/stages.py
     device = ta.backend.get_backend(args.device)
     parallel.split_streams(args, state, device, meta)
     dist.broadcast_parameters(model.parameters())          # every process starts from rank 0's weights
     average_grads = dist.GradAverager(model.parameters()).average if dist.world_size() > 1 else None
-    run = Run(args, dataset, model, optimizer, state, device)
-    if args.stage == "dpo":                     # the objective: DPO against a frozen reference (train/dpo.py)
-        from . import dpo
-        with parallel.together():
-            dpo.attach(run, args, meta, notes)
-    announce(args, notes, state, meta, dataset, model, run.ckpt_path, run.say)
+    run = Run(args, stage, model, optimizer, state, device)
+    announce(args, notes, state, meta, stage, model, run.ckpt_path, run.say)
     if args.eval_only:
         return run.evaluate_only()
     profiler = ta.profile() if args.profile and run.root else None
@@ -65,21 +63,21 @@ def train(args, notes=()):
                 set_lr(optimizer, lr)
                 t0 = time.time()
                 with stop.step(state, device, optimizer):     # a second Ctrl-C: back to a step boundary
-                    batches = [to_device(parallel.local_batch(dataset, args, state["data_rng"]), args.device)
-                               for _ in range(args.gradient_accumulation_steps)]
+                    batches, numbers = [], []
+                    for _ in range(args.gradient_accumulation_steps):
+                        batches.append(to_device(parallel.local_batch(stage, args, state["data_rng"]), args.device))
+                        numbers.append(stage.step_metrics())       # (--stage rl: the answers' rewards)
                     with profiler if profiler and step in PROFILE_STEPS else contextlib.nullcontext():
-                        loss = train_step(model, optimizer, batches, args.grad_clip, average_grads, run.loss_fn)
+                        loss = train_step(model, optimizer, batches, args.grad_clip, average_grads, stage.loss)
                     with interrupts.uninterrupted():
                         run.pending.append(loss)         # read every log_interval steps: reading waits
-                        state["step"] = step + 1         # for the device
+                        run.pending_numbers.append(numbers)      # for the device (and the numbers with them)
+                        state["step"] = step + 1
                 run.time_step(time.time() - t0)
                 bar.update(1)
                 if step % args.log_interval == 0:
                     loss_value = run.read_losses()
-                    if hasattr(dataset, "last_reward"):     # --stage rl: the mean reward of the step's answers
-                        bar.set_postfix(loss=f"{loss_value:.4f}", reward=f"{dataset.last_reward:.3f}", lr=f"{lr:.2e}")
-                    else:
-                        bar.set_postfix(loss=f"{loss_value:.4f}", ppl=f"{perplexity(loss_value):.2f}", lr=f"{lr:.2e}")
+                    bar.set_postfix(**stage.progress(loss_value), lr=f"{lr:.2e}")
                 if run.save_due():                       # --save_interval_s
                     run.save_latest()
         if profiler:
@@ -94,16 +92,14 @@ class Run:
     log.csv, loss.png and summary.json. Under mpiexec every process calls these methods at the
     same points (some hold a collective); rank 0 alone evaluates, prints and writes."""
 
-    def __init__(self, args, dataset, model, optimizer, state, device):
-        self.args, self.dataset, self.model, self.optimizer, self.state = args, dataset, model, optimizer, state
+    def __init__(self, args, stage, model, optimizer, state, device):
+        self.args, self.stage, self.model, self.optimizer, self.state = args, stage, model, optimizer, state
         self.device = device
-        # the objective: the language model's, next-token prediction, unless the data is a stage's (train/rl.py)
-        self.loss_fn = getattr(dataset, "loss_fn", lm_loss)
-        self.eval_metrics = None                 # a stage's own numbers at each evaluation: model -> {name: value}
-        self.describe_metrics = None             # and how the evaluation line says them: {name: value} -> text
         self.root = dist.rank() == 0
         self.ckpt_path = os.path.join(args.out_dir, "ckpt.npz")
         self.pending = []                        # the step losses still on the device
+        self.pending_numbers = []                # and the stage's numbers of each step's batches
+        self.quiet_steps_said = False            # "no signal for N steps" said for the current stretch
         self.train_time, self.steps_timed = 0.0, 0
         self.started = self.saved_at = time.time()
 
@@ -140,11 +136,30 @@ class Run:
         losses = self.state["train_losses"]
         start = len(losses)
         losses.extend(values)
+        self.read_numbers(start)
         for i, v in enumerate(values):
             if not math.isfinite(v):
                 del losses[start + i + 1:]
                 raise Diverged(f"the training loss is {v} at step {start + i}; stopped: {last_saved(self.state)}")
         return values[-1]
+
+    def read_numbers(self, first_step):
+        """The stage's numbers of the steps from ``first_step`` on (their mean over the micro-batches
+        and the processes) into state["step_log"], the step rows of log.csv; and one line, under
+        --quiet too, when a stage says that its steps have had nothing to learn from for a while."""
+        pending, self.pending_numbers = self.pending_numbers, []
+        names = list(dict.fromkeys(k for numbers in pending for batch in numbers for k in batch))
+        if not names:
+            return
+        table = np.array([[np.mean([batch[k] for batch in numbers]) for k in names] for numbers in pending])
+        table = dist.all_reduce(ta.tensor(table, dtype="float64", device=self.args.device), "mean").numpy()
+        rows = self.state.setdefault("step_log", [])
+        for i, values in enumerate(table.tolist()):
+            rows.append(dict(step=first_step + i, **{k: round(v, 6) for k, v in zip(names, values)}))
+        problem = self.stage.stalled(rows)
+        if problem and not self.quiet_steps_said:
+            self.note(f"note: {problem}")
+        self.quiet_steps_said = bool(problem)
 
     def evaluate(self, step):
         """The losses at ``step`` into log.csv; ckpt.npz and best.npz when the val loss improved
@@ -154,58 +169,31 @@ class Run:
         return parallel.on_root(self._evaluate, step)
 
     def _evaluate(self, step, save=True):
-        if hasattr(self.dataset, "evaluate"):         # a stage measured by what the model answers, not a loss
-            return self._evaluate_answers(step, save)
-        args, state = self.args, self.state
-        losses = estimate_loss(self.model, self.dataset, args, self.loss_fn)
-        row = dict(step=step, train_loss=round(losses["train"], 6), val_loss=round(losses["val"], 6),
-                   train_perplexity=round(perplexity(losses["train"]), 4),
-                   val_perplexity=round(perplexity(losses["val"]), 4),
-                   lr=warmup_cosine(step, args.learning_rate, args.min_lr, args.warmup_iters, args.lr_decay_iters),
-                   time=round(self.clock(), 3))
-        bpb = self.dataset.bits_per_byte(losses["val"])      # val bits per byte: comparable across tokenizers
-        if bpb is not None:
-            row["val_bpb"] = round(bpb, 6)
-        if not all(math.isfinite(v) for v in losses.values()):
-            raise Diverged(f"the eval loss is train {losses['train']}, val {losses['val']} at step {step}; "
-                           f"stopped: {last_saved(state)}")
-        if not save:                                  # --eval_only: the command prints the losses
-            return losses
-        if self.eval_metrics:
-            metrics = self.eval_metrics(self.model)
-            row.update(metrics)
-            self.say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
-                     f"({self.describe_metrics(metrics)})")
-        else:
-            self.say(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
-                     f"(perplexity {perplexity(losses['val']):.2f}" +
-                     ("" if bpb is None else f", {bpb:.4f} bits per byte") + ")")
-        self.log_row(row)
-        if args.sample_tokens and not args.quiet:
-            self.say("  sample: " + repr(sample_text(self.model, self.dataset, args, args.sample_tokens)[:300]))
-        self.keep_best(step, losses["val"])
-        return losses
-
-    def _evaluate_answers(self, step, save=True):
-        """The evaluation of a stage whose data set answers questions (--stage rl): its columns in
-        log.csv (sampled and greedy accuracy), and best.npz where its error (1 - sampled accuracy)
-        is lowest. -> the columns, with "val": that error."""
-        args = self.args
-        columns, error, line = self.dataset.evaluate(self.model, args)
-        result = dict(columns, val=error)
+        """The stage's evaluation at ``step``: a row of log.csv, the line, a sample, best.npz.
+        -> its metrics (a dict). save=False (--eval_only): the metrics alone."""
+        args, state, stage = self.args, self.state, self.stage
+        metrics = stage.evaluate(self.model)
+        problem = stage.diverged(metrics)
+        if problem:
+            raise Diverged(f"{problem} at step {step}; stopped: {last_saved(state)}")
         if not save:
-            return result
-        self.say(f"step {step}: {line}")
-        self.log_row(dict(step=step, **columns, lr=warmup_cosine(step, args.learning_rate, args.min_lr,
+            return metrics
+        self.say(f"step {step}: {stage.eval_line(metrics)}")
+        self.log_row(dict(step=step, **metrics, lr=warmup_cosine(step, args.learning_rate, args.min_lr,
                                                                  args.warmup_iters, args.lr_decay_iters),
                           time=round(self.clock(), 3)))
-        self.keep_best(step, error)
-        return result
+        start = stage.sample_ids() if args.sample_tokens and not args.quiet else None
+        if start is not None:
+            self.say("  sample: " + repr(sample_text(self.model, stage.data.tokenizer, start, args,
+                                                     args.sample_tokens)[:300]))
+        self.keep_best(step, stage.score(metrics))
+        return metrics
 
     def log_row(self, row):
         if self.last_eval_step != row["step"]:
             self.state["log"].append(row)
-            write_log(self.state["log"], self.args.out_dir)      # up to date, whatever stops the run
+            write_log(self.state["log"], self.args.out_dir, self.state.get("step_log"))   # up to date, whatever
+                                                                                           # stops the run
 
     def keep_best(self, step, val):
         """ckpt.npz and best.npz when ``val`` (the val loss, or a stage's error) improved."""
@@ -220,22 +208,18 @@ class Run:
                 self.save(os.path.join(args.out_dir, "best.npz"))
 
     def evaluate_only(self):
-        """--eval_only: the losses of the model the run starts from, printed; nothing is written."""
-        losses = parallel.on_root(self._evaluate, self.state["step"], False)
-        if hasattr(self.dataset, "evaluate"):
-            return dict(eval_only=True, step=self.state["step"], **{k: v for k, v in losses.items() if k != "val"})
-        bpb = self.dataset.bits_per_byte(losses["val"])
-        result = dict(eval_only=True, step=self.state["step"], train_loss=round(losses["train"], 6),
-                      val_loss=round(losses["val"], 6), val_perplexity=round(perplexity(losses["val"]), 4))
-        if bpb is not None:
-            result["val_bpb"] = round(bpb, 6)
-        return result
+        """--eval_only: the evaluation of the model the run starts from, printed as each evaluation
+        prints it ("eval at step 0: ..."); nothing is written."""
+        metrics = parallel.on_root(self._evaluate, self.state["step"], False)
+        if self.root:
+            print(f"eval at step {self.state['step']}: {self.stage.eval_line(metrics)}", flush=True)
+        return dict(eval_only=True, step=self.state["step"], **metrics)
 
     # ------------------------------------------------------------------ saving
     def save(self, path):
         with interrupts.uninterrupted():
             self.state["elapsed"] = self.clock()
-            checkpoint.save_run(path, self.model, self.optimizer, self.state, self.args, self.dataset)
+            checkpoint.save_run(path, self.model, self.optimizer, self.state, self.args, self.stage.data)
             self.state["saved_step"] = self.state["step"]
             self.saved_at = time.time()
 
@@ -255,7 +239,7 @@ class Run:
         """What every summary.json says of the run: the data, its speed and wall time, the model."""
         args = self.args
         tokens_per_step = args.batch_size * args.block_size * args.gradient_accumulation_steps
-        return dict(dataset=self.dataset.name, wall_s=round(time.time() - self.started, 2),
+        return dict(dataset=self.stage.data.name, wall_s=round(time.time() - self.started, 2),
                     tokens_per_s=round(tokens_per_step * self.steps_timed / self.train_time, 1)
                     if self.train_time else None,
                     parameters=self.model.num_parameters(), device=args.device, config=self.model.config.to_dict())
@@ -267,31 +251,18 @@ class Run:
         return parallel.on_root(self._finish)        # every process gets the summary
 
     def _finish(self):
-        state, dataset = self.state, self.dataset
+        state, stage = self.state, self.stage
         final = self._evaluate(state["step"])
         if state["saved_step"] != state["step"]:       # (the evaluation may have saved it)
             self.save(self.ckpt_path)
-        if hasattr(dataset, "evaluate"):               # a stage measured by its answers
-            summary = dict({k: v for k, v in final.items() if k != "val"}, iters=state["step"],
-                           best_sampled_accuracy=round(1 - state["best_val_loss"], 6), **self.run_facts())
-            write_results(self.args.out_dir, state["log"], state["train_losses"], summary, self.say)
-            return summary
-        summary = dict(best_val_loss=round(state["best_val_loss"], 6), val_loss=round(final["val"], 6),
-                       best_val_perplexity=round(perplexity(state["best_val_loss"]), 4),
-                       val_perplexity=round(perplexity(final["val"]), 4),
-                       train_loss=round(final["train"], 6), iters=state["step"], **self.run_facts())
-        if self.eval_metrics:                           # the stage's numbers at the final evaluation
-            summary.update({k: v for k, v in state["log"][-1].items() if k.startswith("val_") and k not in summary})
-        if dataset.text_bytes:
-            summary.update(best_val_bpb=round(dataset.bits_per_byte(state["best_val_loss"]), 6),
-                           val_bpb=round(dataset.bits_per_byte(final["val"]), 6))
+        summary = dict(stage.summary(final, state["best_val_loss"]), iters=state["step"], **self.run_facts())
         if dist.world_size() > 1:
             summary["processes"] = dist.world_size()
-        if dataset.name == "coref":
-            from . import lesson
-            summary.update(lesson.report(self.model, dataset, self.args.out_dir, self.args.device, self.say))
-            summary["wall_s"] = round(time.time() - self.started, 2)
-        write_results(self.args.out_dir, state["log"], state["train_losses"], summary, self.say)
+        summary.update(stage.report(self.model, self.say))       # (the lesson's report on attention)
+        summary["wall_s"] = round(time.time() - self.started, 2)
+        write_results(self.args.out_dir, state["log"], state["train_losses"], summary, self.say,
+                      state.get("step_log"))
+        print(stage.done_line(summary), flush=True)     # the last line, also under --quiet
         return summary
 
     def stopped(self, stop):
@@ -307,6 +278,7 @@ class Run:
         with interrupts.uninterrupted():         # from here on a Ctrl-C waits for the files to be written
             if dist.world_size() > 1:            # no collective: the unread losses stay unknown (None) in
                 self.pending.clear()             # the checkpoint, and the other ranks' streams have moved
+                self.pending_numbers.clear()
                 state["rank_rngs"] = None        # on since the last evaluation
             else:
                 self.read_losses()
@@ -316,7 +288,8 @@ class Run:
             summary = dict(interrupted=True, signal=stop.name, iters=step, best_val_loss=best and round(best, 6),
                            last_eval_step=last.get("step"), val_loss=last.get("val_loss"),
                            train_loss=last.get("train_loss"), **self.run_facts())
-            write_results(self.args.out_dir, state["log"], state["train_losses"], summary, self.say)
+            write_results(self.args.out_dir, state["log"], state["train_losses"], summary, self.say,
+                          state.get("step_log"))
         message = f"stopped by {stop.name} at step {step}: saved {self.ckpt_path} (continue with --resume)"
         if dist.world_size() > 1:
             dist.abort(f"python -m train: {message}; ending the other processes", stop.exit_code)
@@ -326,8 +299,7 @@ class Run:
 # ---------------------------------------------------------------------------
 # what the loop calls: the step, the evaluation, the sample, reading the losses
 def lm_loss(model, batch):
-    """The language model's loss on a batch (x, y): the mean cross-entropy of each next token
-    (a target of -1, padding or a token outside the loss mask, counts for nothing)."""
+    """The language model's loss on a batch (x, y) (train/stages.py's LanguageModel.loss)."""
     x, y = batch
     return model(x, y)[1]
 
@@ -380,17 +352,16 @@ def to_device(batch, device):
     return tuple(ta.tensor(a, device=device) for a in batch)
 
 
-def sample_text(model, dataset, args, n_tokens):
-    """A short sample for the log, from its own generator (training randomness is untouched)."""
+def sample_text(model, tokenizer, start, args, n_tokens):
+    """A short sample for the log from the ids ``start``, from its own generator (training randomness
+    is untouched)."""
     host = ta.backend.get_backend("cpu")
     saved = host.get_rng_state()
     host.seed(args.seed + 2)
     try:
-        start = dataset.sample_ids() if hasattr(dataset, "sample_ids") else \
-            dataset.tokenizer.encode(dataset.sample_prompt())
         idx = ta.tensor([start], device=args.device)
         out = model.generate(idx, n_tokens, temperature=0.8, top_k=20)
-        return dataset.tokenizer.decode(out[0].tolist())
+        return tokenizer.decode(out[0].tolist())
     finally:
         host.set_rng_state(saved)
 

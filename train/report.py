@@ -34,15 +34,16 @@ def loss_figure(plt, log_rows, train_losses):
         losses = [math.nan if v is None else v for v in train_losses]        # None: a step from before --resume
         ax.plot(range(len(losses)), losses, color="0.7", lw=0.8, label="train (each step)")
     steps = [r["step"] for r in log_rows]
-    if log_rows and "val_loss" not in log_rows[0]:       # --stage rl: the held-out accuracies, on a second axis
+    for column, label in (("train_loss", "train (eval)"), ("val_loss", "val (eval)")):
+        if log_rows and column in log_rows[0]:
+            ax.plot(steps, [r[column] for r in log_rows], "o-", label=label)
+    accuracies = [k for k in (log_rows[0] if log_rows else {}) if k.endswith("_accuracy")]
+    if accuracies:                                       # (the held-out accuracies, on a second axis)
         acc = ax.twinx()
-        for column in ("sampled_accuracy", "greedy_accuracy"):
+        for column in accuracies:
             acc.plot(steps, [r[column] for r in log_rows], "o-", label=column.replace("_", " ") + " (held out)")
         acc.set_ylabel("accuracy")
         acc.legend(loc="lower right")
-    else:
-        ax.plot(steps, [r["train_loss"] for r in log_rows], "o-", label="train (eval)")
-        ax.plot(steps, [r["val_loss"] for r in log_rows], "o-", label="val (eval)")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.legend()
@@ -57,21 +58,28 @@ def report_profile(profiler, out_dir):
     tqdm.write(f"profile of steps {PROFILE_STEPS.start}-{PROFILE_STEPS.stop - 1}:\n{profiler.table()}\nwrote {trace}")
 
 
-def write_log(log_rows, out_dir):
+def write_log(log_rows, out_dir, step_rows=None):
+    """log.csv: a row for each evaluation; with ``step_rows`` (a stage's numbers of each training
+    step, --stage rl's rewards) a row for each step too, the evaluation's columns filled at its steps."""
     f = io.StringIO()
-    columns = ["step", "train_loss", "val_loss", "train_perplexity", "val_perplexity", "lr", "time", "val_bpb"]
-    if log_rows and "val_loss" not in log_rows[0]:      # a stage measured by its answers (--stage rl)
-        columns = list(dict.fromkeys(k for row in log_rows for k in row))
-    else:                                               # and a stage's own numbers after them (--stage dpo)
-        columns += [k for k in dict.fromkeys(k for row in log_rows for k in row) if k not in columns]
+    first = ["step", "train_loss", "val_loss", "train_perplexity", "val_perplexity", "lr", "time", "val_bpb"]
+    found = list(dict.fromkeys(k for row in log_rows for k in row))         # the stage's columns, in their order
+    columns = [k for k in first if k in found] + [k for k in found if k not in first]
+    rows = log_rows
+    if step_rows:
+        merged = {row["step"]: dict(row) for row in step_rows}
+        for row in log_rows:
+            merged.setdefault(row["step"], {}).update(row)
+        rows = [merged[step] for step in sorted(merged)]
+        columns += [k for k in dict.fromkeys(k for row in step_rows for k in row) if k not in columns]
     writer = csv.DictWriter(f, fieldnames=columns)
     writer.writeheader()
-    writer.writerows(log_rows)
+    writer.writerows(rows)
     checkpoint.write_text(os.path.join(out_dir, "log.csv"), f.getvalue())
 
 
-def write_results(out_dir, log_rows, train_losses, summary, say):
+def write_results(out_dir, log_rows, train_losses, summary, say, step_rows=None):
     """log.csv, loss.png and summary.json: what a run leaves beside its checkpoints."""
-    write_log(log_rows, out_dir)
+    write_log(log_rows, out_dir, step_rows)
     say(write_plot(log_rows, out_dir, train_losses))
     checkpoint.write_text(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2))

@@ -1,6 +1,5 @@
 """Starting a run of python -m train: the data, the model and its optimizer (new, fine-tuned from
 another model, or as a checkpoint left them), and the learner's pieces for --use_exercises."""
-import argparse
 import contextlib
 import math
 import os
@@ -12,37 +11,28 @@ import tinyattn as ta
 from tinyattn import distributed as dist
 from tinyattn.models import GPT, GPTConfig
 
-from . import checkpoint, finetune, lora, memory, parallel, rl
+from . import checkpoint, finetune, lora, memory, parallel, stages
 from .config import check_resume, schedule_ended
-from .data import load_coref, load_data, load_mix
 
 
 def setup(args, notes):
     """The data, the model and its optimizer, and the run's state: new, or as out_dir/ckpt.npz
-    left them with --resume. -> (dataset, model, optimizer, state, meta); meta is the
-    checkpoint's (None for a new run). What the run should know goes into the list ``notes``."""
+    left them with --resume. -> (stage, model, optimizer, state, meta): the stage (train/stages.py)
+    holds the data; meta is the checkpoint's (None for a new run). What the run should know goes
+    into the list ``notes``."""
     ckpt_path = os.path.join(args.out_dir, "ckpt.npz")
     if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
         raise ValueError(f"--out_dir {args.out_dir} is a file, not a folder")
-    pretrained = finetune.load_pretrained(args) if args.init_from else None   # (refuses its own out_dir first)
+    pretrained = finetune.load_pretrained(args, stages.chat_stage(args)) if args.init_from else None
+    #            (refuses its own out_dir first)
     args.fine_tuned_from = args.init_from     # kept in the checkpoint: a resumed run has no --init_from
     writes = not args.resume and not args.eval_only           # a new run, into out_dir
     replaced = checkpoint.refuse_to_replace(args.out_dir, args.overwrite) if writes else None
     tokenizer = pretrained.tokenizer if pretrained else finetune.resumed_tokenizer(ckpt_path) if args.resume else None
-    if args.stage == "dpo":                     # preference pairs, rendered with the model's chat tokenizer
-        from .dpo import load_pairs
-        dataset = load_pairs(args.data, tokenizer)
-    elif args.stage == "rl":                    # the questions of the tasks, answered by the model (train/rl.py)
-        dataset = rl.load_tasks(args, tokenizer)
-    else:
-        dataset = load_data(args.data, tokenizer) if args.data else load_coref(seed=0, layout=args.layout)
+    stage = stages.load(args, tokenizer)        # the stage and its data: the one place --stage is read
+    dataset = stage.data
     if pretrained:
         notes.append(finetune.fit_args(args, pretrained, dataset))
-    if args.mix_data:
-        if not hasattr(dataset, "add_mix"):
-            raise ValueError(f"--mix_data mixes text into conversations: --data {args.data} is not a conversation "
-                             "folder (python -m data.prepare CONVS.jsonl writes one)")
-        dataset.add_mix(*load_mix(args.mix_data, dataset.tokenizer), args.mix_fraction)
     device_backend = ta.backend.get_backend(args.device)      # a clear error when CUDA is missing
     ta.manual_seed(args.seed)
 
@@ -58,11 +48,11 @@ def setup(args, notes):
         ran = meta.get("args") or {}
         args.fine_tuned_from = ran.get("fine_tuned_from") or ran.get("init_from")
         config = GPTConfig(**meta["config"])
+    notes += stage.fit_length(finetune.max_length(args))      # conversations and pairs longer are cut
     if device_backend.on_host:                  # refused before it is allocated, in one line
-        whole_rows = dataset.rows is not None and getattr(dataset, "mix", None) is None   # (mixed rows: block_size)
-        tokens_per_row = dataset.rows["train"].shape[1] - 1 if whole_rows else config.block_size
-        rows = args.batch_size * (args.rl_samples if args.stage == "rl" else 1)       # rl: K answers a question
-        memory.check_fits(config, rows // dist.world_size(), tokens_per_row, np.dtype(args.dtype).itemsize)
+        rows = args.batch_size * stage.rows_per_item()                 # rl: K answers a question
+        memory.check_fits(config, rows // dist.world_size(), stage.tokens_per_row(config.block_size),
+                          np.dtype(args.dtype).itemsize)
     model = pretrained.model if pretrained else GPT(config)
     if args.lora_rank:                          # only the adapters train: your LoRALinear (train/lora.py)
         trained = lora.adapt(model, lora.lora_linear(), args.lora_rank, args.lora_alpha)
@@ -75,7 +65,8 @@ def setup(args, notes):
         optimizer.load_state_dict(optim_state)
         state.update(step=meta["step"], best_val_loss=meta["best_val_loss"], log=meta["log"], saved_step=meta["step"],
                      time_before=meta.get("elapsed") or (meta["log"][-1]["time"] if meta["log"] else 0.0),
-                     train_losses=(meta.get("train_losses", []) + [None] * meta["step"])[:meta["step"]])
+                     train_losses=(meta.get("train_losses", []) + [None] * meta["step"])[:meta["step"]],
+                     step_log=[row for row in meta.get("step_log") or [] if row["step"] < meta["step"]])
         state["data_rng"].bit_generator.state = meta["data_rng"]
         device_backend.set_rng_state(meta["device_rng"])
         if (meta.get("device_rng") is None or device_backend.get_rng_state() is None) and \
@@ -87,30 +78,13 @@ def setup(args, notes):
         threads_note = checkpoint.other_thread_count(meta, device_backend.on_host)
         if threads_note:
             notes.append(threads_note)
-    if args.stage == "rl":
-        dataset.attach(model, reference_model(args, meta, pretrained) if args.rl_kl else None)
+    stage.prepare(model, meta, pretrained, notes)            # (a reference model: --stage dpo, rl)
     if replaced and dist.rank() == 0:
         checkpoint.remove_run(args.out_dir)
         notes.append(replaced)
     if not args.eval_only:
         os.makedirs(args.out_dir, exist_ok=True)
-    return dataset, model, optimizer, state, meta
-
-
-def reference_model(args, meta, pretrained):
-    """--rl_kl's reference: a frozen copy of the --init_from model (a resumed run loads it again)."""
-    if pretrained is None:
-        args = argparse.Namespace(**{**vars(args), "init_from": (meta.get("args") or {}).get("init_from")})
-        pretrained = finetune.load_pretrained(args)
-    else:
-        state = {k: v.numpy() for k, v in pretrained.model.state_dict().items()}
-        pretrained = finetune.Pretrained(GPT(pretrained.model.config), pretrained.tokenizer, pretrained.where)
-        pretrained.model.load_state_dict(state)
-    reference = pretrained.model.to(args.dtype).to(args.device)
-    for p in reference.parameters():
-        p.requires_grad = False
-    reference.eval()
-    return ta.compile(reference, disable=not args.compile)
+    return stage, model, optimizer, state, meta
 
 
 def exercises_swapped_in(wanted):
@@ -124,19 +98,15 @@ def exercises_swapped_in(wanted):
     return use_exercises()
 
 
-def resuming(ckpt_path, state, max_iters):
+def resuming(ckpt_path, state, max_iters, best_words=stages.LanguageModel.best_words):
     """'resuming out/ckpt.npz at step 300 of 5000, best val loss 1.9123' (the last eval's val
-    loss when the checkpoint has no best, 'not evaluated yet' when it has no eval at all)."""
-    best, log = state["best_val_loss"], state["log"]
-    val = best if math.isfinite(best) else log[-1]["val_loss"] if log else None
-    kind = "best val loss" if math.isfinite(best) else "val loss"
-    said = f"{kind} {val:.4f}" if val is not None else "not evaluated yet"
-    if log and "sampled_accuracy" in log[-1]:           # --stage rl keeps its best sampled accuracy
-        said = f"best sampled accuracy {1 - best:.4f}" if math.isfinite(best) else "not evaluated yet"
+    loss when the checkpoint has no best, 'not evaluated yet' when it has no eval at all).
+    ``best_words(best, log)``: how the stage says its best (--stage rl: its sampled accuracy)."""
+    said = best_words(state["best_val_loss"], state["log"])
     return f"resuming {ckpt_path} at step {state['step']} of {max_iters}, {said}"
 
 
-def announce(args, notes, state, meta, dataset, model, ckpt_path, say):
+def announce(args, notes, state, meta, stage, model, ckpt_path, say):
     """What the run is about to do, before its first step: where a resumed run starts and the
     notes the set-up left (rank 0 prints them, even under --quiet), a resumed run with nothing to train or past its schedule's end, the data
     and the model, and under mpiexec who does what."""
@@ -144,7 +114,7 @@ def announce(args, notes, state, meta, dataset, model, ckpt_path, say):
     def note(message):                          # stderr, and under --quiet too
         print(f"python -m train: {message}", file=sys.stderr, flush=True)
     if args.resume and root:
-        said = resuming(ckpt_path, state, args.max_iters)
+        said = resuming(ckpt_path, state, args.max_iters, stage.best_words)
         note(said.replace("resuming", "evaluating", 1) if args.eval_only else said)
     for message in notes if root else ():
         note(f"note: {message}")
@@ -158,9 +128,7 @@ def announce(args, notes, state, meta, dataset, model, ckpt_path, say):
                  f"steps {flat_from} to {args.max_iters - 1} {'all ' if flat_from == state['step'] else ''}run "
                  f"at --min_lr {args.min_lr:g} (pass --lr_decay_iters {args.max_iters} for a schedule that ends "
                  "at --max_iters)")
-    data = dataset.describe() if hasattr(dataset, "describe") else \
-        f"{dataset.name}: {len(dataset.train):,} train / {len(dataset.val):,} val tokens"
-    say(f"{data}, vocab {model.config.vocab_size}; model {model.num_parameters() / 1e6:.2f}M parameters on {args.device}"
+    say(f"{stage.describe()}, vocab {model.config.vocab_size}; model {model.num_parameters() / 1e6:.2f}M parameters on {args.device}"
         f"{'' if args.dtype == 'float32' else ', in ' + args.dtype}, "
         + ("compiled (ta.compile; --compile False runs the formulas)" if args.compile else
            "not compiled (every op runs its teaching formula)"))

@@ -266,33 +266,36 @@ def expand_loops(lines):
 
 
 def split_line(line):
-    """One shell line -> its simple commands, each a list of words, and the files each
-    redirects its output to: quotes, comments, &&, ||, ;, | and > read as the shell reads them."""
+    """One shell line -> its simple commands, each a list of words, the files it redirects its
+    output to, and the files it reads on stdin: quotes, comments, &&, ||, ;, |, > and < read as
+    the shell reads them."""
     lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
-    parts, words, redirect, expect_file = [], [], [], False
+    parts, words, redirect, stdin, expect = [], [], [], [], None
     for token in lexer:
-        if expect_file:
-            redirect.append(token)
-            expect_file = False
+        if expect is not None:
+            expect.append(token)
+            expect = None
         elif token in (">", ">>", "&>"):
             if words and words[-1] == "2":               # 2> FILE
                 words.pop()
-            expect_file = True
+            expect = redirect
+        elif token == "<":
+            expect = stdin
         elif token in ("&&", "||", ";", "|", "&"):
-            parts.append((words, redirect))
-            words, redirect = [], []
+            parts.append((words, redirect, stdin))
+            words, redirect, stdin = [], [], []
         else:
             words.append(token)
-    parts.append((words, redirect))
-    return [(w, r) for w, r in parts if w or r]
+    parts.append((words, redirect, stdin))
+    return [(w, r, i) for w, r, i in parts if w or r or i]
 
 
 def commands(block):
     """The commands of a shell block, parsed into programs and arguments."""
     found = []
     for line in expand_loops(shell_lines(block)):
-        for words, redirect in split_line(line):
+        for words, redirect, stdin in split_line(line):
             while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):    # VAR=value command
                 words = words[1:]
             while words and os.path.basename(words[0]) in WRAPPERS:
@@ -303,11 +306,11 @@ def commands(block):
                     words = words[2:] if words[0] in ("-n", "-np") else words[1:]
             if not words:
                 continue
-            found.append(to_command(words, redirect))
+            found.append(to_command(words, redirect, stdin))
     return found
 
 
-def to_command(words, redirect):
+def to_command(words, redirect, stdin=()):
     if words[0] in ("python", "python3") and len(words) > 1:
         if words[1] == "-m":
             cmd = Command(words[2], words[3:]) if words[2] not in KNOWN else Command(words[2], [])
@@ -320,6 +323,7 @@ def to_command(words, redirect):
     if cmd.program == "cat":
         cmd.reads = [a for a in cmd.args if not a.startswith("-")]
     cmd.writes += redirect
+    cmd.reads += stdin
     return cmd
 
 
@@ -366,7 +370,7 @@ def check_page(name, text):
                 if error:
                     problems.append(f"{where}: {error}")
                     continue
-                reads = [v for flag in READS.get(c.program, []) for v in flag_values(c.args, flag)]
+                reads = c.reads + [v for flag in READS.get(c.program, []) for v in flag_values(c.args, flag)]
                 if c.program == "train" and "--resume" in c.args:
                     reads += flag_values(c.args, "--out_dir")
                 writes = [v for flag in WRITES.get(c.program, []) for v in flag_values(c.args, flag)]

@@ -111,6 +111,7 @@ def test_a_pages_blocks_share_one_namespace_and_each_page_starts_fresh():
     ("python -m train.nothing --x 1", "no such program"),
     ("frobnicate --x 1", "unknown command 'frobnicate'"),
     ("python -m train --data never_made.txt", "reads never_made.txt, which no earlier command on the page makes"),
+    ("python -m train.chat --out_dir input.txt < never_made.txt", "reads never_made.txt"),
 ])
 def test_a_command_that_does_not_parse_fails(command, expected):
     page = f"<!-- inputs: input.txt -->\n\n```bash\n{command}\n```\n"
@@ -133,6 +134,8 @@ def test_what_a_command_makes_an_later_one_reads():
         python -m data.prepare train.jsonl --tokenizer_from out-base --out_dir conv
         mpiexec -n 2 python -m train config/sft.py --init_from out-base --data conv --out_dir out-sft
         timeout 3600 python -m train --resume --out_dir out-sft
+        python -m train.chat --out_dir out-sft --temperature 0 < train.jsonl > answers.txt
+        cat answers.txt
         pytest tests/docs
         ```
     """)

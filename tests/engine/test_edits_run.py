@@ -110,6 +110,23 @@ def test_replacing_anything_noted_turns_off_the_paths_of_its_file_and_back_on(ca
     assert seen > 500                                   # (every function of nine files, and Tensor's methods)
 
 
+@pytest.mark.parametrize("rank, said", [("0", True), ("1", False)])
+def test_in_a_job_of_several_processes_the_first_says_what_steps_aside(monkeypatch, capsys, rank, said):
+    """Under mpiexec every process runs the same files: one line from rank 0, not one per process."""
+    monkeypatch.setenv("PMI_SIZE", "2")
+    monkeypatch.setenv("PMI_RANK", rank)
+    capsys.readouterr()
+    mean = ta.Tensor.mean
+    ta.Tensor.mean = lambda self, *args, **kwargs: mean(self, *args, **kwargs)
+    try:
+        assert checked.allowed() == set()                       # (tensor.py: every path reads it)
+        err = capsys.readouterr().err
+    finally:
+        ta.Tensor.mean = mean
+    assert checked.allowed() == set(checked.DEPENDS)
+    assert ("tensor.py: Tensor.mean is not the library's" in err) is said
+
+
 def _owner(file, owner):
     """What a noted namespace belongs to: the module, a backend (get_backend('cpu')), or a class."""
     if not owner:

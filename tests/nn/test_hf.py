@@ -216,6 +216,42 @@ def test_transformers_reads_the_char_vocabulary(tmp_path):
     assert tok.decode(ids) == text
 
 
+CHAT = ["<|user|>", "<|assistant|>", "<|end|>"]
+
+
+def test_special_tokens_of_a_char_vocabulary_are_added_tokens(tmp_path):
+    """A chat model's vocabulary: characters, then <|user|> and the others, one id each in
+    transformers as in tinyattn, and read back as the same tokenizer."""
+    from tinyattn.models.hf import read_tokenizer
+    from tinyattn.tokenizers import CharTokenizer
+    tok = CharTokenizer(CHARS).extended(special_tokens=CHAT)
+    model = random_gpt(vocab_size=tok.vocab_size)
+    model.export_hf(tmp_path, tokenizer=tok)
+    assert read_tokenizer(tmp_path).to_dict() == tok.to_dict()
+    model.export_hf(tmp_path / "chars", chars=tok.chars)               # the same from the list of tokens
+    assert read_tokenizer(tmp_path / "chars").to_dict() == tok.to_dict()
+    text = "<|user|>Before we speak?<|end|><|assistant|>"
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert theirs.encode(text) == tok.encode(text, allowed_special="all")
+    assert theirs.decode(tok.encode(text, allowed_special="all")) == text
+
+
+def test_an_old_char_export_with_chat_tokens_is_refused_in_one_line(tmp_path):
+    """Written before special tokens were added tokens: <|user|> was a vocabulary entry only, which
+    transformers never matched. Refused with what to do, not read half right."""
+    import json
+    from tinyattn.models.hf import read_tokenizer
+    from tinyattn.tokenizers.hf import char_to_hf_json
+    from tinyattn.tokenizers import CharTokenizer
+    old = char_to_hf_json(CharTokenizer(CHARS).extended(special_tokens=CHAT))
+    old["added_tokens"] = []
+    (tmp_path / "tokenizer.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match=r"'<\|user\|>' is longer than one character but not an added token "
+                                         r"\(an export from an older tinyattn: export the checkpoint again\)"):
+        read_tokenizer(tmp_path)
+
+
 def test_from_hf_weights_are_row_major(tmp_path):
     """A transposed view copied as it is would be column-major: another BLAS path, other roundings."""
     random_gpt(n_embd=16, n_head=2).export_hf(tmp_path)

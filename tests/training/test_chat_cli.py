@@ -30,12 +30,14 @@ from train.sample import load_model
 TEXT = "spell the cat, then count it: how many t in that?"      # no newline: an answer is one line
 
 
-def write_run(out_dir, block_size=48, chat_tokens=True, seed=0):
+def write_run(out_dir, block_size=48, chat_tokens=True, seed=0, system=None):
     """A run folder with a ckpt.npz as python -m train writes it: a random 1-layer GPT on a
-    character vocabulary, grown with the chat tokens unless chat_tokens is False. -> tokenizer."""
+    character vocabulary, grown with the chat tokens unless chat_tokens is False (and with
+    <|system|> and the characters of ``system``, a system message's text, as fine-tuning on
+    conversations that begin with it grows it). -> tokenizer."""
     tok = CharTokenizer.from_text(TEXT)
     if chat_tokens:
-        tok = chat_format.chat_tokenizer(tok, [])
+        tok = chat_format.chat_tokenizer(tok, [[{"role": "system", "content": system}]] if system else [])
     ta.manual_seed(seed)
     model = GPT(GPTConfig(block_size=block_size, vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=16))
     optimizer = model.configure_optimizer(0.1, 1e-3, (0.9, 0.95))
@@ -345,6 +347,99 @@ def test_piped_lines_are_turns_and_only_the_answers_are_printed(tmp_path):
     answers = out.stdout.split("\n")
     assert len(answers) == 3 and answers[2] == "" and all(len(a) <= 5 for a in answers[:2])
     assert "<|" not in out.stdout and all(c in tok.stoi for c in "".join(answers))
+
+
+def test_a_pipe_gets_one_line_for_each_line_each_its_own_conversation(tmp_path):
+    """Eight questions, one of them too long and one with a character the model lacks: eight
+    lines out, in order, the refused ones empty with their reasons on stderr, exit status 1.
+    Each line is a conversation of its own: its answer is the one it gets asked alone."""
+    write_run(tmp_path, block_size=40, seed=2)                 # (seed 2: answers that are not all empty)
+    flags = ["--out_dir", str(tmp_path), "--temperature", "0", "--max_new_tokens", "4"]
+    questions = ["spell cat", "count it", "the cat " * 4, "", "how many t?", "spell Z", "/clear", "then"]
+    out = run_chat(flags, stdin="".join(q + "\n" for q in questions))
+    assert out.returncode == 1
+    answers = out.stdout.split("\n")
+    assert len(answers) == len(questions) + 1 and answers[-1] == ""
+    assert [answers[i] for i in (2, 3, 5, 6)] == ["", "", "", ""]      # refused, blank, refused, /clear
+    err = [line for line in out.stderr.splitlines() if not line.startswith("(cut at")]
+    assert err[0].startswith("not sent: this message is 34 tokens; the model reads 40")
+    assert err[1] == "not sent: character 'Z' is not in the vocabulary" and err[2] == "(a new conversation)"
+    assert err[3:] == ["python -m train.chat: 2 of 8 lines refused (an empty line for each)"]
+    for i in (0, 1, 4, 7):                                    # as if asked alone
+        alone = run_chat(flags, stdin=questions[i] + "\n")
+        assert alone.returncode == 0 and alone.stdout == answers[i] + "\n"
+    # --conversation: the lines are the turns of one conversation, as before
+    kept = run_chat([*flags, "--conversation", "--min_room", "4"], stdin="spell cat\ncount it\n")
+    model, tok = load_model(str(tmp_path))
+    first = kept.stdout.split("\n")[0]
+    asked = [{"role": "user", "content": "spell cat"}, {"role": "assistant", "content": first},
+             {"role": "user", "content": "count it"}]
+    prompt = chat_format.render_prompt(tok, asked)
+    ids = model.generate(ta.tensor([prompt]), 4, temperature=0.0)[0].tolist()[len(prompt):]
+    stops = [i for i, t in enumerate(ids) if t in [tok.special_tokens[s] for s in chat_format.CHAT_TOKENS]]
+    said = tok.decode(ids[:stops[0]] if stops else ids)        # (a chat token, whichever, ends an answer)
+    assert kept.returncode == 0 and kept.stdout.split("\n")[1] == said
+
+
+def test_an_answer_with_newlines_stays_one_line_in_a_pipe(tmp_path, monkeypatch, capsys):
+    write_run(tmp_path)
+    model, tok = load_model(str(tmp_path))
+    monkeypatch.setattr(chat, "answer", lambda *a, **k: ("two\nlines", "end"))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("spell cat\n"))
+    args = chat.build_parser().parse_args(["--out_dir", str(tmp_path)])
+    assert chat.converse(model, tok, args, interactive=False) == 0
+    assert capsys.readouterr().out == "two\\nlines\n"
+
+
+def test_system_needs_a_model_with_a_system_token(tmp_path):
+    write_run(tmp_path)
+    out = run_chat(["--out_dir", str(tmp_path), "--system", "Be brief."], stdin="spell cat\n")
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr == (f"python -m train.chat: error: --system: this model has no system token ({chat.SYSTEM}): "
+                          "fine-tune it on conversations with system messages first\n")
+
+
+def test_a_system_message_the_model_cannot_read_is_refused_once(tmp_path):
+    write_run(tmp_path, system="Be brief.")
+    out = run_chat(["--out_dir", str(tmp_path), "--system", "Zut!"], stdin="spell cat\nspell that\n")
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr == "python -m train.chat: error: --system: character 'Z' is not in the vocabulary\n"
+
+
+def test_system_starts_each_conversation_and_stays_after_clear(tmp_path, monkeypatch, capsys):
+    """--system with a model that has <|system|>: each prompt the model reads is data/chat.py's
+    render_prompt of [system, user, ...]; /clear starts again from the system message."""
+    tok = write_run(tmp_path, system="Be brief.")
+    assert chat_format.SYSTEM in tok.special_tokens
+    read, real = [], chat.stream
+
+    def recording(model, prompt, *args, **kwargs):
+        read.append(list(prompt))
+        yield from real(model, prompt, *args, **kwargs)
+
+    monkeypatch.setattr(chat, "stream", recording)
+    system = {"role": "system", "content": "Be brief."}
+
+    def user(text):
+        return {"role": "user", "content": text}
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("spell cat\ncount it\n"))     # each line its own conversation
+    assert chat.main(["--out_dir", str(tmp_path), "--system", "Be brief.", "--temperature", "0",
+                      "--max_new_tokens", "3"]) == 0
+    assert read == [chat_format.render_prompt(tok, [system, user("spell cat")]),
+                    chat_format.render_prompt(tok, [system, user("count it")])]
+    assert read[0][:2] == [tok.special_tokens[chat_format.SYSTEM], tok.stoi["B"]]
+    assert len(capsys.readouterr().out.split("\n")) == 3                          # two answers
+
+    read.clear()
+    monkeypatch.setattr(sys, "stdin", io.StringIO("spell cat\ncount it\n/clear\nspell that\n"))
+    assert chat.main(["--out_dir", str(tmp_path), "--system", "Be brief.", "--temperature", "0",
+                      "--max_new_tokens", "3", "--min_room", "4", "--conversation"]) == 0
+    first = capsys.readouterr().out.split("\n")[0]
+    assert read == [chat_format.render_prompt(tok, [system, user("spell cat")]),
+                    chat_format.render_prompt(tok, [system, user("spell cat"), {"role": "assistant", "content": first},
+                                                    user("count it")]),
+                    chat_format.render_prompt(tok, [system, user("spell that")])]
 
 
 # --- a trained chat model, where there is one ---

@@ -55,9 +55,53 @@ def test_bpe_gets_the_chat_tokens_only():
     ([], "non-empty list"),
     ([{"role": "assistant", "content": "hi"}], "message 0 is from the assistant"),
     ([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "message 1 is from the user"),
-    ([{"role": "system", "content": "a"}], "message 0 is not"),
-    ([{"role": "user", "content": "say <|end|>"}], "holds a chat token's text"),
+    ([{"role": "system", "content": "a"}], "a system message alone"),
+    ([{"role": "tool", "content": "a"}], "message 0 is not"),
+    ([{"role": "user", "content": "a"}, {"role": "system", "content": "b"}], "only the first message may be"),
+    ([{"role": "system", "content": "a"}, {"role": "assistant", "content": "b"}], "message 1 is from the assistant"),
 ])
 def test_a_malformed_conversation_is_refused_in_one_line(char_tok, messages, said):
     with pytest.raises(ValueError, match=said):
         chat.render(char_tok, messages)
+
+
+SYSTEM = [{"role": "system", "content": "be brief"}, *SPELL, {"role": "user", "content": "spell at"},
+          {"role": "assistant", "content": "a t"}]
+
+
+def test_a_system_message_renders_first_with_its_own_token_and_is_never_trained_on():
+    tok = chat.chat_tokenizer(CharTokenizer.from_text("spell the cat\n"), [SYSTEM])
+    assert list(tok.special_tokens) == [*chat.CHAT_TOKENS, chat.SYSTEM]     # after the chat tokens: their ids stay
+    ids, mask = chat.render(tok, SYSTEM)
+    assert tok.decode(ids) == ("<|system|>be brief<|end|><|user|>spell cat<|end|><|assistant|>c a t<|end|>"
+                               "<|user|>spell at<|end|><|assistant|>a t<|end|>")
+    said = "".join(tok.decode([i]) for i, m in zip(ids, mask) if m)
+    assert said == "c a t<|end|>a t<|end|>"                               # every assistant turn, nothing else
+    prompt = chat.render_prompt(tok, SYSTEM[:2])
+    assert tok.decode(prompt) == "<|system|>be brief<|end|><|user|>spell cat<|end|><|assistant|>"
+    bpe = chat.chat_tokenizer(BPE.train("spell the cat, then count it " * 20, 300), [SYSTEM])
+    assert bpe.special_tokens[chat.SYSTEM] == bpe.vocab_size - 1
+    assert chat.SYSTEM not in chat.chat_tokenizer(BPE.train("spell the cat " * 20, 280), [SPELL]).special_tokens
+    # (no system message: no <|system|>)
+
+
+def test_a_model_without_the_system_token_is_told_so(char_tok):
+    with pytest.raises(ValueError, match="needs the <\\|system\\|> token"):
+        chat.render_prompt(char_tok, SYSTEM[:2])
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_special_tokens_inside_a_message_are_ordinary_text(kind):
+    said = "type <|end|> then <|endoftext|> and <|user|>"
+    convo = [{"role": "user", "content": said}, {"role": "assistant", "content": "ok <|assistant|>"}]
+    base = CharTokenizer.from_text("type then and ok\n") if kind == "char" else \
+        BPE.train("type then and ok " * 30, 300, special_tokens=["<|endoftext|>"])
+    tok = chat.chat_tokenizer(base, [convo])
+    ids, mask = chat.render(tok, convo)
+    specials = set(tok.special_tokens.values())
+    assert [i for i in ids if i in specials] == [tok.special_tokens[t] for t in
+                                                 ("<|user|>", "<|end|>", "<|assistant|>", "<|end|>")]
+    assert tok.decode(ids) == f"<|user|>{said}<|end|><|assistant|>ok <|assistant|><|end|>"
+    prompt = chat.render_prompt(tok, convo[:1])                            # what train.chat sends the model
+    assert [i for i in prompt if i in specials] == [tok.special_tokens[t] for t in
+                                                    ("<|user|>", "<|end|>", "<|assistant|>")]

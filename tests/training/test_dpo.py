@@ -304,3 +304,70 @@ def test_the_heldout_report_command_errs_in_one_line(chat_model, tmp_path, capsy
         report_main(["--out_dir", str(tmp_path / "none"), "--data", str(chat_model / "pairs")])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 1 and len(err.splitlines()) == 1 and "no checkpoint" in err
+
+
+# ---------------------------------------------------------------------------
+# the cost of a step, and what --eval_only prints
+def test_a_dpo_step_costs_two_forwards(chat_model, tmp_path, monkeypatch):
+    """TRL's way: chosen and rejected through the policy in one forward (concatenated on the batch),
+    and through the reference in one: 2 forwards a step, whatever the micro-batches hold."""
+    from train import loop
+    calls, per_step = [], []
+    real_forward, real_step = GPT.forward, loop.train_step
+
+    def counted_forward(self, *args, **kwargs):
+        calls.append(1)
+        return real_forward(self, *args, **kwargs)
+
+    def counted_step(*args, **kwargs):
+        calls.clear()
+        out = real_step(*args, **kwargs)
+        per_step.append(len(calls))
+        return out
+    monkeypatch.setattr(GPT, "forward", counted_forward)
+    monkeypatch.setattr(loop, "train_step", counted_step)
+    assert dpo(chat_model, tmp_path / "run", "--max_iters", "3", "--compile", "False", "--dpo_nll", "0.5") == 0
+    assert per_step == [2, 2, 2]
+    per_step.clear()
+    assert dpo(chat_model, tmp_path / "acc", "--max_iters", "2", "--compile", "False", "--batch_size", "4",
+               "--gradient_accumulation_steps", "2") == 0
+    assert per_step == [4, 4]                                             # 2 a micro-batch
+
+
+def test_the_concatenated_forward_gives_each_answers_own_logprobs(chat_model):
+    from train.dpo import pair_logprobs
+    state, _, meta = checkpoint.load(str(chat_model / "sft.npz"))
+    model = GPT(GPTConfig(**meta["config"]))
+    model.load_state_dict(state)
+    tok = tiny_chat_tokenizer()
+    data = load_pairs(str(chat_model / "pairs"), tok)
+    batch = tuple(ta.tensor(a) for a in data.get_batch("val", 5, 48, np.random.default_rng(0)))
+    chosen, rejected = pair_logprobs(model, batch)
+    np.testing.assert_allclose(chosen.numpy(), sequence_logprobs(model, batch[0], batch[1]).numpy(), rtol=1e-5)
+    np.testing.assert_allclose(rejected.numpy(), sequence_logprobs(model, batch[2], batch[3]).numpy(), rtol=1e-5)
+
+
+def test_eval_only_prints_what_a_dpo_evaluation_prints(chat_model, tmp_path, capsys):
+    assert dpo(chat_model, tmp_path / "run", "--max_iters", "4", "--eval_interval", "4") == 0
+    last = json.loads((tmp_path / "run" / "summary.json").read_text())
+    capsys.readouterr()
+    assert main(["--data", str(chat_model / "pairs"), "--out_dir", str(tmp_path / "run"), "--resume",
+                 "--eval_only"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line == (f"eval at step 4: train loss {last['train_loss']:.4f}, val loss {last['val_loss']:.4f} (reward "
+                    f"accuracy {last['val_reward_accuracy']:.3f}, dpo loss {last['val_dpo_loss']:.4f}, log-prob drift "
+                    f"chosen {last['val_chosen_drift']:+.3f}, rejected {last['val_rejected_drift']:+.3f})")
+    assert main(["--stage", "dpo", "--init_from", str(chat_model / "sft.npz"), "--data", str(chat_model / "pairs"),
+                 "--out_dir", str(tmp_path / "new"), "--eval_only"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("eval at step 0: train loss 0.6931, val loss 0.6931 (reward accuracy 0.000, dpo loss "
+                           "0.6931, log-prob drift chosen +0.000") and "perplexity" not in line
+
+
+def test_resume_appended_to_the_dpo_command_reloads_its_reference(chat_model, tmp_path, capsys):
+    assert dpo(chat_model, tmp_path / "a", "--max_iters", "8") == 0
+    assert dpo(chat_model, tmp_path / "b", "--max_iters", "4", "--lr_decay_iters", "8") == 0
+    assert dpo(chat_model, tmp_path / "b", "--max_iters", "8", "--resume") == 0
+    assert "is the model the run started from" in capsys.readouterr().err
+    a, b = (checkpoint.load(str(tmp_path / r / "ckpt.npz")) for r in ("a", "b"))
+    assert all(np.array_equal(a[0][k], b[0][k]) for k in a[0]) and a[2]["train_losses"] == b[2]["train_losses"]

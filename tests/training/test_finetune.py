@@ -105,6 +105,35 @@ def test_resume_of_a_fine_tuned_run_is_exact(texts, trained, tmp_path):
     assert a["val_loss"] == b["val_loss"] and a["iters"] == b["iters"] == 20
 
 
+def test_the_same_command_with_resume_appended_resumes_it(texts, trained, tmp_path, capsys):
+    """nanoGPT's habit: the command that started a fine-tuning run, --resume appended, continues it;
+    its --init_from is checked against the run's and then ignored, with one line."""
+    assert finetune(texts, trained / "ckpt.npz", tmp_path / "a") == 0
+    assert finetune(texts, trained / "ckpt.npz", tmp_path / "b", "--max_iters", "10") == 0
+    capsys.readouterr()
+    assert finetune(texts, trained / "ckpt.npz", tmp_path / "b", "--resume") == 0
+    err = capsys.readouterr().err
+    assert f"--init_from {trained / 'ckpt.npz'} is the model the run started from" in err
+    a = json.loads((tmp_path / "a" / "summary.json").read_text())
+    b = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert a["val_loss"] == b["val_loss"] and a["iters"] == b["iters"] == 20
+    # another model is refused in one line
+    with pytest.raises(SystemExit) as e:
+        finetune(texts, trained / "best.npz", tmp_path / "b", "--resume", "--max_iters", "30")
+    code = e.value.code
+    assert "is not the model the run in" in one_line_error(capsys, 2, code)
+
+
+def test_a_config_file_that_sets_init_from_resumes_its_run(texts, trained, tmp_path, capsys):
+    config = tmp_path / "my_ft.py"
+    config.write_text(f"init_from = {str(trained)!r}\ndata = {texts['second']!r}\nout_dir = {str(tmp_path / 'b')!r}\n")
+    tiny = [flag for flag in TINY]
+    assert main([str(config), *tiny, "--max_iters", "10"]) == 0
+    assert main([str(config), *tiny, "--max_iters", "20", "--resume"]) == 0
+    assert "the run continues from" in capsys.readouterr().err
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["iters"] == 20
+
+
 def one_line_error(capsys, code, returned):
     assert returned == code
     err = "\n".join(error_lines(capsys.readouterr().err))
@@ -126,7 +155,8 @@ def test_init_from_refusals(texts, trained, tmp_path, capsys):
             returned = e.code
         return one_line_error(capsys, code, returned)
 
-    assert "give one of them" in refused("--init_from", str(trained), "--resume", code=2)
+    assert "started from scratch" in refused("--init_from", str(trained), "--out_dir", str(trained), "--resume",
+                                             code=2)
     assert "--n_embd 32 (the model has 16)" in refused("--init_from", str(trained), "--n_embd", "32")
     assert "--block_size 64 (the model has 16 positions)" in refused("--init_from", str(trained), "--block_size", "64")
     assert "neither a checkpoint" in refused("--init_from", str(tmp_path / "nothing"))

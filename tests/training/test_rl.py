@@ -131,9 +131,9 @@ def test_greedy_answers_are_generates_and_samples_come_from_the_generator_given(
 def test_a_batch_holds_each_answer_as_targets_after_its_prompt(assistant):
     model, tok = chat_model()
     args = SimpleNamespace(rl_tasks="count", data=assistant.text, rl_samples=4, rl_temperature=1.0, rl_kl=0.0,
-                           rl_std=False, rl_max_tokens=5, rl_eval_prompts=6, block_size=48, seed=0)
-    data = rl.load_tasks(args, tok)
-    data.attach(model)
+                           rl_std=False, rl_max_tokens=5, rl_eval_prompts=6, block_size=48, seed=0, rl_reward=None,
+                           rl_tasks_given=True)
+    data = rl_stage(args, tok, model)
     x, y, advantages, ref = data.get_batch("train", 3, 48, np.random.default_rng(0))
     assert x.shape == y.shape == ref.shape and x.shape[0] == 12 and advantages.shape == (12,)
     np.testing.assert_allclose(advantages.reshape(3, 4).sum(1), 0, atol=1e-6)     # each group's mean is 0
@@ -143,6 +143,13 @@ def test_a_batch_holds_each_answer_as_targets_after_its_prompt(assistant):
         assert x[n, first] == tok.special_tokens["<|assistant|>"]      # the answer starts after <|assistant|>
         np.testing.assert_array_equal(x[n, first + 1:first + len(answer)], answer[:-1])
         assert (y[n, first:first + len(answer)] >= 0).all() and len(answer) <= 5
+
+
+def rl_stage(args, tok, model):
+    """The --stage rl object of ``args``, answering with ``model``."""
+    stage = rl.RL(rl.load_questions(args, tok), args)
+    stage.prepare(model, None, None, [])
+    return stage
 
 
 # ---------------------------------------------------------------- through python -m train
@@ -156,7 +163,7 @@ def rl_run(assistant, out, *extra):
 def final_state(out):
     model, optim, meta = checkpoint.load(str(out / "ckpt.npz"))
     optim_arrays = {f"{i}/{k}": v for i, values in optim["state"].items() for k, v in values.items()}
-    return model, optim_arrays, meta["train_losses"], meta["log"], meta["step"]
+    return model, optim_arrays, meta["train_losses"], (meta["log"], meta["step_log"]), meta["step"]
 
 
 def test_a_few_rl_steps_write_a_gpt_checkpoint_and_an_accuracy_log(assistant, tmp_path, capsys):
@@ -165,7 +172,7 @@ def test_a_few_rl_steps_write_a_gpt_checkpoint_and_an_accuracy_log(assistant, tm
     said = capsys.readouterr().out
     assert "done: 4 iters, held-out sampled accuracy " in said and "greedy accuracy" in said
     header = (out / "log.csv").read_text().splitlines()[0]
-    assert header == "step,sampled_accuracy,greedy_accuracy,lr,time"
+    assert header == "step,lr,time,sampled_accuracy,greedy_accuracy,reward,frac_reward_zero_std"
     summary = json.loads((out / "summary.json").read_text())
     assert 0 <= summary["sampled_accuracy"] <= 1 and summary["iters"] == 4
     model, _, meta = checkpoint.load(str(out / "ckpt.npz"))        # a GPT checkpoint, as any other
@@ -184,7 +191,7 @@ def uninterrupted(assistant, tmp_path_factory):
 @pytest.mark.parametrize("what, at_call", [("sample", 19), ("sample", 30), ("sample", 39), ("forward", 4), ("eval", 2)])
 def test_ctrl_c_and_resume_is_exact(assistant, tmp_path, uninterrupted, what, at_call):
     owner, name = {"sample": (rl, "sample_answers"), "forward": (rl, "rl_loss"),
-                   "eval": (rl.RLTasks, "evaluate")}[what]
+                   "eval": (rl.RL, "evaluate")}[what]
     real, calls = getattr(owner, name), []
 
     def patched(*args, **kwargs):
@@ -195,8 +202,6 @@ def test_ctrl_c_and_resume_is_exact(assistant, tmp_path, uninterrupted, what, at
     out = tmp_path / "run"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(owner, name, patched)
-        if what == "forward":                         # the dataset binds rl_loss when it is made
-            mp.setattr(rl, "partial", lambda fn, **kw: lambda m, b: patched(m, b, **kw))
         assert main(rl_run(assistant, out, "--max_iters", "7", "--rl_kl", "0.1")) == 130
     stopped = checkpoint.read_meta(str(out / "ckpt.npz"))["step"]
     assert 0 < stopped < 7
@@ -205,8 +210,9 @@ def test_ctrl_c_and_resume_is_exact(assistant, tmp_path, uninterrupted, what, at
     want_model, want_optim, want_losses, want_log, want_step = uninterrupted
     assert step == want_step == 7
     assert losses == want_losses
-    assert [{k: v for k, v in r.items() if k != "time"} for r in log] == \
-        [{k: v for k, v in r.items() if k != "time"} for r in want_log]
+    assert [{k: v for k, v in r.items() if k != "time"} for r in log[0]] == \
+        [{k: v for k, v in r.items() if k != "time"} for r in want_log[0]]
+    assert log[1] == want_log[1] and len(log[1]) == 7            # each step's rewards, as the uninterrupted run's
     for key in model:
         np.testing.assert_array_equal(model[key], want_model[key], err_msg=key)
     for key in optim:
@@ -269,9 +275,8 @@ def test_shared_batches_give_each_process_whole_groups_of_answers(assistant, mon
     model, tok = chat_model()
     args = SimpleNamespace(rl_tasks="count", data=assistant.text, rl_samples=4, rl_temperature=1.0, rl_kl=0.0,
                            rl_std=False, rl_max_tokens=4, rl_eval_prompts=6, block_size=48, seed=0, batch_size=4,
-                           shared_batches=True)
-    data = rl.load_tasks(args, tok)
-    data.attach(model)
+                           shared_batches=True, rl_reward=None, rl_tasks_given=False)
+    data = rl_stage(args, tok, model)
     whole = data.get_batch("train", 4, 48, np.random.default_rng(3))
     monkeypatch.setattr(dist, "world_size", lambda: 2)
     parts = []
@@ -321,3 +326,132 @@ def test_rl_trains_over_two_processes_and_resumes(assistant, tmp_path, monkeypat
     model, _, meta = checkpoint.load(str(out / "ckpt.npz"))
     assert meta["step"] == 6 and len(meta["train_losses"]) == 6 and meta["world_size"] == 2
     GPT(GPTConfig(**meta["config"])).load_state_dict(model)
+
+
+# ---------------------------------------------------------------- your own prompts and rewards
+def write_prompts(path, n=12, conversations=False):
+    rows = []
+    for i in range(n):
+        word = ["cat", "dog", "sun", "sea"][i % 4]
+        if conversations:
+            rows.append({"messages": [{"role": "user", "content": f"spell {word}"},
+                                      {"role": "assistant", "content": " ".join(word)}]})
+        else:
+            rows.append({"prompt": f"spell {word}", "answer": " ".join(word), "level": i % 3})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+REWARD_MODULE = '''
+import json, os
+CALLS = os.environ["REWARD_CALLS"]
+
+
+def by_length(completions, prompts, answer, level, **kwargs):
+    with open(CALLS, "a") as f:
+        f.write(json.dumps(dict(completions=completions, prompts=prompts, answer=answer, level=level)) + "\\n")
+    return [float(len(c)) / 4 for c in completions]
+
+
+def nothing(completions, **kwargs):
+    return [0.0] * len(completions)
+'''
+
+
+@pytest.fixture
+def reward_module(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards.py").write_text(REWARD_MODULE)
+    monkeypatch.setenv("REWARD_CALLS", str(tmp_path / "calls.jsonl"))
+    return str(tmp_path / "my_rewards.py")
+
+
+def prompts_run(assistant, data, out, *extra):
+    return ["--stage", "rl", "--init_from", assistant.ckpt, "--data", data, "--out_dir", str(out),
+            "--rl_prompts", "2", "--rl_samples", "3", "--rl_max_tokens", "3", "--eval_interval", "2",
+            "--log_interval", "1", "--quiet", *extra]
+
+
+def test_rl_on_a_prompts_file_with_a_reward_function_of_yours(assistant, reward_module, tmp_path, capsys):
+    data = write_prompts(tmp_path / "prompts.jsonl")
+    out = tmp_path / "rl"
+    assert main(prompts_run(assistant, data, out, "--max_iters", "3", "--rl_reward",
+                            f"{reward_module}:by_length")) == 0
+    calls = [json.loads(line) for line in open(tmp_path / "calls.jsonl")]
+    train_call = calls[2]                       # (the evaluation at step 0 comes first: sampled, then greedy)
+    assert len(train_call["completions"]) == 6 and all(isinstance(c, str) for c in train_call["completions"])
+    assert all(p.startswith("spell ") for p in train_call["prompts"])
+    assert [" ".join(p.split()[1]) for p in train_call["prompts"]] == train_call["answer"]    # the row's columns
+    assert all(level in (0, 1, 2) for level in train_call["level"])
+    rows = list(csv_rows(out / "log.csv"))
+    assert [int(r["step"]) for r in rows] == [0, 1, 2, 3]               # a row a step, evaluations at 0 and 2
+    lengths = [len(c) / 4 for c in train_call["completions"]]
+    assert float(rows[0]["reward"]) == pytest.approx(np.mean(lengths), abs=1e-6)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["iters"] == 3 and summary["dataset"] == "rl: prompts.jsonl, reward " + f"{reward_module}:by_length"
+    # 12 prompts: the last tenth (one) is held out, answered 3 times sampled and once greedily
+    assert [len(c["completions"]) for c in calls[:2]] == [3, 1] and calls[1]["prompts"] == ["spell sea"]
+
+
+def csv_rows(path):
+    import csv
+    with open(path) as f:
+        yield from csv.DictReader(f)
+
+
+def test_a_conversations_file_is_prompts_with_reference_answers(assistant, tmp_path):
+    data = write_prompts(tmp_path / "convs.json", conversations=True)      # (named .json: read by content)
+    out = tmp_path / "rl"
+    assert main(prompts_run(assistant, data, out, "--max_iters", "2", "--rl_reward", "contains")) == 0
+    meta = checkpoint.read_meta(str(out / "ckpt.npz"))
+    assert meta["dataset"] == "rl: convs.json, reward contains" and len(meta["step_log"]) == 2
+
+
+def test_built_in_rewards_take_trls_arguments():
+    completions = ["c a t", "  c a t ", "it is 42.", "dog", [{"role": "assistant", "content": "7 cats"}]]
+    answers = ["c a t", "c a t", "42", "cat", "7"]
+    assert rl.exact_match(completions, answer=answers, prompts=None) == [1.0, 1.0, 0.0, 0.0, 0.0]
+    assert rl.number_match(completions, answer=answers) == [0.0, 0.0, 1.0, 0.0, 1.0]
+    assert rl.contains(completions, answer=answers) == [1.0, 1.0, 1.0, 0.0, 1.0]
+
+
+def test_a_reward_that_never_varies_is_said_and_logged(assistant, reward_module, tmp_path, capsys):
+    data = write_prompts(tmp_path / "prompts.jsonl")
+    out = tmp_path / "rl"
+    assert main(prompts_run(assistant, data, out, "--max_iters", "21", "--eval_interval", "50",
+                            "--log_interval", "5", "--rl_reward", f"{reward_module}:nothing")) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if "no signal" in line]
+    assert len(err) == 1 and err[0].startswith("python -m train: note: no signal for 20 steps (to step 20)"), err
+    assert "frac_reward_zero_std 1" in err[0]
+    rows = [r for r in csv_rows(out / "log.csv") if r["reward"] != ""]       # (and the final evaluation's, at 21)
+    assert len(rows) == 21 and all(float(r["frac_reward_zero_std"]) == 1.0 and float(r["reward"]) == 0.0
+                                   for r in rows)
+
+
+@pytest.mark.parametrize("content, extra, said", [
+    ('{"prompt": "spell cat", "answer": "c a t"}\n' * 3, ["--rl_tasks", "count"],
+     "is JSON lines, prompts with their answers, not a text for --rl_tasks's words"),
+    ('[{"prompt": "spell cat"}]', [], "is JSON, not a text for the tasks' words"),
+    ('{"prompt": "spell cat"}\n{"prompt": "spell dog"}\n', [], "line 1: expected \"prompt\" (text or messages)"),
+    ("just some words here\n", ["--rl_reward", "exact"], "--rl_reward scores the answers to a file of prompts"),
+    ('{"prompt": "a", "answer": "b"}\n' * 3, ["--rl_reward", "no_such_module:fn"], "cannot import no_such_module"),
+])
+def test_data_that_is_not_a_text_for_the_tasks_is_refused(assistant, tmp_path, capsys, content, extra, said):
+    (tmp_path / "data.txt").write_text(content)
+    code = main(["--stage", "rl", "--init_from", assistant.ckpt, "--data", str(tmp_path / "data.txt"),
+                 "--out_dir", str(tmp_path / "rl"), "--quiet", *extra])
+    err = error_lines(capsys.readouterr().err)
+    assert code == 1 and len(err) == 1 and said in err[0], err
+
+
+def test_a_prompts_run_resumes_exactly_with_its_command_and_resume_appended(assistant, reward_module, tmp_path,
+                                                                           capsys):
+    data = write_prompts(tmp_path / "prompts.jsonl")
+    argv = lambda out: prompts_run(assistant, data, out, "--rl_reward", f"{reward_module}:by_length",  # noqa: E731
+                                   "--lr_decay_iters", "4", "--warmup_iters", "1", "--rl_kl", "0.1")
+    assert main([*argv(tmp_path / "a"), "--max_iters", "4"]) == 0
+    assert main([*argv(tmp_path / "b"), "--max_iters", "2"]) == 0
+    assert main([*argv(tmp_path / "b"), "--max_iters", "4", "--resume"]) == 0
+    assert "is the model the run started from" in capsys.readouterr().err
+    a, b = (checkpoint.load(str(tmp_path / r / "ckpt.npz")) for r in ("a", "b"))
+    assert all(np.array_equal(a[0][k], b[0][k]) for k in a[0])
+    assert a[2]["step_log"] == b[2]["step_log"] and len(a[2]["step_log"]) == 4

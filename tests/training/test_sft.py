@@ -294,13 +294,41 @@ def test_a_base_model_is_evaluated_grown_and_never_answers(base, files, capsys):
 
 
 @pytest.mark.parametrize("argv, said", [
-    (["--tasks", "spell,fly"], "--tasks spell,fly: the tasks are"),
+    (["--tasks", "spell,fly"], "--tasks spell,fly: 'fly' is not a task: the tasks are"),
+    (["--tasks", "spell", "spell"], "--tasks spell spell: a task is given twice"),
     (["--tasks", "spell"], "the word tasks (spell) take their words from a text"),
+    (["--tasks", "add", "--system", "Be brief."], "--system: this model has no system token (<|system|>)"),
 ])
 def test_chat_eval_refusals_are_one_line(sft, capsys, argv, said):
     assert eval_main(["--out_dir", str(sft), *argv]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and said in err[0]
+
+
+def test_chat_eval_tasks_take_commas_and_spaces(sft, files, tmp_path):
+    def evaluated(*tasks):
+        path = tmp_path / "numbers.json"
+        assert eval_main(["--out_dir", str(sft), "--tasks", *tasks, "--n", "2", "--text", str(files / "text.txt"),
+                          "--json", str(path)]) == 0
+        return json.loads(path.read_text())["tasks"]
+
+    by_commas = evaluated("spell,add")
+    assert list(by_commas) == ["spell", "add"]
+    assert evaluated("spell", "add") == evaluated("spell, add") == by_commas
+
+
+@pytest.mark.parametrize("where, said", [
+    ("missing/numbers.json", "--json {p}: the folder {d} does not exist (make it first)"),
+    (".", "--json {p}: is a folder; give a file name"),
+])
+def test_chat_eval_checks_json_before_it_evaluates(sft, tmp_path, capsys, monkeypatch, where, said):
+    import train.chat_eval as chat_eval
+    monkeypatch.setattr(chat_eval, "evaluate", lambda args: pytest.fail("evaluated before --json was checked"))
+    path = tmp_path / where
+    assert eval_main(["--out_dir", str(sft), "--json", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "None" not in err
+    assert err.startswith("python -m train.chat_eval: error: " + said.format(p=path, d=path.parent))
 
 
 def test_load_data_reads_a_conversation_folder(conv):

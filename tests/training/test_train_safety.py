@@ -14,7 +14,7 @@ import pytest
 import tinyattn as ta
 import train.loop as program
 from tinyattn.models import GPT, GPTConfig
-from train import checkpoint, start
+from train import checkpoint, stages, start
 from train.command import main
 
 from training_data import TEXT, TINY, ctrl_c_in_backward, error_lines      # the tiny text and model the training tests use
@@ -510,7 +510,7 @@ def test_a_second_ctrl_c_in_the_final_evaluation_still_saves_every_step(text_fil
 def test_ctrl_c_before_training_began_is_one_line(text_file, tmp_path, capsys, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(start, "load_data", interrupted)
+    monkeypatch.setattr(stages, "load_data", interrupted)
     assert main_caught(["--data", text_file, "--out_dir", str(tmp_path / "run"), *TINY, "--max_iters", "4"]) == 130
     assert one_error_line(capsys) == "python -m train: interrupted before training began: nothing was saved"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
@@ -588,8 +588,8 @@ def test_eval_only_prints_the_losses_and_writes_nothing(text_file, tmp_path, cap
     assert main(["--data", text_file, "--out_dir", str(out), "--resume", "--eval_only"]) == 0
     captured = capsys.readouterr()
     assert captured.out.strip().splitlines()[-1] == (f"eval at step 6: train loss {last['train_loss']:.4f}, val loss "
-                                    f"{last['val_loss']:.4f} (perplexity {last['val_perplexity']:.2f}), "
-                                    f"{last['val_bpb']:.4f} val bits per byte")
+                                    f"{last['val_loss']:.4f} (perplexity {last['val_perplexity']:.2f}, "
+                                    f"{last['val_bpb']:.4f} bits per byte)")      # as each evaluation says it
     assert f"python -m train: evaluating {out / 'ckpt.npz'} at step 6 of " in captured.err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     fresh = tmp_path / "fresh"                            # a new model: the loss at initialisation, nothing written
@@ -597,3 +597,25 @@ def test_eval_only_prints_the_losses_and_writes_nothing(text_file, tmp_path, cap
     line = capsys.readouterr().out
     assert line.startswith("eval at step 0: train loss ") and not fresh.exists()
     assert float(line.split("val loss ")[1].split()[0]) == pytest.approx(np.log(33), abs=0.1)    # vocab 33
+
+
+# ---------------------------------------------------------------- a disk that fills up
+def test_a_full_disk_mid_save_names_the_file_and_keeps_the_last_checkpoint(text_file, tmp_path, capsys,
+                                                                            monkeypatch):
+    import errno
+    out, real, calls = tmp_path / "run", np.savez, []
+
+    def savez(file, **arrays):               # the third checkpoint write (ckpt.npz at step 10) fills the disk
+        calls.append(1)
+        if len(calls) == 3:
+            file.write(b"half a checkpoint")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(file, **arrays)
+    monkeypatch.setattr(checkpoint.np, "savez", savez)
+    code = main_caught(["--data", text_file, "--out_dir", str(out), *TINY, "--max_iters", "10",
+                        "--eval_interval", "5"])
+    assert code == 1
+    assert one_error_line(capsys) == (f"python -m train: error: could not write {out / 'ckpt.npz'}: no space left "
+                                      "on device; the previous ckpt.npz is intact")
+    assert checkpoint.read_meta(str(out / "ckpt.npz"))["step"] == 5
+    assert sorted(os.listdir(out)) == ["best.npz", "ckpt.npz", "log.csv"]      # no temporary file left behind

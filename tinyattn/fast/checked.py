@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 from ..backend import made_backends
+from ..distributed import launched
 
 PACKAGE = Path(__file__).resolve().parents[1]           # tinyattn/
 ENGINE = ("autograd.py", "tensor.py", "ops.py", "backend/__init__.py")       # what every formula runs on
@@ -158,13 +159,14 @@ def differences():
 
 def allowed():
     """The paths that may run now (a set of DEPENDS' names). Where the code that differs is not
-    what the last call found, one line on stderr says what differs and what steps aside."""
+    what the last call found, one line on stderr says what differs and what steps aside (in a
+    job of several processes, the first says it: every process runs the same files)."""
     global _said
     differ = differences()
     off = {path for path, files in DEPENDS.items() if any(f in differ for f in files)}
     if differ != _said:
         _said = differ
-        if differ:
+        if differ and launched()[1] == 0:
             paths = [p for p in DEPENDS if p in off]
             paths = ", ".join(paths[:-1]) + " and " + paths[-1] if len(paths) > 1 else paths[0]
             print(f"tinyattn: {', '.join(_what(f, names) for f, names in sorted(differ.items()))}; {paths} "

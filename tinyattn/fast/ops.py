@@ -28,7 +28,8 @@ class FastOp:
     numbers, in one place: where the fast version declines (``fast_forward`` or ``fast_backward``
     returns NotImplemented: no kernel for these inputs), the teaching op's formula runs; and the
     formula's backward runs wherever a graph of the backward is recorded (create_graph=True),
-    since only a backward written with Tensor ops can be differentiated again.
+    since only a backward written with Tensor ops can be differentiated again. (A fast op that
+    takes every input writes ``forward`` itself: one call less on every op.)
     ``kernels`` names the kernels the op asks for (the op table checks each against the formula)."""
 
     formula = None          # the teaching op (set by _speeding_up below)
@@ -86,9 +87,10 @@ def can_sum_by_blas(backend, a):
 # ---------------------------------------------------------------- ops.py
 class MatMul(FastOp, ops.MatMul):
     """(..., n, k) @ (k, m), as in every Linear layer, runs as one 2-d product (B*T, k) @ (k, m)
-    split over the threads; stacked products (attention's) split their stack."""
+    split over the threads; stacked products (attention's) split their stack. It takes every
+    input, so its forward is the fast version itself (no fast_forward to decline in)."""
 
-    def fast_forward(self, a, b):
+    def forward(self, a, b):
         if b.ndim == 2 and a.ndim > 2:
             flat = self.backend.products.matmul(self.xp.reshape(a, (-1, a.shape[-1])), b)     # (B*T, m)
             return self.xp.reshape(flat, a.shape[:-1] + b.shape[-1:])
@@ -375,9 +377,10 @@ class LayerNorm(FastOp, F.LayerNorm):
 class Linear(FastOp, F.Linear):
     """One 2-d product over the flattened leading dims (on the CPU split over the threads, and
     inside ta.inference_mode with W^T laid out by layouts.py), the bias added in place;
-    backward's products in one split (products.matmuls)."""
+    backward's products in one split (products.matmuls). It takes every input: its forward is
+    the fast version itself."""
 
-    def fast_forward(self, x, weight, bias=None):
+    def forward(self, x, weight, bias=None):
         if x.ndim == 2:                                                  # (N, in) already
             return self.backend.products.linear(x, weight, bias)
         out = self.backend.products.linear(self.xp.reshape(x, (-1, x.shape[-1])), weight, bias)   # (N, out)

@@ -19,7 +19,7 @@ zero biases, which compute the same function.
 
 A character vocabulary or a byte-level BPE tokenizer travels as tokenizer.json, in
 the format of Hugging Face's `tokenizers` (for characters: every character is a token,
-decoding joins them; for BPE see tinyattn/tokenizers/hf.py), which
+special tokens are added tokens, decoding joins them; see tinyattn/tokenizers/hf.py), which
 ``transformers.AutoTokenizer.from_pretrained(folder)`` reads. GPT-2's own BPE
 tokenizer files in a folder are left alone: from_hf reads the weights only.
 """
@@ -28,6 +28,7 @@ import os
 
 from ..backend import get_backend
 from ..safetensors import read_safetensors, save_safetensors
+from ..tokenizers.hf import read_hf_tokenizer
 
 np = get_backend("cpu").xp          # weights travel through host memory
 
@@ -45,16 +46,19 @@ def is_conv1d(name):
 
 def export_hf(model, folder, chars=None, tokenizer=None):
     """Write ``folder``/config.json and ``folder``/model.safetensors for
-    ``transformers.GPT2LMHeadModel.from_pretrained(folder)``; with ``chars`` (the
-    character of each token id) or ``tokenizer`` (a tinyattn BPE) also tokenizer.json
-    and tokenizer_config.json."""
+    ``transformers.GPT2LMHeadModel.from_pretrained(folder)``; with ``tokenizer`` (a tinyattn
+    CharTokenizer or BPE) or ``chars`` (the token of each id: characters, and special tokens
+    such as <|user|>, which are longer) also tokenizer.json and tokenizer_config.json."""
     config = model.config
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise ValueError(f"export_hf: {folder} is a file; give a folder to write config.json and model.safetensors into")
     if chars is not None and tokenizer is not None:
         raise ValueError("export_hf: give chars or tokenizer, not both")
-    if chars is not None and len(chars) != config.vocab_size:
-        raise ValueError(f"export_hf: {len(chars)} characters for a vocabulary of {config.vocab_size} tokens")
+    if chars is not None:
+        from ..tokenizers import CharTokenizer
+        tokenizer = CharTokenizer(chars, special_tokens=[c for c in chars if len(c) != 1])
+    if tokenizer is not None and tokenizer.kind == "char" and tokenizer.vocab_size != config.vocab_size:
+        raise ValueError(f"export_hf: {tokenizer.vocab_size} characters for a vocabulary of {config.vocab_size} tokens")
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
         raise ValueError(f"export_hf: the tokenizer has {tokenizer.vocab_size} ids, more than the model's "
                          f"{config.vocab_size}")
@@ -93,59 +97,31 @@ def export_hf(model, folder, chars=None, tokenizer=None):
     os.makedirs(folder, exist_ok=True)
     save_safetensors(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
     _write_json(os.path.join(folder, "config.json"), hf_config)
-    if chars is not None or tokenizer is not None:
+    if tokenizer is not None:
+        from ..tokenizers import ENDOFTEXT
+        from ..tokenizers.hf import char_to_hf_json, to_hf_json
         tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast",
                             "clean_up_tokenization_spaces": False,   # else decode() moves spaces around punctuation
                             "model_max_length": config.block_size}
-        if tokenizer is not None:
-            from ..tokenizers import ENDOFTEXT
-            from ..tokenizers.hf import to_hf_json
-            _write_json(os.path.join(folder, "tokenizer.json"), to_hf_json(tokenizer))
-            if ENDOFTEXT in tokenizer.special_tokens:               # GPT-2's name for it: the tokenizer's eos
-                tokenizer_config["eos_token"] = ENDOFTEXT
-        else:
-            _write_json(os.path.join(folder, "tokenizer.json"), char_tokenizer_json(chars))
+        as_json = char_to_hf_json if tokenizer.kind == "char" else to_hf_json
+        _write_json(os.path.join(folder, "tokenizer.json"), as_json(tokenizer))
+        if ENDOFTEXT in tokenizer.special_tokens:                   # GPT-2's name for it: the tokenizer's eos
+            tokenizer_config["eos_token"] = ENDOFTEXT
         _write_json(os.path.join(folder, "tokenizer_config.json"), tokenizer_config)
-
-
-CHAR_SPLIT = "[\\s\\S]"                                     # a regex for "any one character", newlines too
-
-
-def char_tokenizer_json(chars):
-    """A character vocabulary as Hugging Face `tokenizers` JSON: split the text into single
-    characters, look each up (WordLevel), and join them back when decoding (Fuse).
-
-    WordLevel needs an unknown token for a character it has not seen. The model has no row
-    for one, so an unseen character reads as the space (or, without one, the first character)."""
-    unknown = " " if " " in chars else chars[0]
-    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
-            "pre_tokenizer": {"type": "Split", "pattern": {"Regex": CHAR_SPLIT}, "behavior": "Isolated",
-                              "invert": False},
-            "post_processor": None,
-            "decoder": {"type": "Fuse"},
-            "model": {"type": "WordLevel", "vocab": {c: i for i, c in enumerate(chars)}, "unk_token": unknown}}
 
 
 def read_chars(folder):
     """The character vocabulary that export_hf wrote into ``folder`` (a list: token id ->
-    character), or None when the folder holds some other tokenizer, or none."""
-    path = os.path.join(folder, "tokenizer.json")
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            tok = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    model = tok.get("model") if isinstance(tok, dict) else None
-    split = (tok.get("pre_tokenizer") or {}).get("pattern", {}).get("Regex") if isinstance(tok, dict) else None
-    if not isinstance(model, dict) or model.get("type") != "WordLevel" or split != CHAR_SPLIT:
-        return None
-    vocab = model.get("vocab") or {}
-    chars = sorted(vocab, key=vocab.get)
-    if sorted(vocab.values()) != list(range(len(vocab))) or any(len(c) != 1 for c in chars):
-        raise ValueError(f"{path}: a character vocabulary needs single characters numbered 0 to {len(vocab) - 1}")
-    return chars
+    character, or special token), or None when the folder holds some other tokenizer, or none.
+    read_tokenizer gives the tokenizer itself."""
+    tok = read_hf_tokenizer(folder)
+    return tok.chars if tok is not None and tok.kind == "char" else None
+
+
+def read_tokenizer(folder):
+    """The tokenizer (a CharTokenizer or a byte-level BPE) that export_hf wrote into ``folder``,
+    or None when the folder holds some other tokenizer, or none."""
+    return read_hf_tokenizer(folder)
 
 
 def config_from_hf(hf, where):

@@ -1,7 +1,7 @@
 """Benchmark: attention paths side by side in one process: where auto should switch, and how the
 tiled path compares with PyTorch's SDPA.
 
-    python bench/bench_dispatch.py                       # naive against tiled, B, H, T of BENCHMARKS.md
+    python bench/bench_dispatch.py                       # naive against tiled, B, H, T of docs/benchmarks.md
     python bench/bench_dispatch.py --shapes 1,8,512 4,6,256 --repeats 30
     python bench/bench_dispatch.py --paths tiled torch --shapes 1,8,4096 --repeats 5   # needs PyTorch
 

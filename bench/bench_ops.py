@@ -1,6 +1,6 @@
 """Benchmark: one small op without a graph, tinyattn against PyTorch, side by side in one process.
 
-    python bench/bench_ops.py                          # the five ops of BENCHMARKS.md
+    python bench/bench_ops.py                          # the five ops of docs/benchmarks.md
     python bench/bench_ops.py --ops add matmul --rounds 30
 
 What a step of a small model, or one decoded token, pays per op: the engine's

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks, in one run of at most about 8 minutes (bench/BENCHMARKS.md has the command):
+# The GPU checks, in one run of at most about 8 minutes (docs/benchmarks.md has the command):
 #   1. pytest -m gpu        every op numpy vs CuPy (forward, backward, float64 gradchecks on the GPU),
 #                           each registered fused kernel against its op's formula, a short GPT run
 #                           on CPU and GPU with matching losses

@@ -14,7 +14,7 @@ n_embd = 64
 # Head dropout (a head is dropped for a whole sentence a quarter of the time) makes a head that
 # handles one kind of noun only, and leaves the other kind to another head, a bad bet: one head
 # learns to choose for both. PyTorch's default init (not GPT-2's) made that head appear at more
-# seeds. Over seeds: bench/BENCHMARKS.md, python -m train.experiments.seeds.
+# seeds. Over seeds: docs/benchmarks.md, python -m train.experiments.seeds.
 head_dropout = 0.25
 init = "default"
 

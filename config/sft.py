@@ -13,5 +13,5 @@ lr_decay_iters = 1500
 eval_interval = 250
 eval_iters = 20
 
-# To keep the base's knowledge of its text, mix some of it into each batch (README, "From a
-# language model to an assistant"): --mix_data input.txt --mix_fraction 0.1 --batch_size 36
+# To keep the base's knowledge of its text, mix some of it into each batch (docs/sft.md,
+# "Forgetting"): --mix_data input.txt --mix_fraction 0.1 --batch_size 36

@@ -1,9 +1,9 @@
-"""notebooks/tour.ipynb runs from top to bottom, and is kept in git without outputs."""
+"""docs/tour.ipynb runs from top to bottom, and is kept in git without outputs."""
 from pathlib import Path
 
 import pytest
 
-NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "tour.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "docs" / "tour.ipynb"
 
 
 def test_the_notebook_is_stored_without_outputs():

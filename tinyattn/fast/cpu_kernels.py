@@ -36,7 +36,7 @@ element, several times slower than numpy's SIMD loop. ``_exp`` below is
 the classic Cephes float32 exp (a range reduction and a degree-6
 polynomial, within 1e-7 relative), written so that the compiler turns the
 loop into SIMD code, as fast as numpy's own float32 exp or faster on the CPUs
-measured (bench/BENCHMARKS.md). float64 keeps the exact ``np.exp``.
+measured (docs/benchmarks.md). float64 keeps the exact ``np.exp``.
 """
 import math
 
@@ -279,7 +279,7 @@ def gelu_erf_backward(x, g):
 # layer norm over the last dim, one row at a time
 # --------------------------------------------------------------------------
 # Layer norm costs about half as much an element as the other kernels, so it splits from twice as
-# many elements (bench/BENCHMARKS.md: what this bought the baby and default GPT steps).
+# many elements (docs/benchmarks.md: what this bought the baby and default GPT steps).
 _LIGHT = 2
 
 
@@ -432,7 +432,7 @@ def _masked_softmax_fwd(x, allowed, first, stop, dense, scale, y):   # x, y (N, 
 # _ROW: a kernel that may run in place (y is x, as attention's forward and backward call them)
 # writes each row through a scratch row. Written straight into y, the loops would read and write
 # one array, and the compiler, which cannot prove that safe for SIMD, runs them one element at a
-# time: 3 to 4 times slower (bench/BENCHMARKS.md).
+# time: 3 to 4 times slower (docs/benchmarks.md).
 
 
 @row_kernel

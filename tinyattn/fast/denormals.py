@@ -4,7 +4,7 @@ A float32 below 2**-126 (about 1.2e-38) in size is subnormal: it has fewer
 bits of precision than the others, and an x86 CPU takes a slow path for every
 operation that reads or makes one. Fine-tuning makes them, as probabilities,
 weights and gradients shrink towards zero, and a matrix product with subnormal
-entries can take a hundred times as long (bench/BENCHMARKS.md).
+entries can take a hundred times as long (docs/benchmarks.md).
 
 Two bits of each thread's SSE control register (MXCSR) make the CPU treat them
 as zero: FTZ (flush to zero: a result too small to be normal becomes 0) and DAZ

@@ -4,7 +4,7 @@ A Linear layer computes x @ W^T with W stored (out, in), as in PyTorch. BLAS
 takes the transposed W as it is, but some BLAS builds run that product
 several times slower than the same product with W^T stored contiguous when x
 has few rows, as when a model decodes a token or two at a time (OpenBLAS 0.3
-on AVX-512, 8 rows: about 4x; bench/BENCHMARKS.md). Copying W^T for every
+on AVX-512, 8 rows: about 4x; docs/benchmarks.md). Copying W^T for every
 call would cost more than it saves; inside ``ta.inference_mode()`` the
 weights do not change, so the copy is made once per block and kept.
 

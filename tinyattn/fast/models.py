@@ -4,7 +4,7 @@ They sit above the models, as the models sit above nn.
 
 In training on the CPU, a Block records one op, BlockOp, whose forward and backward are
 one kernel each (cpu_block.py): a quarter less time a step for the small GPTs than op by
-op (bench/BENCHMARKS.md). Wherever it could differ from the layers op by op (a profiler
+op (docs/benchmarks.md). Wherever it could differ from the layers op by op (a profiler
 or anomaly detection watching, dropout at work other than DropHead's, a layer of the
 learner's own, the tiled attention, a batch that does not share evenly over the threads),
 the block runs op by op; so does its backward under a profiler or anomaly detection, or

@@ -17,7 +17,7 @@ compiled kernels release the GIL, so they run in parallel). From the first
 op of ``FLOOR`` or more on, BLAS stays at one thread (threadpoolctl; ``hold_blas``), so no
 OpenBLAS thread spins beside the pool: numpy products of your own then run
 on one thread too. ``ta.set_num_threads(1)`` gives BLAS back its own setting. (Changing BLAS's thread count around every op
-instead made the pool's products slower: bench/BENCHMARKS.md.)
+instead made the pool's products slower: docs/benchmarks.md.)
 
 Off (every op on the calling thread, BLAS as it is) with one core, without
 threadpoolctl (the ``fast`` extra), after ``set_num_threads(1)``, or with
@@ -172,7 +172,7 @@ def wake_blas():
 
     Some OpenBLAS builds run smaller one-thread products ((256, 256) x (256, 64))
     several times slower in a thread that has not yet run one product of about
-    this size, however many it runs (bench/BENCHMARKS.md, "What the fast layer's
+    this size, however many it runs (docs/benchmarks.md, "What the fast layer's
     choices rest on"). The pool's threads, and tiled attention's, would only ever
     run such products. It costs about a millisecond per thread, once.
     """

@@ -4,6 +4,7 @@ A Tensor wraps one backend array. Its methods are thin: each calls an op
 from ``ops.py``, and the engine in ``autograd.py`` records it.
 """
 from . import autograd, ops as _ops
+from .errors import DtypeError, TensorError
 from .backend import get_backend, float32, float64, int64, dtype_of_host, is_device, seed_all, host_rng
 
 
@@ -116,7 +117,7 @@ class Tensor:
 
     def item(self):
         if self.numel() != 1:
-            raise ValueError(f"item() needs a tensor with one element, not shape {self.shape}")
+            raise TensorError(f"item() needs a tensor with one element, not shape {self.shape}")
         return self.numpy().reshape(()).item()
 
     def tolist(self):
@@ -248,6 +249,9 @@ class Tensor:
             return _ops.Pow.apply(*_ops.operands(self, other, "**"))
         if not isinstance(other, (int, float)) or isinstance(other, bool):
             return _ops.Pow.apply(*_ops.operands(self, other, "**"))
+        if isinstance(other, int) and other < 0 and self.dtype.kind != "f":
+            raise TensorError(f"**: integers to negative integer powers are refused, as in PyTorch "
+                              f"(this tensor is {self.dtype}; convert it with .float() first)")
         base = self if self.dtype.kind == "f" or isinstance(other, int) else self.to(float32)
         base = base if base.dtype.kind != "b" else base.to(int64)          # bool ** 2 is int64, as in PyTorch
         return _ops.PowScalar.apply(base, exponent=other)
@@ -287,12 +291,12 @@ class Tensor:
         with autograd.set_grad_enabled(False):
             result = out_of_place(self, other)
         if result.shape != self.shape:
-            raise ValueError(f"{what}: the result has shape {result.shape}, "
-                             f"the tensor has shape {self.shape}")
+            raise TensorError(f"{what}: the result has shape {result.shape}, "
+                              f"the tensor has shape {self.shape}")
         if result.dtype != self.dtype:
             if _is_float(result.dtype) and not _is_float(self.dtype):
-                raise TypeError(f"{what}: the result is {result.dtype}, which cannot be stored "
-                                f"in a {self.dtype} tensor (convert it first with .float())")
+                raise DtypeError(f"{what}: the result is {result.dtype}, which cannot be stored "
+                                 f"in a {self.dtype} tensor (convert it first with .float())")
             result = result.to(self.dtype)
         self._write(result.data, what, f"write `{new}` for a new tensor")
         return self
@@ -396,7 +400,10 @@ class Tensor:
 
     def clamp(self, min=None, max=None):
         if min is None and max is None:
-            raise ValueError("clamp: give min, max or both (both None would clamp nothing)")
+            raise TensorError("clamp: give min, max or both (both None would clamp nothing)")
+        for name, bound in (("min", min), ("max", max)):
+            if getattr(bound, "shape", ()) not in ((), self.shape):       # a tensor bound: it must broadcast
+                autograd.broadcast_shape(f"clamp's {name}", self.shape, bound.shape)
         return _ops.Clamp.apply(self, lo=min, hi=max)
 
     clip = clamp                                        # PyTorch's alias (numpy's name)
@@ -411,7 +418,7 @@ class Tensor:
     def mean(self, dim=None, keepdim=False):
         """The mean over ``dim``; NaN over zero elements (0 / 0), as in PyTorch."""
         if not _is_float(self.dtype):
-            raise TypeError(f"mean: expected a float tensor, got {self.dtype} (convert with .float())")
+            raise DtypeError(f"mean: expected a float tensor, got {self.dtype} (convert with .float())")
         axes = _axes(dim, self.ndim, "mean")
         count = 1
         for a in axes:
@@ -466,8 +473,8 @@ class Tensor:
     def permute(self, *dims):
         dims = tuple(_ops.normalize_dim(d, self.ndim, "permute") for d in _shape_arg(dims))
         if sorted(dims) != list(range(self.ndim)):
-            raise ValueError(f"permute: dims {_shape_arg(dims)} are not an order of the {self.ndim} dims "
-                             f"of shape {self.shape}")
+            raise TensorError(f"permute: dims {_shape_arg(dims)} are not an order of the {self.ndim} dims "
+                              f"of shape {self.shape}")
         return _ops.Permute.apply(self, dims=dims)
 
     def transpose(self, dim0, dim1):
@@ -534,8 +541,8 @@ class Tensor:
         """``value`` (a number or a 0-d tensor) where ``mask`` is True; the result keeps this
         tensor's dtype (as in PyTorch)."""
         if isinstance(value, Tensor) and value.ndim:
-            raise ValueError(f"masked_fill: value must be a number or a 0-d tensor, got a tensor of shape "
-                             f"{value.shape} (use ta.where(mask, values, x) for one value per element)")
+            raise TensorError(f"masked_fill: value must be a number or a 0-d tensor, got a tensor of shape "
+                              f"{value.shape} (use ta.where(mask, values, x) for one value per element)")
         return _ops.to_dtype(_ops.where(mask, value, self), self.dtype)
 
     def masked_fill_(self, mask, value):
@@ -564,7 +571,7 @@ def _is_float(dtype):
 
 def _check_not_bool(t, op):
     if t.dtype.kind == "b":
-        raise TypeError(f"{op}: a bool tensor is refused, as in PyTorch (convert with .long() first)")
+        raise DtypeError(f"{op}: a bool tensor is refused, as in PyTorch (convert with .long() first)")
 
 
 def _floating(t):
@@ -586,7 +593,7 @@ def _axes(dim, ndim, op):
     axes = tuple(sorted(_ops.normalize_dim(d, ndim, op) for d in dim))   # (a 0-d tensor: 0 and -1 only)
     axes = axes if ndim else ()
     if len(set(axes)) != len(axes):
-        raise ValueError(f"{op}: dim {tuple(dim)} names a dim twice")
+        raise TensorError(f"{op}: dim {tuple(dim)} names a dim twice")
     return axes
 
 
@@ -605,7 +612,7 @@ def _check_reshape(old, new):
             known *= n
     fits = known == total if not unknown else unknown == 1 and known > 0 and total % known == 0
     if not fits:
-        raise ValueError(f"reshape: cannot reshape a tensor of shape {old} ({total} elements) to {new}")
+        raise TensorError(f"reshape: cannot reshape a tensor of shape {old} ({total} elements) to {new}")
 
 
 def _check_expand(old, new):
@@ -622,7 +629,7 @@ def _check_expand(old, new):
                 problem = f"dim {i} has size {n}; only a dim of size 1 can grow"
                 break
     if problem:
-        raise ValueError(f"expand: cannot expand shape {old} to {new}: {problem}")
+        raise TensorError(f"expand: cannot expand shape {old} to {new}: {problem}")
 
 
 def _host_array(a):
@@ -716,7 +723,7 @@ def arange(start, end=None, step=1, dtype=None, device=None):
     if end is None:
         start, end = 0, start
     if step == 0:
-        raise ValueError("arange: step must not be 0")
+        raise TensorError("arange: step must not be 0")
     host = get_backend("cpu").xp.arange(start, end, step)
     default = float32 if any(isinstance(v, float) for v in (start, end, step)) else int64
     return tensor(host, dtype=dtype or default, device=device)
@@ -751,19 +758,19 @@ def multinomial(input, num_samples, replacement=False):
     if not isinstance(input, Tensor):
         raise TypeError(f"multinomial: input must be a Tensor of weights, got {type(input).__name__}")
     if input.ndim not in (1, 2):
-        raise ValueError(f"multinomial: expected weights of shape (C,) or (N, C), got {input.shape}")
+        raise TensorError(f"multinomial: expected weights of shape (C,) or (N, C), got {input.shape}")
     if not _is_float(input.dtype):
-        raise TypeError(f"multinomial: expected float weights, got {input.dtype} (convert with .float())")
+        raise DtypeError(f"multinomial: expected float weights, got {input.dtype} (convert with .float())")
     C = input.shape[-1]
     if num_samples <= 0 or (not replacement and num_samples > C):
-        raise ValueError(f"multinomial: cannot draw {num_samples} samples from {C} categories"
-                         + ("" if replacement else " without replacement"))
+        raise TensorError(f"multinomial: cannot draw {num_samples} samples from {C} categories"
+                          + ("" if replacement else " without replacement"))
     np = get_backend("cpu").xp
     w = input.numpy().astype(np.float64).reshape(-1, C)                 # (rows, C), on the host
     if not (np.isfinite(w).all() and (w >= 0).all()):
-        raise ValueError("multinomial: the weights must be finite and >= 0 (got inf, nan or a negative weight)")
+        raise TensorError("multinomial: the weights must be finite and >= 0 (got inf, nan or a negative weight)")
     if (w.sum(-1) <= 0).any():
-        raise ValueError("multinomial: a row of weights adds up to 0 (nothing to draw from)")
+        raise TensorError("multinomial: a row of weights adds up to 0 (nothing to draw from)")
     rng = host_rng()
     if replacement:
         cdf = np.cumsum(w, -1)                                           # (rows, C), running sums

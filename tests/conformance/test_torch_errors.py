@@ -1,6 +1,7 @@
 """Where PyTorch refuses, tinyattn refuses too, in its own words (one line naming the op and
-the shapes or dtypes involved), with the same exception class or, where PyTorch raises its
-catch-all RuntimeError, the class that names the kind of mistake (torch_compare.same_kind_of_refusal)."""
+the shapes or dtypes involved), with an error that is an instance of PyTorch's class and, where
+PyTorch raises its catch-all RuntimeError, also of the class that names the kind of mistake
+(torch_compare.same_kind_of_refusal)."""
 import numpy as np
 import pytest
 

@@ -198,8 +198,22 @@ class Tensor:
     def long(self):
         return self.to(int64)
 
+    def is_contiguous(self):
+        """Whether the elements lie in memory one after another in row-major order, as a new
+        tensor's do (a transpose, an ``expand`` or a slice with a step may not)."""
+        strides = self._backend.strides(self.data)
+        if strides is None or 0 in self.shape:
+            return True
+        expected = 1                                   # the stride a row-major layout gives each dim
+        for n, step in zip(reversed(self.shape), reversed(strides)):
+            if n != 1 and step != expected:            # (a dim of size 1 has no neighbour: any stride will do)
+                return False
+            expected *= n
+        return True
+
     def contiguous(self):
-        return self
+        """This tensor if it is contiguous, else a contiguous copy (the gradient passes through)."""
+        return self if self.is_contiguous() else _ops.Clone.apply(self)
 
     # --- autodiff ---
     def backward(self, gradient=None, retain_graph=False, create_graph=False):
@@ -462,13 +476,29 @@ class Tensor:
 
     # --- shape ---
     def reshape(self, *shape):
+        """The same elements under another shape: a view (sharing memory) where the strides
+        allow one, as ``view``; else a copy. As PyTorch's."""
         shape = _shape_arg(shape)
         if shape == self.shape:
             return self
         _check_reshape(self.shape, shape)
-        return _ops.Reshape.apply(self, shape=shape)
+        return _ops.Reshape.apply(self, shape=shape)           # (the array's reshape: a view where it can)
 
-    view = reshape
+    def view(self, *shape):
+        """The same elements under another shape, always sharing memory: refused, as in PyTorch,
+        where the strides do not allow it (a transposed, expanded or stepped tensor); use
+        ``reshape``, which copies there, or ``.contiguous().view(...)``."""
+        shape = _shape_arg(shape)
+        if shape == self.shape:
+            return self
+        new = _check_reshape(self.shape, shape)
+        strides = self._backend.strides(self.data)
+        if strides is not None and _view_strides(self.shape, strides, new) is None:
+            raise TensorError(f"view: a tensor of shape {self.shape} with strides {strides} cannot be seen as "
+                              f"{shape} without a copy: view size is not compatible with input tensor's size and "
+                              "stride (at least one dimension spans across two contiguous subspaces). "
+                              "Use .reshape(...) instead.")
+        return _ops.Reshape.apply(self, shape=shape)
 
     def permute(self, *dims):
         dims = tuple(_ops.normalize_dim(d, self.ndim, "permute") for d in _shape_arg(dims))
@@ -598,7 +628,8 @@ def _axes(dim, ndim, op):
 
 
 def _check_reshape(old, new):
-    """A ValueError naming both shapes unless ``old`` can be reshaped to ``new`` (one -1 allowed)."""
+    """``new`` with its -1 (one is allowed) worked out; a TensorError naming both shapes unless
+    ``old`` can be reshaped to it."""
     total = 1
     for n in old:
         total *= n
@@ -613,6 +644,47 @@ def _check_reshape(old, new):
     fits = known == total if not unknown else unknown == 1 and known > 0 and total % known == 0
     if not fits:
         raise TensorError(f"reshape: cannot reshape a tensor of shape {old} ({total} elements) to {new}")
+    return tuple(total // known if n == -1 else n for n in new) if unknown else new
+
+
+def _view_strides(shape, strides, new):
+    """The strides (in elements) that a view of shape ``new`` would have over elements laid out
+    by ``shape`` and ``strides``; None where no view can show them (PyTorch's rule).
+
+    Cut the old dims into runs that are one block of memory (each dim steps over the whole of
+    the dim to its right; a dim of size 1 joins any run). A view can split or merge dims only
+    within a run: walking both shapes from the right, the new dims must use up each run's
+    elements exactly. A transpose or an ``expand`` breaks the runs, so ``t.T.view(-1)`` fails."""
+    if not shape:                                             # a 0-d tensor: new dims are all 1
+        return (1,) * len(new)
+    if 0 in shape:                                            # no elements: any strides will do
+        return _row_major(new)
+    out = [0] * len(new)
+    v = len(new) - 1                                          # the next new dim to place, from the right
+    d = len(shape) - 1
+    while d >= 0:
+        step, size = strides[d], shape[d]                     # the run: its last dim's stride, its elements
+        while d > 0 and (shape[d - 1] == 1 or strides[d - 1] == size * step):
+            d -= 1
+            size *= shape[d]
+        placed = 1
+        while v >= 0 and (placed < size or new[v] == 1):      # new dims from this run's elements
+            out[v] = placed * step
+            placed *= new[v]
+            v -= 1
+        if placed != size:                                    # a new dim would cross into another run
+            return None
+        d -= 1
+    return tuple(out) if v == -1 else None
+
+
+def _row_major(shape):
+    """The strides of a new (C-contiguous) array of ``shape``, in elements."""
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(out))
 
 
 def _check_expand(old, new):

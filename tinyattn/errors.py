@@ -19,10 +19,11 @@ class TensorError(ValueError, RuntimeError):
     whose inner sizes differ, a view that the strides do not allow, ..."""
 
 
-class DtypeError(TypeError, NotImplementedError):
+class DtypeError(TypeError, RuntimeError):
     """A dtype that an op does not take (a bool tensor to subtract, an integer tensor to
-    average). PyTorch raises ``RuntimeError``, or ``NotImplementedError`` (a RuntimeError
-    too) where it has no kernel for the dtype: this is both."""
+    average). PyTorch raises ``RuntimeError``, or its subclass ``NotImplementedError`` where
+    it has no kernel for the dtype; this is not a NotImplementedError, which in Python means
+    "not written yet" (as the exercises' stubs raise it): the dtype is refused on purpose."""
 
 
 class IndexRangeError(IndexError, RuntimeError):

@@ -275,6 +275,7 @@ def test_errors_are_also_the_runtime_errors_pytorch_raises():
         assert isinstance(caught.value, RuntimeError) and isinstance(caught.value, python_class)
     with pytest.raises(IndexError, match="dim 2 is out of range"):
         ta.randn(2, 3).sum(2)
+    assert not issubclass(ta.DtypeError, NotImplementedError)      # that means "not written yet" (exercise stubs)
 
 
 def test_clamp_with_a_bound_that_does_not_broadcast_names_the_op_and_both_shapes():

@@ -1,4 +1,5 @@
 """tinyattn: a small tensor library with reverse-mode autodiff, attention and a GPT."""
+from .errors import TensorError, DtypeError, IndexRangeError
 from .backend import float16, float32, float64, int32, int64, bool_, cuda_is_available
 from .autograd import Function, no_grad, enable_grad, inference_mode, set_grad_enabled, is_grad_enabled, grad
 from .tensor import (Tensor, tensor, zeros, ones, empty, full, arange, randn, rand, multinomial,

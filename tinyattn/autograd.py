@@ -17,6 +17,8 @@ import contextlib
 import threading
 import weakref
 
+from .errors import TensorError
+
 
 class _GradMode(threading.local):
     """Whether ops record a graph: one flag per thread, as in PyTorch, so a thread that runs
@@ -274,14 +276,14 @@ def _input_fault(tensors, op):
 
 
 def broadcast_shape(op, *shapes):
-    """The shape that ``shapes`` broadcast to, as numpy's rules say; a ValueError naming
-    ``op`` and the shapes when they do not fit."""
+    """The shape that ``shapes`` broadcast to, as numpy's rules say; a TensorError (a ValueError,
+    and a RuntimeError as in PyTorch) naming ``op`` and the shapes when they do not fit."""
     out = []
     for i in range(1, max(len(s) for s in shapes) + 1):
         sizes = {s[-i] for s in shapes if len(s) >= i} - {1}
         if len(sizes) > 1:
-            raise ValueError(f"{op}: shapes {' and '.join(str(tuple(s)) for s in shapes)} do not broadcast "
-                             f"(dim -{i} has sizes {' and '.join(str(n) for n in sorted(sizes))})")
+            raise TensorError(f"{op}: shapes {' and '.join(str(tuple(s)) for s in shapes)} do not broadcast "
+                              f"(dim -{i} has sizes {' and '.join(str(n) for n in sorted(sizes))})")
         out.append(sizes.pop() if sizes else 1)
     return tuple(reversed(out))
 

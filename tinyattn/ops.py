@@ -17,6 +17,7 @@ import math
 
 from .autograd import Function, constant, describe, is_tensor
 from .backend import get_backend, category, promote_types, float16, float32, float64
+from .errors import DtypeError, IndexRangeError, TensorError
 
 
 def sum_to(g, shape):
@@ -68,8 +69,8 @@ def operands(t, other, op, reverse=False, true_division=False):
 
 def _refuse_bool_subtraction(op, *dtypes):
     if op == "-" and any(d is bool or getattr(d, "kind", None) == "b" for d in dtypes):
-        raise TypeError("-: subtraction with a bool operand is refused, as in PyTorch; "
-                        "to invert a mask use ~mask, or convert with .long() or .float() first")
+        raise DtypeError("-: subtraction with a bool operand is refused, as in PyTorch; "
+                         "to invert a mask use ~mask, or convert with .long() or .float() first")
 
 
 def result_dtype(*tensors):
@@ -262,23 +263,23 @@ def check_same_dtype(op, *tensors):
     dtypes = [t.dtype for t in tensors]
     names = " and ".join(str(d) for d in dict.fromkeys(dtypes))             # each dtype once, in order
     if all(d.kind == "f" for d in dtypes):
-        raise TypeError(f"{op}: got {names} tensors; convert one so both match (.float() or .double()): "
-                        f"{op} does not mix float dtypes")
+        raise DtypeError(f"{op}: got {names} tensors; convert one so both match (.float() or .double()): "
+                         f"{op} does not mix float dtypes")
     if any(d.kind == "f" for d in dtypes):
-        raise TypeError(f"{op}: got {names} tensors; convert the integer one with .float() "
-                        "(token ids go through an Embedding first)")
+        raise DtypeError(f"{op}: got {names} tensors; convert the integer one with .float() "
+                         "(token ids go through an Embedding first)")
 
 
 def matmul(a, b):
     """numpy's matmul rules: a 1-d operand gains a dim of 1, which is dropped after."""
     a_shape, b_shape = a.shape, b.shape
     if not a_shape or not b_shape:
-        raise ValueError(f"matmul needs at least 1-d operands, got shapes {a_shape} and {b_shape}")
+        raise TensorError(f"matmul needs at least 1-d operands, got shapes {a_shape} and {b_shape}")
     if a.dtype != b.dtype:
         check_same_dtype("matmul", a, b)
     inner = b_shape[-2] if len(b_shape) > 1 else b_shape[0]
     if a_shape[-1] != inner:
-        raise ValueError(f"matmul: shapes {a_shape} and {b_shape} do not fit ({a_shape[-1]} != {inner})")
+        raise TensorError(f"matmul: shapes {a_shape} and {b_shape} do not fit ({a_shape[-1]} != {inner})")
     if len(a_shape) > 1 and len(b_shape) > 1:        # (..., n, k) @ (..., k, m): the usual case
         return MatMul.apply(a, b)
     if len(a_shape) == 1 and len(b_shape) == 1:
@@ -294,15 +295,15 @@ def dot(a, b):
     if not is_tensor(b):
         raise TypeError(f"dot: expected a Tensor, got {describe(b)}")
     if a.ndim != 1 or b.ndim != 1:
-        raise ValueError(f"dot: expected two 1-d tensors, got shapes {a.shape} and {b.shape} "
-                         "(ta.matmul takes more dims)")
+        raise TensorError(f"dot: expected two 1-d tensors, got shapes {a.shape} and {b.shape} "
+                          "(ta.matmul takes more dims)")
     if a.shape != b.shape:
-        raise ValueError(f"dot: the tensors have lengths {a.shape[0]} and {b.shape[0]}; they must match")
+        raise TensorError(f"dot: the tensors have lengths {a.shape[0]} and {b.shape[0]}; they must match")
     if a.dtype != b.dtype:
-        raise TypeError(f"dot: got {a.dtype} and {b.dtype} tensors; convert one so both match (dot does not "
-                        "mix dtypes)")
+        raise DtypeError(f"dot: got {a.dtype} and {b.dtype} tensors; convert one so both match (dot does not "
+                         "mix dtypes)")
     if a.dtype.kind == "b":
-        raise TypeError("dot: bool tensors are refused, as in PyTorch (convert with .long() first)")
+        raise DtypeError("dot: bool tensors are refused, as in PyTorch (convert with .long() first)")
     return to_dtype((a * b).sum(), a.dtype)                 # (an int32 sum would be int64)
 
 
@@ -696,19 +697,21 @@ def _gather_index(backend, index, dim):
 def gather(x, dim, index):
     """``x.gather(dim, index)`` as in PyTorch: index holds integers in [0, x.shape[dim]), has
     x's number of dims, and is no longer than x along the others."""
-    if not is_tensor(index) or index.dtype.kind not in "iu":
+    if not is_tensor(index):
         raise TypeError(f"gather: index must be a Tensor of integers, got {describe(index)}")
+    if index.dtype.kind not in "iu":
+        raise DtypeError(f"gather: index must be a Tensor of integers, got {describe(index)}")
     if x.ndim == 0 or index.ndim == 0:                        # a 0-d tensor counts as 1-d, as in PyTorch
         return gather(x.reshape(1) if x.ndim == 0 else x, dim, index.reshape(1) if index.ndim == 0 else index
                       ).reshape(index.shape)
     dim = normalize_dim(dim, x.ndim, "gather")
     if index.ndim != x.ndim or any(m > n for d, (m, n) in enumerate(zip(index.shape, x.shape)) if d != dim):
-        raise ValueError(f"gather: index {index.shape} does not fit input {x.shape} along dim {dim} (same number "
-                         "of dims, and no longer than the input along the others)")
+        raise TensorError(f"gather: index {index.shape} does not fit input {x.shape} along dim {dim} (same number "
+                          "of dims, and no longer than the input along the others)")
     if index.backend.on_host and index.numel():                # (CuPy would wrap bad ids silently)
         lo, hi = int(index.data.min()), int(index.data.max())
         if lo < 0 or hi >= x.shape[dim]:
-            raise IndexError(f"gather: index must be in [0, {x.shape[dim]}) (dim {dim}'s size), got {lo}..{hi}")
+            raise IndexRangeError(f"gather: index must be in [0, {x.shape[dim]}) (dim {dim}'s size), got {lo}..{hi}")
     return Gather.apply(x, index, dim=dim)
 
 
@@ -724,7 +727,7 @@ def topk(x, k, dim=-1, largest=True, sorted=True):
     them in any order; here they come sorted all the same.
     """
     if x.dtype.kind == "b":
-        raise TypeError("topk: bool tensors are refused, as in PyTorch (convert with .long() first)")
+        raise DtypeError("topk: bool tensors are refused, as in PyTorch (convert with .long() first)")
     if not isinstance(k, int):
         raise TypeError(f"topk: k must be an int, got {describe(k)}")
     if x.ndim == 0:                                           # a 0-d tensor: its one value (k 0 or 1), as in PyTorch
@@ -733,7 +736,7 @@ def topk(x, k, dim=-1, largest=True, sorted=True):
     dim = normalize_dim(dim, x.ndim, "topk")
     n = x.shape[dim]
     if not 0 <= k <= n:
-        raise ValueError(f"topk: k={k} is out of range for dim {dim} of size {n} (shape {x.shape})")
+        raise TensorError(f"topk: k={k} is out of range for dim {dim} of size {n} (shape {x.shape})")
     xp, backend = x.xp, x.backend
     if largest:                  # descending, and stable: sort the reversed row ascending, then reverse back
         order = (n - 1) - xp.flip(backend.argsort(xp.flip(x.data, axis=dim), dim), axis=dim)
@@ -766,12 +769,12 @@ def cat(tensors, dim=0):
                         f"{[type(t).__name__ for t in tensors] or 'an empty list'}")
     for i, t in enumerate(tensors):
         if not t.ndim:
-            raise ValueError(f"cat: tensor {i} is 0-d and has no dim to join along (use ta.stack, or t[None])")
+            raise TensorError(f"cat: tensor {i} is 0-d and has no dim to join along (use ta.stack, or t[None])")
     dim = normalize_dim(dim, tensors[0].ndim, "cat")
     for t in tensors[1:]:
         if t.ndim != tensors[0].ndim or any(
                 n != m for i, (n, m) in enumerate(zip(t.shape, tensors[0].shape)) if i != dim):
-            raise ValueError(f"cat: shapes {tensors[0].shape} and {t.shape} differ outside dim {dim}")
+            raise TensorError(f"cat: shapes {tensors[0].shape} and {t.shape} differ outside dim {dim}")
     dtype = tensors[0].dtype
     if any(t.dtype != dtype for t in tensors[1:]):
         dtype = functools.reduce(promote_types, [t.dtype for t in tensors])    # int64 with float32: float32
@@ -785,7 +788,7 @@ def stack(tensors, dim=0):
         raise TypeError("stack: expected a non-empty list of Tensors")
     for t in tensors[1:]:
         if t.shape != tensors[0].shape:
-            raise ValueError(f"stack: all shapes must match, got {tensors[0].shape} and {t.shape}")
+            raise TensorError(f"stack: all shapes must match, got {tensors[0].shape} and {t.shape}")
     dim = normalize_dim(dim, tensors[0].ndim + 1, "stack")
     return cat([t.unsqueeze(dim) for t in tensors], dim)
 
@@ -824,12 +827,12 @@ def split_sizes(x, split_size_or_sections, dim):
     n = x.shape[dim]
     if isinstance(split_size_or_sections, int):
         if split_size_or_sections < 1:
-            raise ValueError(f"split: split_size must be at least 1, got {split_size_or_sections}")
+            raise TensorError(f"split: split_size must be at least 1, got {split_size_or_sections}")
         sizes = [min(split_size_or_sections, n - s) for s in range(0, n, split_size_or_sections)]
     else:
         sizes = list(split_size_or_sections)
         if sum(sizes) != n or any(s < 0 for s in sizes):
-            raise ValueError(f"split: sections {sizes} do not add up to {n} (dim {dim} of shape {x.shape})")
+            raise TensorError(f"split: sections {sizes} do not add up to {n} (dim {dim} of shape {x.shape})")
     return dim, tuple(sizes)
 
 
@@ -857,7 +860,7 @@ def where(cond, a, b):
     if not is_tensor(cond):
         raise TypeError(f"where: cond must be a boolean Tensor, got {describe(cond)}")
     if cond.dtype.kind != "b":
-        raise TypeError(f"where: cond must be a boolean Tensor, got {cond.dtype} (compare first: x > 0)")
+        raise DtypeError(f"where: cond must be a boolean Tensor, got {cond.dtype} (compare first: x > 0)")
     a, b = (x if is_tensor(x) else number_tensor(cond, x, "where") for x in (a, b))
     dtype = result_dtype(a, b)
     return Where.apply(cond, to_dtype(a, dtype), to_dtype(b, dtype))
@@ -922,7 +925,7 @@ class LogSumExp(Function):
 def check_float(op, x):
     """Float ops refuse integer tensors, as in PyTorch (numpy would silently give float64)."""
     if x.dtype.kind != "f":
-        raise TypeError(f"{op}: expected a float tensor, got {x.dtype} (convert with .float())")
+        raise DtypeError(f"{op}: expected a float tensor, got {x.dtype} (convert with .float())")
 
 
 def softmax(x, dim=-1):

@@ -4,6 +4,7 @@ A Tensor wraps one backend array. Its methods are thin: each calls an op
 from ``ops.py``, and the engine in ``autograd.py`` records it.
 """
 from . import autograd, ops as _ops
+from .errors import DtypeError, TensorError
 from .backend import get_backend, float32, float64, int64, dtype_of_host, is_device, seed_all, host_rng
 
 
@@ -116,7 +117,7 @@ class Tensor:
 
     def item(self):
         if self.numel() != 1:
-            raise ValueError(f"item() needs a tensor with one element, not shape {self.shape}")
+            raise TensorError(f"item() needs a tensor with one element, not shape {self.shape}")
         return self.numpy().reshape(()).item()
 
     def tolist(self):
@@ -197,8 +198,22 @@ class Tensor:
     def long(self):
         return self.to(int64)
 
+    def is_contiguous(self):
+        """Whether the elements lie in memory one after another in row-major order, as a new
+        tensor's do (a transpose, an ``expand`` or a slice with a step may not)."""
+        strides = self._backend.strides(self.data)
+        if strides is None or 0 in self.shape:
+            return True
+        expected = 1                                   # the stride a row-major layout gives each dim
+        for n, step in zip(reversed(self.shape), reversed(strides)):
+            if n != 1 and step != expected:            # (a dim of size 1 has no neighbour: any stride will do)
+                return False
+            expected *= n
+        return True
+
     def contiguous(self):
-        return self
+        """This tensor if it is contiguous, else a contiguous copy (the gradient passes through)."""
+        return self if self.is_contiguous() else _ops.Clone.apply(self)
 
     # --- autodiff ---
     def backward(self, gradient=None, retain_graph=False, create_graph=False):
@@ -248,6 +263,9 @@ class Tensor:
             return _ops.Pow.apply(*_ops.operands(self, other, "**"))
         if not isinstance(other, (int, float)) or isinstance(other, bool):
             return _ops.Pow.apply(*_ops.operands(self, other, "**"))
+        if isinstance(other, int) and other < 0 and self.dtype.kind != "f":
+            raise TensorError(f"**: integers to negative integer powers are refused, as in PyTorch "
+                              f"(this tensor is {self.dtype}; convert it with .float() first)")
         base = self if self.dtype.kind == "f" or isinstance(other, int) else self.to(float32)
         base = base if base.dtype.kind != "b" else base.to(int64)          # bool ** 2 is int64, as in PyTorch
         return _ops.PowScalar.apply(base, exponent=other)
@@ -287,12 +305,12 @@ class Tensor:
         with autograd.set_grad_enabled(False):
             result = out_of_place(self, other)
         if result.shape != self.shape:
-            raise ValueError(f"{what}: the result has shape {result.shape}, "
-                             f"the tensor has shape {self.shape}")
+            raise TensorError(f"{what}: the result has shape {result.shape}, "
+                              f"the tensor has shape {self.shape}")
         if result.dtype != self.dtype:
             if _is_float(result.dtype) and not _is_float(self.dtype):
-                raise TypeError(f"{what}: the result is {result.dtype}, which cannot be stored "
-                                f"in a {self.dtype} tensor (convert it first with .float())")
+                raise DtypeError(f"{what}: the result is {result.dtype}, which cannot be stored "
+                                 f"in a {self.dtype} tensor (convert it first with .float())")
             result = result.to(self.dtype)
         self._write(result.data, what, f"write `{new}` for a new tensor")
         return self
@@ -396,7 +414,10 @@ class Tensor:
 
     def clamp(self, min=None, max=None):
         if min is None and max is None:
-            raise ValueError("clamp: give min, max or both (both None would clamp nothing)")
+            raise TensorError("clamp: give min, max or both (both None would clamp nothing)")
+        for name, bound in (("min", min), ("max", max)):
+            if getattr(bound, "shape", ()) not in ((), self.shape):       # a tensor bound: it must broadcast
+                autograd.broadcast_shape(f"clamp's {name}", self.shape, bound.shape)
         return _ops.Clamp.apply(self, lo=min, hi=max)
 
     clip = clamp                                        # PyTorch's alias (numpy's name)
@@ -411,7 +432,7 @@ class Tensor:
     def mean(self, dim=None, keepdim=False):
         """The mean over ``dim``; NaN over zero elements (0 / 0), as in PyTorch."""
         if not _is_float(self.dtype):
-            raise TypeError(f"mean: expected a float tensor, got {self.dtype} (convert with .float())")
+            raise DtypeError(f"mean: expected a float tensor, got {self.dtype} (convert with .float())")
         axes = _axes(dim, self.ndim, "mean")
         count = 1
         for a in axes:
@@ -455,19 +476,35 @@ class Tensor:
 
     # --- shape ---
     def reshape(self, *shape):
+        """The same elements under another shape: a view (sharing memory) where the strides
+        allow one, as ``view``; else a copy. As PyTorch's."""
         shape = _shape_arg(shape)
         if shape == self.shape:
             return self
         _check_reshape(self.shape, shape)
-        return _ops.Reshape.apply(self, shape=shape)
+        return _ops.Reshape.apply(self, shape=shape)           # (the array's reshape: a view where it can)
 
-    view = reshape
+    def view(self, *shape):
+        """The same elements under another shape, always sharing memory: refused, as in PyTorch,
+        where the strides do not allow it (a transposed, expanded or stepped tensor); use
+        ``reshape``, which copies there, or ``.contiguous().view(...)``."""
+        shape = _shape_arg(shape)
+        if shape == self.shape:
+            return self
+        new = _check_reshape(self.shape, shape)
+        strides = self._backend.strides(self.data)
+        if strides is not None and _view_strides(self.shape, strides, new) is None:
+            raise TensorError(f"view: a tensor of shape {self.shape} with strides {strides} cannot be seen as "
+                              f"{shape} without a copy: view size is not compatible with input tensor's size and "
+                              "stride (at least one dimension spans across two contiguous subspaces). "
+                              "Use .reshape(...) instead.")
+        return _ops.Reshape.apply(self, shape=shape)
 
     def permute(self, *dims):
         dims = tuple(_ops.normalize_dim(d, self.ndim, "permute") for d in _shape_arg(dims))
         if sorted(dims) != list(range(self.ndim)):
-            raise ValueError(f"permute: dims {_shape_arg(dims)} are not an order of the {self.ndim} dims "
-                             f"of shape {self.shape}")
+            raise TensorError(f"permute: dims {_shape_arg(dims)} are not an order of the {self.ndim} dims "
+                              f"of shape {self.shape}")
         return _ops.Permute.apply(self, dims=dims)
 
     def transpose(self, dim0, dim1):
@@ -534,8 +571,8 @@ class Tensor:
         """``value`` (a number or a 0-d tensor) where ``mask`` is True; the result keeps this
         tensor's dtype (as in PyTorch)."""
         if isinstance(value, Tensor) and value.ndim:
-            raise ValueError(f"masked_fill: value must be a number or a 0-d tensor, got a tensor of shape "
-                             f"{value.shape} (use ta.where(mask, values, x) for one value per element)")
+            raise TensorError(f"masked_fill: value must be a number or a 0-d tensor, got a tensor of shape "
+                              f"{value.shape} (use ta.where(mask, values, x) for one value per element)")
         return _ops.to_dtype(_ops.where(mask, value, self), self.dtype)
 
     def masked_fill_(self, mask, value):
@@ -564,7 +601,7 @@ def _is_float(dtype):
 
 def _check_not_bool(t, op):
     if t.dtype.kind == "b":
-        raise TypeError(f"{op}: a bool tensor is refused, as in PyTorch (convert with .long() first)")
+        raise DtypeError(f"{op}: a bool tensor is refused, as in PyTorch (convert with .long() first)")
 
 
 def _floating(t):
@@ -586,12 +623,13 @@ def _axes(dim, ndim, op):
     axes = tuple(sorted(_ops.normalize_dim(d, ndim, op) for d in dim))   # (a 0-d tensor: 0 and -1 only)
     axes = axes if ndim else ()
     if len(set(axes)) != len(axes):
-        raise ValueError(f"{op}: dim {tuple(dim)} names a dim twice")
+        raise TensorError(f"{op}: dim {tuple(dim)} names a dim twice")
     return axes
 
 
 def _check_reshape(old, new):
-    """A ValueError naming both shapes unless ``old`` can be reshaped to ``new`` (one -1 allowed)."""
+    """``new`` with its -1 (one is allowed) worked out; a TensorError naming both shapes unless
+    ``old`` can be reshaped to it."""
     total = 1
     for n in old:
         total *= n
@@ -605,7 +643,48 @@ def _check_reshape(old, new):
             known *= n
     fits = known == total if not unknown else unknown == 1 and known > 0 and total % known == 0
     if not fits:
-        raise ValueError(f"reshape: cannot reshape a tensor of shape {old} ({total} elements) to {new}")
+        raise TensorError(f"reshape: cannot reshape a tensor of shape {old} ({total} elements) to {new}")
+    return tuple(total // known if n == -1 else n for n in new) if unknown else new
+
+
+def _view_strides(shape, strides, new):
+    """The strides (in elements) that a view of shape ``new`` would have over elements laid out
+    by ``shape`` and ``strides``; None where no view can show them (PyTorch's rule).
+
+    Cut the old dims into runs that are one block of memory (each dim steps over the whole of
+    the dim to its right; a dim of size 1 joins any run). A view can split or merge dims only
+    within a run: walking both shapes from the right, the new dims must use up each run's
+    elements exactly. A transpose or an ``expand`` breaks the runs, so ``t.T.view(-1)`` fails."""
+    if not shape:                                             # a 0-d tensor: new dims are all 1
+        return (1,) * len(new)
+    if 0 in shape:                                            # no elements: any strides will do
+        return _row_major(new)
+    out = [0] * len(new)
+    v = len(new) - 1                                          # the next new dim to place, from the right
+    d = len(shape) - 1
+    while d >= 0:
+        step, size = strides[d], shape[d]                     # the run: its last dim's stride, its elements
+        while d > 0 and (shape[d - 1] == 1 or strides[d - 1] == size * step):
+            d -= 1
+            size *= shape[d]
+        placed = 1
+        while v >= 0 and (placed < size or new[v] == 1):      # new dims from this run's elements
+            out[v] = placed * step
+            placed *= new[v]
+            v -= 1
+        if placed != size:                                    # a new dim would cross into another run
+            return None
+        d -= 1
+    return tuple(out) if v == -1 else None
+
+
+def _row_major(shape):
+    """The strides of a new (C-contiguous) array of ``shape``, in elements."""
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(out))
 
 
 def _check_expand(old, new):
@@ -622,7 +701,7 @@ def _check_expand(old, new):
                 problem = f"dim {i} has size {n}; only a dim of size 1 can grow"
                 break
     if problem:
-        raise ValueError(f"expand: cannot expand shape {old} to {new}: {problem}")
+        raise TensorError(f"expand: cannot expand shape {old} to {new}: {problem}")
 
 
 def _host_array(a):
@@ -716,7 +795,7 @@ def arange(start, end=None, step=1, dtype=None, device=None):
     if end is None:
         start, end = 0, start
     if step == 0:
-        raise ValueError("arange: step must not be 0")
+        raise TensorError("arange: step must not be 0")
     host = get_backend("cpu").xp.arange(start, end, step)
     default = float32 if any(isinstance(v, float) for v in (start, end, step)) else int64
     return tensor(host, dtype=dtype or default, device=device)
@@ -751,19 +830,19 @@ def multinomial(input, num_samples, replacement=False):
     if not isinstance(input, Tensor):
         raise TypeError(f"multinomial: input must be a Tensor of weights, got {type(input).__name__}")
     if input.ndim not in (1, 2):
-        raise ValueError(f"multinomial: expected weights of shape (C,) or (N, C), got {input.shape}")
+        raise TensorError(f"multinomial: expected weights of shape (C,) or (N, C), got {input.shape}")
     if not _is_float(input.dtype):
-        raise TypeError(f"multinomial: expected float weights, got {input.dtype} (convert with .float())")
+        raise DtypeError(f"multinomial: expected float weights, got {input.dtype} (convert with .float())")
     C = input.shape[-1]
     if num_samples <= 0 or (not replacement and num_samples > C):
-        raise ValueError(f"multinomial: cannot draw {num_samples} samples from {C} categories"
-                         + ("" if replacement else " without replacement"))
+        raise TensorError(f"multinomial: cannot draw {num_samples} samples from {C} categories"
+                          + ("" if replacement else " without replacement"))
     np = get_backend("cpu").xp
     w = input.numpy().astype(np.float64).reshape(-1, C)                 # (rows, C), on the host
     if not (np.isfinite(w).all() and (w >= 0).all()):
-        raise ValueError("multinomial: the weights must be finite and >= 0 (got inf, nan or a negative weight)")
+        raise TensorError("multinomial: the weights must be finite and >= 0 (got inf, nan or a negative weight)")
     if (w.sum(-1) <= 0).any():
-        raise ValueError("multinomial: a row of weights adds up to 0 (nothing to draw from)")
+        raise TensorError("multinomial: a row of weights adds up to 0 (nothing to draw from)")
     rng = host_rng()
     if replacement:
         cdf = np.cumsum(w, -1)                                           # (rows, C), running sums

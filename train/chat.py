@@ -139,9 +139,9 @@ def answer(model, tokenizer, prompt, limit, temperature, top_k, out=None):
                 break
             ids.append(token)
             new = show(tokenizer, ids, shown)
-            out.write(new)
+            shown += new                              # before the write: a Ctrl-C between the two
+            out.write(new)                            # must not print it again below
             out.flush()
-            shown += new
     except KeyboardInterrupt:
         ended = "stopped"
     finally:

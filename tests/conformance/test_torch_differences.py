@@ -14,12 +14,6 @@ def test_numpy_float64_becomes_float32():
     assert ta.tensor(a).dtype == ta.float32 and torch.tensor(a).dtype == torch.float64
 
 
-def test_view_of_a_non_contiguous_tensor():
-    assert ta.randn(2, 3).T.view(-1).shape == (6,)
-    with pytest.raises(RuntimeError):
-        torch.randn(2, 3).T.view(-1)
-
-
 def test_max_with_a_dim_returns_values_and_ties_share_the_gradient():
     x = np.array([[1.0, 3.0, 3.0]])
     a = ta.tensor(x, dtype="float64", requires_grad=True)

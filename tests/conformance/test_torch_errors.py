@@ -1,10 +1,12 @@
 """Where PyTorch refuses, tinyattn refuses too, in its own words (one line naming the op and
-the shapes or dtypes involved), with the same exception class or, where PyTorch raises its
-catch-all RuntimeError, the class that names the kind of mistake (torch_compare.same_kind_of_refusal)."""
+the shapes or dtypes involved), with an error that is an instance of PyTorch's class, so that
+PyTorch code's ``except`` catches it (torch_compare.same_kind_of_refusal)."""
 import numpy as np
 import pytest
 
-from torch_compare import check, refusals, same_kind_of_refusal
+from torch_compare import check, refusals, same_kind_of_refusal, torch
+
+import tinyattn as ta  # noqa: E402
 
 
 def f64(*shape):
@@ -108,6 +110,10 @@ REFUSED = {
     "rms_norm over the wrong shape": (lambda m, x: m.F.rms_norm(x, (3,)), [f64(2, 4)]),
     "rms_norm with a weight of the wrong shape": (lambda m, x, w: m.F.rms_norm(x, (4,), w), [f64(2, 4), f64(3)]),
     "rms_norm of integers": (lambda m, x: m.F.rms_norm(x, (4,)), [np.ones((2, 4), int)]),
+    "clamp with a min that does not broadcast": (lambda m, a, b: a.clamp(b), [f64(2, 3), f64(4)]),
+    "clip with a max that does not broadcast": (lambda m, a, b: m.clip(a, max=b), [f64(2, 3), f64(2, 2)]),
+    "view of a transposed tensor": (lambda m, a: a.T.view(-1), [f64(2, 3)]),
+    "view of an expanded tensor": (lambda m, a: a.expand(2, 3).view(6), [f64(3)]),
     "get_total_norm of infinite gradients, asked to refuse": (
         lambda m, g: m.nn.utils.get_total_norm([g.detach()], error_if_nonfinite=True), [np.array([1.0, np.inf])]),
     "clip_grad_norm_ of NaN gradients, asked to refuse": (
@@ -133,3 +139,19 @@ def test_refused_by_both(case):
         f"{case}: numpy's error, not the library's: {message}"
     ours, theirs = refusals(fn, arrays)
     assert same_kind_of_refusal(ours, theirs), f"{case}: {type(ours).__name__}, PyTorch {type(theirs).__name__}"
+
+
+def test_load_state_dict_with_a_wrong_shape_names_the_key_and_both_shapes():
+    errors = {}
+    for lib in (ta, torch):
+        model = lib.nn.Linear(2, 3)
+        state = dict(model.state_dict())
+        state["weight"] = lib.zeros(4, 2)
+        try:
+            model.load_state_dict(state)
+        except Exception as e:                          # noqa: BLE001 (the class is what is compared)
+            errors[lib] = e
+    ours, theirs = errors[ta], errors[torch]
+    assert same_kind_of_refusal(ours, theirs), f"{type(ours).__name__}, PyTorch {type(theirs).__name__}"
+    assert not isinstance(ours, KeyError)
+    assert "weight" in str(ours) and "(4, 2)" in str(ours) and "(3, 2)" in str(ours), str(ours)

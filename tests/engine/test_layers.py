@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # (module prefix, layer): the longest matching prefix names a module's layer
 LAYERS = [
+    ("tinyattn.errors", 0),         # the error classes: they import nothing
     ("tinyattn.backend", 0),
     ("tinyattn.autograd", 1),
     ("tinyattn.ops", 2),

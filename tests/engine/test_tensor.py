@@ -258,6 +258,68 @@ def test_shape_errors_name_both_shapes():
         F.cross_entropy(ta.randn(4, 5), ta.tensor([0, 1, 2]))
 
 
+def test_errors_are_also_the_runtime_errors_pytorch_raises():
+    """Shape, dtype and index errors are caught by PyTorch code's ``except RuntimeError`` and by
+    ``except ValueError`` / ``TypeError`` / ``IndexError`` as before; a bad dim stays an IndexError."""
+    cases = [(lambda: ta.randn(3, 4) @ ta.randn(5, 2), ta.TensorError, ValueError),
+             (lambda: ta.cat([ta.randn(2, 3), ta.randn(2, 4)]), ta.TensorError, ValueError),
+             (lambda: ta.randn(2, 3).reshape(4), ta.TensorError, ValueError),
+             (lambda: ta.randn(2, 3).permute(0, 0), ta.TensorError, ValueError),
+             (lambda: ta.tensor([1, 2]) ** -1, ta.TensorError, ValueError),
+             (lambda: ta.tensor([True]) - ta.tensor([False]), ta.DtypeError, TypeError),
+             (lambda: ta.tensor([1, 2]).mean(), ta.DtypeError, TypeError),
+             (lambda: ta.randn(2, 3).gather(1, ta.tensor([[0, 3]])), ta.IndexRangeError, IndexError)]
+    for make, cls, python_class in cases:
+        with pytest.raises(cls) as caught:
+            make()
+        assert isinstance(caught.value, RuntimeError) and isinstance(caught.value, python_class)
+    with pytest.raises(IndexError, match="dim 2 is out of range"):
+        ta.randn(2, 3).sum(2)
+    assert not issubclass(ta.DtypeError, NotImplementedError)      # that means "not written yet" (exercise stubs)
+
+
+def test_clamp_with_a_bound_that_does_not_broadcast_names_the_op_and_both_shapes():
+    x = ta.randn(2, 3)
+    for call in (lambda: x.clamp(ta.zeros(4)), lambda: ta.clip(x, max=ta.zeros(2, 2))):
+        with pytest.raises(RuntimeError, match=r"clamp's (min|max): shapes \(2, 3\) and \((4,|2, 2)\) do not broadcast"):
+            call()
+    assert x.clamp(ta.zeros(3)).shape == (2, 3)                    # one that broadcasts is fine
+
+
+def test_view_shares_memory_or_refuses_and_reshape_copies_only_where_it_must():
+    t = ta.arange(6.0).reshape(2, 3)
+    for refused in (lambda: t.permute(1, 0).view(6), lambda: ta.arange(3.0).expand(2, 3).view(6),
+                    lambda: t.T.view(-1), lambda: t[:, ::2].view(-1), lambda: t[:, 1:].view(4)):
+        with pytest.raises(RuntimeError, match=r"view size is not compatible .* Use \.reshape\(\.\.\.\) instead"):
+            refused()
+    v, r, c = t[:, 1:].view(2, 2, 1), t.T.reshape(6), t.T.contiguous()    # a view of a slice; two copies
+    with ta.no_grad():
+        v += 100
+    assert t.numpy().tolist() == [[0, 101, 102], [3, 104, 105]]
+    assert r.numpy().tolist() == c.view(-1).numpy().tolist() == [0, 3, 1, 4, 2, 5]
+    assert t.is_contiguous() and not t.T.is_contiguous() and c.is_contiguous() and t.contiguous() is t
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_view_strides_are_the_arrays_own(seed):
+    """Where view allows a shape, the array's reshape gives a view with the strides view worked out."""
+    from tinyattn.tensor import _view_strides
+    rng = np.random.default_rng(seed)
+    base = np.zeros((2, 3, 4, 2))
+    for _ in range(200):
+        a = np.transpose(base, rng.permutation(4))[tuple(slice(None, None, int(rng.integers(1, 3))) for _ in range(4))]
+        backend = get_backend("cpu")
+        for new in [(-1,), (a.shape[0], -1), (-1, a.shape[-1]), (1,) + a.shape, a.shape[::-1], (a.size, 1)]:
+            new = tuple(a.size // max(1, -int(np.prod(new))) if n == -1 else n for n in new)
+            if int(np.prod(new)) != a.size:
+                continue
+            strides = _view_strides(a.shape, backend.strides(a), new)
+            r = a.reshape(new)
+            assert (strides is not None) == np.shares_memory(r, base), (a.shape, a.strides, new)
+            if strides is not None:
+                assert all(s * 8 == rs for s, rs, n in zip(strides, r.strides, new) if n > 1)
+
+
 def test_ops_across_devices_name_both():
     pytest.importorskip("array_api_strict")
     a = ta.randn(3)

@@ -150,6 +150,9 @@ sys.exit(chat.main(sys.argv[1:]))
 """
 
 
+WAIT = 120       # seconds a step may take on a busy machine before the test calls it a hang
+
+
 class Terminal:
     """A child process on a pseudo-terminal: what it prints is read as a user sees it, and
     send() types, as a user does (Ctrl-C as the byte \\x03)."""
@@ -177,7 +180,7 @@ class Terminal:
         self.seen += re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\r", "", text)       # escape codes, carriage returns
         return True
 
-    def expect(self, pattern, timeout=60, keep=False):
+    def expect(self, pattern, timeout=WAIT, keep=False):
         """Read until ``pattern`` (a regex) shows in what was printed since the last expect: -> its
         match. What it matched, and all before it, is not searched again unless ``keep``."""
         deadline = time.time() + timeout
@@ -193,7 +196,24 @@ class Terminal:
     def send(self, text):
         os.write(self.fd, text.encode())
 
-    def wait(self, timeout=60):
+    def interrupt_at_prompt(self, quiet=10):
+        """Ctrl-C at the prompt, until the program answers it (with a new line, then its end).
+        Python sees a signal only once it is back in its own code: a Ctrl-C that comes after
+        the prompt is printed but before input() waits for a key stays unseen until the next
+        key. A user presses Ctrl-C again; so does this, after ``quiet`` seconds of no answer."""
+        deadline = time.time() + WAIT
+        while time.time() < deadline:
+            start = len(self.seen)
+            self.send("\x03")
+            until = time.time() + quiet
+            while time.time() < until:
+                if not self.read(until - time.time()):
+                    time.sleep(0.1)                            # (the terminal is closed, or quiet)
+                if self.seen[start:].replace("^C", ""):        # more than the terminal's echo
+                    return
+        raise AssertionError(f"Ctrl-C at the prompt had no effect in {WAIT} s; the terminal shows {self.seen!r}")
+
+    def wait(self, timeout=WAIT):
         """-> the exit status, and all that was printed until the end."""
         deadline = time.time() + timeout
         while time.time() < deadline:
@@ -295,7 +315,7 @@ def test_ctrl_c_stops_an_answer_and_at_the_prompt_ends_the_chat(tmp_path):
     term.expect("it\naaa")
     term.send("\x03")
     term.expect("> ")
-    term.send("\x03")                                                    # Ctrl-C at the prompt
+    term.interrupt_at_prompt()                                           # Ctrl-C at the prompt
     status, shown = term.wait()
     assert status == 0 and "Traceback" not in shown and "KeyboardInterrupt" not in shown
     second = prompts(log, tok)[1]

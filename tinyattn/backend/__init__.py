@@ -113,6 +113,12 @@ class Backend:
             raise ValueError("several elements share one place in memory")
         a[...] = values
 
+    def strides(self, a):
+        """How many elements apart the neighbours along each dim lie in memory (numpy's and CuPy's
+        ``strides`` are in bytes); None where the device does not say (array_api_strict)."""
+        steps = getattr(a, "strides", None)
+        return None if steps is None else tuple(s // a.itemsize for s in steps)
+
     def is_view(self, a):
         """Whether ``a`` looks into another array's memory (a slice, a reshape, a transpose)."""
         return getattr(a, "base", None) is not None

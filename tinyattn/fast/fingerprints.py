@@ -3,14 +3,14 @@
 Written by ``python -m tinyattn.fast --write``: see checked.py.
 """
 FINGERPRINTS = {
-    'autograd.py': '22647e9073f35649',
-    'backend/__init__.py': 'd31802324bb7a3ae',
-    'models/gpt.py': '4f05a299089dec60',
-    'nn/attention.py': '4547cf3039339267',
-    'nn/flash.py': '6611c819ffe58881',
-    'nn/functional.py': '1a2a96af6d316dbe',
-    'nn/modules.py': 'b12483edeaed59fe',
-    'ops.py': '62f9afc64d070240',
+    'autograd.py': '4afb534645c70a62',
+    'backend/__init__.py': '265b87fa94606bd9',
+    'models/gpt.py': 'bdcb47e2b846f902',
+    'nn/attention.py': '72de68ed13b75d79',
+    'nn/flash.py': '3b4a7eb657f440ce',
+    'nn/functional.py': 'b3b45ee6838ecb05',
+    'nn/modules.py': '2845028d993947d2',
+    'ops.py': 'fcddccd548c0b701',
     'optim/__init__.py': 'f9529a05159a362b',
-    'tensor.py': '2ac7cf6b8fc6ea02',
+    'tensor.py': 'a90b96d21f00d328',
 }

@@ -114,7 +114,8 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))                                  # (B, T, V)
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T), ignore_index=-1)
+        # (targets may be a slice, idx[:, 1:], that no view can flatten: reshape copies it then)
+        loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-1)
         return logits, loss
 
     def export_hf(self, folder, chars=None, tokenizer=None):

@@ -13,6 +13,7 @@ values of the tokens generated so far.
 import math
 
 from ..autograd import Function
+from ..errors import TensorError
 from ..ops import MaskedSoftmax, cat, causal_mask, check_same_dtype, constant, masked_softmax, matrix_transpose, softmax
 from ..tensor import ones
 from .flash import flash_attention
@@ -72,8 +73,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropo
     gradients of gradients (create_graph=True) pass impl="naive".
     """
     if is_causal and attn_mask is not None:
-        raise ValueError("scaled_dot_product_attention: attn_mask and is_causal=True together are refused, "
-                         "as in PyTorch; join them into one mask (causal & yours) and pass that")
+        raise TensorError("scaled_dot_product_attention: attn_mask and is_causal=True together are refused, "
+                          "as in PyTorch; join them into one mask (causal & yours) and pass that")
     if enable_gqa:
         k, v = repeat_heads(q, k, "k"), repeat_heads(q, v, "v")
     return attend(q, k, v, attn_mask, is_causal, dropout_p, scale, return_weights, impl)
@@ -83,12 +84,12 @@ def repeat_heads(q, kv, name):
     """kv (..., Hkv, Tk, D) -> (..., H, Tk, D), each of its heads repeated H / Hkv times in a row
     (grouped-query attention: key and value head j serves query heads j * H / Hkv onwards)."""
     if q.ndim < 3 or kv.ndim != q.ndim:
-        raise ValueError(f"scaled_dot_product_attention: enable_gqa needs q and {name} with heads, "
-                         f"(..., H, T, D), got q {q.shape} and {name} {kv.shape}")
+        raise TensorError(f"scaled_dot_product_attention: enable_gqa needs q and {name} with heads, "
+                          f"(..., H, T, D), got q {q.shape} and {name} {kv.shape}")
     H, Hkv = q.shape[-3], kv.shape[-3]
     if Hkv == 0 or H % Hkv:
-        raise ValueError(f"scaled_dot_product_attention: enable_gqa needs q's heads ({H}) to be a multiple "
-                         f"of {name}'s ({Hkv}); got q {q.shape} and {name} {kv.shape}")
+        raise TensorError(f"scaled_dot_product_attention: enable_gqa needs q's heads ({H}) to be a multiple "
+                          f"of {name}'s ({Hkv}); got q {q.shape} and {name} {kv.shape}")
     if H == Hkv:
         return kv
     lead, (Tk, D) = kv.shape[:-3], kv.shape[-2:]
@@ -101,7 +102,7 @@ def attend(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0, scale=None, 
     """scaled_dot_product_attention's work, where a mask and is_causal may come together (the
     allowed keys are both's); the tests of its two paths call it."""
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"scaled_dot_product_attention: q {q.shape}, k {k.shape} and v {v.shape} do not fit")
+        raise TensorError(f"scaled_dot_product_attention: q {q.shape}, k {k.shape} and v {v.shape} do not fit")
     check_same_dtype("scaled_dot_product_attention", q, k, v)
     if attention_impl(q, k, attn_mask, dropout_p, return_weights, impl) == "tiled":
         if return_weights:

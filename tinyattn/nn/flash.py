@@ -33,6 +33,7 @@ import math
 
 from ..autograd import Function
 from ..backend import host_rng
+from ..errors import TensorError
 from ..ops import causal_mask, check_same_dtype, matrix_transpose
 
 BLOCK_SIZE = 256                     # tile side: (256, 256) float32 scores are 256 KiB, in L2
@@ -232,8 +233,8 @@ def flash_attention(q, k, v, is_causal=False, scale=None, block_size=None, attn_
     """
     if (q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or q.shape[:2] != k.shape[:2]
             or k.shape[:2] != v.shape[:2] or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]):
-        raise ValueError(f"flash_attention: expected q (B, H, Tq, D), k (B, H, Tk, D) and v (B, H, Tk, Dv), "
-                         f"got q {q.shape}, k {k.shape} and v {v.shape}")
+        raise TensorError(f"flash_attention: expected q (B, H, Tq, D), k (B, H, Tk, D) and v (B, H, Tk, Dv), "
+                          f"got q {q.shape}, k {k.shape} and v {v.shape}")
     check_same_dtype("flash_attention", q, k, v)
     block_size = BLOCK_SIZE if block_size is None else block_size
     if int(block_size) < 1:
@@ -246,8 +247,8 @@ def flash_attention(q, k, v, is_causal=False, scale=None, block_size=None, attn_
         full = q.shape[:2] + (q.shape[2], k.shape[2])
         shape = (1,) * (4 - attn_mask.ndim) + attn_mask.shape
         if attn_mask.ndim > 4 or any(m not in (1, n) for m, n in zip(shape, full)):
-            raise ValueError(f"flash_attention: attn_mask {attn_mask.shape} does not broadcast to "
-                             f"(B, H, Tq, Tk) = {full}")
+            raise TensorError(f"flash_attention: attn_mask {attn_mask.shape} does not broadcast to "
+                              f"(B, H, Tq, Tk) = {full}")
         mask = attn_mask.xp.reshape(attn_mask.data, shape)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if not 0.0 <= dropout_p < 1.0:

@@ -10,6 +10,7 @@ twice. As in ops.py, each is only its formula: the fast layer
 import math
 
 from ..autograd import Function, describe, is_tensor
+from ..errors import DtypeError, TensorError
 from ..ops import (constant, gelu as _gelu, softmax, log_softmax, logsumexp,  # noqa: F401 (softmax family: F.*)
                    logsigmoid, softplus, stable_exp, check_float, check_same_dtype, where, to_dtype)
 
@@ -78,10 +79,10 @@ def cross_entropy(logits, targets, weight=None, ignore_index=-100, reduction="me
         return _cross_entropy_probabilities(logits, targets, weight, reduction, label_smoothing)
     check_ids("cross_entropy", "targets", targets)
     if logits.ndim != 2 or targets.shape != logits.shape[:1]:
-        raise ValueError(f"cross_entropy: expected logits (N, C) with targets (N,), (C,) with a 0-d target, or "
-                         f"(N, C, d1, ...) with targets (N, d1, ...), the classes along dim 1 as in PyTorch "
-                         f"(flatten (B, T, C) logits: logits.view(-1, C)), got logits {logits.shape} "
-                         f"and targets {targets.shape}")
+        raise TensorError(f"cross_entropy: expected logits (N, C) with targets (N,), (C,) with a 0-d target, or "
+                          f"(N, C, d1, ...) with targets (N, d1, ...), the classes along dim 1 as in PyTorch "
+                          f"(flatten (B, T, C) logits: logits.view(-1, C)), got logits {logits.shape} "
+                          f"and targets {targets.shape}")
     check_float("cross_entropy", logits)
     _check_id_range("cross_entropy", "targets", targets, logits.shape[1], ignore_index)
     if weight is not None:
@@ -117,8 +118,8 @@ def _check_class_weight(logits, weight, op="cross_entropy"):
     if not is_tensor(weight):
         raise TypeError(f"{op}: weight must be a Tensor of one weight per class, got {describe(weight)}")
     if weight.shape != logits.shape[1:]:
-        raise ValueError(f"{op}: weight must hold one weight per class, {logits.shape[1:]}, "
-                         f"got {weight.shape}")
+        raise TensorError(f"{op}: weight must hold one weight per class, {logits.shape[1:]}, "
+                          f"got {weight.shape}")
     check_same_dtype(op, logits, weight)
 
 
@@ -138,7 +139,7 @@ def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
         raise ValueError(f"nll_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     check_ids("nll_loss", "targets", target)
     if input.ndim == 0:
-        raise ValueError("nll_loss: expected input of 1 or more dims, (C,) or (N, C, ...), got a 0-d tensor")
+        raise TensorError("nll_loss: expected input of 1 or more dims, (C,) or (N, C, ...), got a 0-d tensor")
     if input.ndim != 2:
         rows = _as_rows(input, target)
         if rows is not None:                                              # (N * d1 * ..., C), their targets
@@ -146,8 +147,8 @@ def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
             loss = nll_loss(flat_input, flat_target, weight, ignore_index, reduction)
             return loss.reshape(shape) if reduction == "none" else loss
     if input.ndim != 2 or target.shape != input.shape[:1]:
-        raise ValueError(f"nll_loss: expected input (N, C) with targets (N,), (C,) with a 0-d target, or "
-                         f"(N, C, d1, ...) with targets (N, d1, ...), got input {input.shape} and targets {target.shape}")
+        raise TensorError(f"nll_loss: expected input (N, C) with targets (N,), (C,) with a 0-d target, or "
+                          f"(N, C, d1, ...) with targets (N, d1, ...), got input {input.shape} and targets {target.shape}")
     check_float("nll_loss", input)
     _check_id_range("nll_loss", "targets", target, input.shape[1], ignore_index)
     if weight is not None:
@@ -237,11 +238,11 @@ def token_logprobs(logits, targets, ignore_index=None):
 def _cross_entropy_probabilities(logits, targets, weight, reduction, label_smoothing):
     """cross_entropy against (N, C) class probabilities: -sum(w p log softmax(logits)) per row."""
     if targets.ndim == 1:                                   # class indices, as floats by mistake
-        raise TypeError(f"cross_entropy: targets must be integers, got {targets.dtype} (convert with .long()), "
-                        f"or class probabilities shaped like the logits {logits.shape}")
+        raise DtypeError(f"cross_entropy: targets must be integers, got {targets.dtype} (convert with .long()), "
+                         f"or class probabilities shaped like the logits {logits.shape}")
     if logits.ndim != 2 or targets.shape != logits.shape:
-        raise ValueError(f"cross_entropy: class-probability targets must have the logits' shape (N, C), "
-                         f"got logits {logits.shape} and targets {targets.shape}")
+        raise TensorError(f"cross_entropy: class-probability targets must have the logits' shape (N, C), "
+                          f"got logits {logits.shape} and targets {targets.shape}")
     check_float("cross_entropy", logits)
     check_same_dtype("cross_entropy", logits, targets)
     if weight is not None:
@@ -286,7 +287,7 @@ def check_ids(op, name, ids):
         raise TypeError(f"{op}: {name} must be a Tensor of integers, got {type(ids).__name__} "
                         "(wrap it: ta.tensor(...))")
     if ids.dtype.kind not in "iu":
-        raise TypeError(f"{op}: {name} must be integers, got {ids.dtype} (convert with .long())")
+        raise DtypeError(f"{op}: {name} must be integers, got {ids.dtype} (convert with .long())")
 
 
 def _check_id_range(op, name, ids, n, ignore=None):
@@ -341,7 +342,7 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, fused=True
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     x_shape = x.shape
     if not shape or x_shape[-len(shape):] != shape:          # (fewer dims than shape: never equal)
-        raise ValueError(f"layer_norm: normalized_shape {shape} does not match input shape {x_shape}")
+        raise TensorError(f"layer_norm: normalized_shape {shape} does not match input shape {x_shape}")
     if len(shape) > 1:                                       # (..., H, W) as (..., H * W), and back
         n = math.prod(shape)
         flat = [None if t is None else t.reshape(n) for t in (weight, bias)]
@@ -376,10 +377,10 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
     """
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if not shape or x.ndim < len(shape) or x.shape[x.ndim - len(shape):] != shape:
-        raise ValueError(f"rms_norm: normalized_shape {shape} does not match input shape {x.shape}")
+        raise TensorError(f"rms_norm: normalized_shape {shape} does not match input shape {x.shape}")
     check_float("rms_norm", x)
     if weight is not None and weight.shape != shape:
-        raise ValueError(f"rms_norm: weight {weight.shape} must have the normalized_shape {shape}")
+        raise TensorError(f"rms_norm: weight {weight.shape} must have the normalized_shape {shape}")
     dtype = x.dtype
     if dtype.itemsize < 4:
         x = x.float()
@@ -438,10 +439,10 @@ def linear(x, weight, bias=None):
         check_same_dtype("linear", *((x, weight) if bias is None else (x, weight, bias)))
     x_shape, w_shape = x.shape, weight.shape
     if not x_shape or len(w_shape) != 2 or x_shape[-1] != w_shape[1]:
-        raise ValueError(f"linear: input {x_shape} and weight {w_shape} do not fit "
-                         "(expected (..., in) and (out, in))")
+        raise TensorError(f"linear: input {x_shape} and weight {w_shape} do not fit "
+                          "(expected (..., in) and (out, in))")
     if bias is not None and bias.shape != w_shape[:1]:
-        raise ValueError(f"linear: bias {bias.shape} does not fit weight {w_shape} (expected ({w_shape[0]},))")
+        raise TensorError(f"linear: bias {bias.shape} does not fit weight {w_shape} (expected ({w_shape[0]},))")
     return Linear.apply(x, weight) if bias is None else Linear.apply(x, weight, bias)
 
 

@@ -5,6 +5,7 @@ from collections import OrderedDict
 from .. import autograd as _engine
 from ..tensor import Tensor, ones, rand, randn, tensor, zeros
 from ..backend import dtype_of_host, get_backend, is_device
+from ..errors import TensorError
 from . import functional as F
 
 
@@ -128,7 +129,7 @@ class Module:
         own = self.state_dict()
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own]
-        wrong = [f"{k}: expected {own[k].shape}, got {tuple(state[k].shape)}"
+        wrong = [f"size mismatch for {k}: {tuple(state[k].shape)} in the state dict, {own[k].shape} in the model"
                  for k in own if k in state and tuple(state[k].shape) != own[k].shape]
         problems = []
         if strict and missing:
@@ -136,9 +137,9 @@ class Module:
         if strict and unexpected:
             problems.append(f"unexpected keys {unexpected}")
         if wrong:
-            problems.append(f"wrong shapes [{'; '.join(wrong)}]")
-        if problems:
-            raise KeyError(f"load_state_dict for {type(self).__name__}: " + ", ".join(problems))
+            problems.append("; ".join(wrong))
+        if problems:                                    # (PyTorch: a RuntimeError; this is one, and a ValueError)
+            raise TensorError(f"load_state_dict for {type(self).__name__}: " + ", ".join(problems))
         for name, t in own.items():
             if name in state:
                 value = state[name]
@@ -214,7 +215,7 @@ def expect_shape(module, x, pattern, words):
     if len(shape) != len(dims) or not all([d is None or d == n for d, n in zip(dims, shape)]):
         sizes = ", ".join(f"{w.strip('. ')} = {d}" for w, d in zip(words.strip("()").split(", ")[-len(dims):], dims)
                           if d is not None)
-        raise ValueError(f"{name} expects {words}{' with ' + sizes if sizes else ''}, got {x.shape}")
+        raise TensorError(f"{name} expects {words}{' with ' + sizes if sizes else ''}, got {x.shape}")
 
 
 class Linear(Module):

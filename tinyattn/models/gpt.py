@@ -52,7 +52,9 @@ class GPTConfig:
             if getattr(self, field) not in allowed:
                 raise ValueError(f"GPTConfig: {field} must be one of {', '.join(map(repr, allowed))}, "
                                  f"got {getattr(self, field)!r}")
-        if self.n_kv_head is not None and (self.n_kv_head < 1 or self.n_head % self.n_kv_head):
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        if self.n_kv_head < 1 or self.n_head % self.n_kv_head:
             raise ValueError(f"GPTConfig: n_kv_head ({self.n_kv_head}) must divide n_head ({self.n_head})")
         if self.pos == "rope" and (self.n_embd // self.n_head) % 2:
             raise ValueError(f"GPTConfig: pos='rope' needs an even head size, got n_embd / n_head = "

@@ -125,7 +125,8 @@ def test_the_llama_preset_runs_as_written(tmp_path):
     folder.mkdir(parents=True)
     (folder / "input.txt").write_text(TEXT)
     proc = subprocess.run([sys.executable, "-m", "train", os.path.join(REPO, "config", "llama_shakespeare.py"),
-                           *TINY, "--max_iters", "2", "--eval_interval", "2"], cwd=tmp_path, capture_output=True,
+                           *TINY, "--n_head", "4", "--max_iters", "2", "--eval_interval", "2"], cwd=tmp_path,
+                          capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
     assert proc.returncode == 0, proc.stderr
     out = tmp_path / "out-llama-shakespeare"
@@ -133,3 +134,19 @@ def test_the_llama_preset_runs_as_written(tmp_path):
     config = checkpoint.read_meta(str(out / "ckpt.npz"))["config"]
     assert (config["pos"], config["norm"], config["mlp"], config["n_kv_head"], config["bias"],
             config["tie_embeddings"], config["qk_norm"]) == ("rope", "rmsnorm", "swiglu", 2, False, False, False)
+    from train.export_hf import main as export_main
+    folder = tmp_path / "llama"
+    assert export_main(["--out_dir", str(out), "--to", str(folder)]) == 0
+    assert json.loads((folder / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    tuned = tmp_path / "tuned"                       # and --init_from reads it back, with its characters
+    assert main(["--data", str(tmp_path / "data" / "shakespeare_char" / "input.txt"), "--out_dir", str(tuned),
+                 "--init_from", str(folder), *TINY, "--n_head", "4", "--max_iters", "2", "--eval_interval", "2"]) == 0
+    config = checkpoint.read_meta(str(tuned / "ckpt.npz"))["config"]
+    assert (config["n_head"], config["n_kv_head"], config["tie_embeddings"]) == (4, 2, False)
+
+
+def test_export_refuses_a_choice_llama_cannot_express_in_one_line(trained, tmp_path, capsys):
+    from train.export_hf import main as export_main
+    assert export_main(["--out_dir", str(trained), "--to", str(tmp_path / "x")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "qk_norm is True (Llama's is False)" in err

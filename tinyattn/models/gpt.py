@@ -206,15 +206,18 @@ class GPT(nn.Module):
 
     def export_hf(self, folder, chars=None, tokenizer=None):
         """Write the model as Hugging Face's GPT-2 (config.json, model.safetensors) into ``folder``:
-        ``transformers.GPT2LMHeadModel.from_pretrained(folder)`` loads it. ``chars``, a character
+        ``transformers.GPT2LMHeadModel.from_pretrained(folder)`` loads it. A model with Llama's
+        choices (pos="rope", norm="rmsnorm", mlp="swiglu", no qk_norm) is written as a
+        ``LlamaForCausalLM`` instead (models/llama.py); other mixes are refused, naming the choice. ``chars``, a character
         vocabulary (token id -> character), or ``tokenizer``, a BPE, goes into tokenizer.json.
         See models/hf.py."""
         hf.export_hf(self, folder, chars, tokenizer)
 
     @classmethod
     def from_hf(cls, folder, **overrides):
-        """A GPT from a Hugging Face GPT-2 folder (gpt2, distilgpt2, one written by export_hf);
-        an architecture this GPT cannot represent is a ValueError naming the config field.
+        """A GPT from a Hugging Face GPT-2 or Llama folder (gpt2, distilgpt2, a small Llama, one
+        written by export_hf); an architecture this GPT cannot represent is a ValueError naming
+        the config field.
         ``overrides``: dropout, head_dropout (for fine-tuning)."""
         return hf.from_hf(cls, folder, **overrides)
 

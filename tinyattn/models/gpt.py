@@ -118,9 +118,6 @@ class SwiGLU(nn.Module):
         return self.dropout(self.c_proj(h))
 
 
-MLP_CLASSES = {"gelu": MLP, "swiglu": SwiGLU, "relu2": ReLU2MLP}
-
-
 def make_norm(config):
     """The block's norm over C channels: LayerNorm (with a bias where config.bias) or RMSNorm."""
     if config.norm == "rmsnorm":
@@ -139,7 +136,7 @@ class Block(nn.Module):
                                           rope_theta=config.rope_theta if config.pos == "rope" else None,
                                           qk_norm=config.qk_norm, norm_eps=config.norm_eps)
         self.ln_2 = make_norm(config)
-        self.mlp = MLP_CLASSES[config.mlp](config)
+        self.mlp = {"gelu": MLP, "swiglu": SwiGLU, "relu2": ReLU2MLP}[config.mlp](config)
 
     def forward(self, x, kv_cache=None):                           # (B, T, C)
         x = x + self.attn(self.ln_1(x), is_causal=kv_cache is None, kv_cache=kv_cache)

@@ -150,3 +150,11 @@ def test_export_refuses_a_choice_llama_cannot_express_in_one_line(trained, tmp_p
     assert export_main(["--out_dir", str(trained), "--to", str(tmp_path / "x")]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "qk_norm is True (Llama's is False)" in err
+
+
+def test_the_explorer_draws_attention_per_query_head(trained, tmp_path, capsys):
+    """With GQA (n_kv_head 1 of n_head 2) the page still shows each query head's weights."""
+    from train.explore import main as explore_main
+    page = tmp_path / "attention.html"
+    assert explore_main(["--out_dir", str(trained), "--text", "First Citizen:", "--out", str(page)]) == 0
+    assert "1 layers x 2 heads" in capsys.readouterr().out and page.stat().st_size > 1000

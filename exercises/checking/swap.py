@@ -100,7 +100,7 @@ def _swiglu(module):
             rng = host_rng()
             drawn = rng.bit_generator.state
             yours = module.SwiGLU(config.n_embd, config.hidden, bias=config.bias)
-            rng.bit_generator.state = drawn                             # (its layers' draws undone: the init is the library's)
+            rng.bit_generator.state = drawn             # (its layers' draws undone: the init is the library's)
             yours.w1, yours.v, yours.w2 = self.c_gate, self.c_fc, self.c_proj
             object.__setattr__(self, "yours", yours)                    # (not a layer of its own: no new names)
 

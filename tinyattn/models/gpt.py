@@ -205,9 +205,9 @@ class GPT(nn.Module):
         """Write the model as Hugging Face's GPT-2 (config.json, model.safetensors) into ``folder``:
         ``transformers.GPT2LMHeadModel.from_pretrained(folder)`` loads it. A model with Llama's
         choices (pos="rope", norm="rmsnorm", mlp="swiglu", no qk_norm) is written as a
-        ``LlamaForCausalLM`` instead (models/llama.py); other mixes are refused, naming the choice. ``chars``, a character
-        vocabulary (token id -> character), or ``tokenizer``, a BPE, goes into tokenizer.json.
-        See models/hf.py."""
+        ``LlamaForCausalLM`` instead (models/llama.py); other mixes are refused, naming the choice.
+        ``chars``, a character vocabulary (token id -> character), or ``tokenizer``, a BPE, goes
+        into tokenizer.json. See models/hf.py."""
         hf.export_hf(self, folder, chars, tokenizer)
 
     @classmethod

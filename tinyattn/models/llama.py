@@ -142,7 +142,8 @@ def config_from_llama(hf, where):
     return dict(block_size=hf["max_position_embeddings"], vocab_size=hf["vocab_size"], n_layer=hf["num_hidden_layers"],
                 n_head=H, n_embd=C, dropout=float(drop), bias=bool(hf.get("attention_bias", False)),
                 pos="rope", rope_theta=float(theta), norm="rmsnorm", norm_eps=float(eps), mlp="swiglu",
-                mlp_hidden=None if hf["intermediate_size"] == 8 * C // 3 else hf["intermediate_size"], n_kv_head=Hkv, qk_norm=False,
+                mlp_hidden=None if hf["intermediate_size"] == 8 * C // 3 else hf["intermediate_size"],
+                n_kv_head=Hkv, qk_norm=False,
                 tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
 
 

@@ -1,6 +1,6 @@
 """Functional ops for networks: cross-entropy, NLL and KL losses, token log-probabilities,
-embedding, layer norm, RMS norm, rotary position embedding, linear, dropout, GELU, SiLU and attention; the softmax family, logsigmoid
-and softplus come from ``tinyattn/ops.py``.
+embedding, layer norm, RMS norm, rotary position embedding, linear, dropout, GELU, SiLU and attention;
+the softmax family, logsigmoid and softplus come from ``tinyattn/ops.py``.
 
 Cross-entropy, layer norm, linear and attention are each one Function with
 its backward written by hand, in Tensor ops, so it can be differentiated
@@ -15,8 +15,8 @@ from ..ops import (cat, constant, gelu as _gelu, softmax, log_softmax, logsumexp
                    logsigmoid, softplus, stable_exp, check_float, check_same_dtype, where, to_dtype)
 
 __all__ = ["softmax", "log_softmax", "logsumexp", "logsigmoid", "softplus", "cross_entropy", "nll_loss", "kl_div",
-           "token_logprobs", "embedding", "layer_norm", "rms_norm", "rotary_embedding", "dropout", "gelu", "relu", "silu",
-           "linear", "scaled_dot_product_attention", "flash_attention"]
+           "token_logprobs", "embedding", "layer_norm", "rms_norm", "rotary_embedding", "dropout", "gelu", "relu",
+           "silu", "linear", "scaled_dot_product_attention", "flash_attention"]
 
 
 class CrossEntropy(Function):

@@ -267,7 +267,9 @@ class KVCache:
     They live in two buffers, (B, H, capacity, D), that double in length when
     full: appending a token writes its position and returns views of the filled
     part, so a token costs as much at position 1000 as at position 10 (a cat per
-    token would copy the whole cache each time). Stored without a graph; new
+    token would copy the whole cache each time). H is the layer's key/value heads:
+    with grouped-query attention n_kv_head, so the cache takes n_kv_head / n_head
+    of the memory. Stored without a graph; new
     keys or values that need a gradient come back joined to the past ones with
     ``cat``, so gradients still reach them.
     """

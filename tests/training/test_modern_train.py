@@ -158,3 +158,28 @@ def test_the_explorer_draws_attention_per_query_head(trained, tmp_path, capsys):
     page = tmp_path / "attention.html"
     assert explore_main(["--out_dir", str(trained), "--text", "First Citizen:", "--out", str(page)]) == 0
     assert "1 layers x 2 heads" in capsys.readouterr().out and page.stat().st_size > 1000
+
+
+def test_sft_grows_an_untied_head_with_the_chat_tokens(text_file, tmp_path):
+    """Fine-tuning on conversations adds the chat tokens: the new rows of wte and of an untied
+    lm_head both start at the mean of the model's rows."""
+    from data.prepare import main as prepare_main
+    from data.tasks import make_task
+    trained = tmp_path / "base"
+    assert main(["--data", text_file, "--out_dir", str(trained), *TINY, *MODERN, "--block_size", "48",
+                 "--max_iters", "2", "--eval_interval", "2"]) == 0
+    convs = make_task("spell", TEXT).conversations("train", 20)
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(c) + "\n" for c in convs))
+    folder = tmp_path / "conv"
+    assert prepare_main([str(tmp_path / "train.jsonl"), "--tokenizer_from", str(trained), "--out_dir", str(folder)]) == 0
+    out = tmp_path / "sft"
+    assert main(["--data", str(folder), "--out_dir", str(out), "--init_from", str(trained), *TINY, "--block_size", "48",
+                 "--max_iters", "0"]) == 0
+    before, _, _ = checkpoint.load(str(trained / "ckpt.npz"))
+    after, _, meta = checkpoint.load(str(out / "ckpt.npz"))
+    old = before["lm_head.weight"].shape[0]
+    assert after["lm_head.weight"].shape[0] == after["wte.weight"].shape[0] == meta["config"]["vocab_size"] > old
+    for name in ("wte.weight", "lm_head.weight"):
+        np.testing.assert_array_equal(after[name][:old], before[name])
+        np.testing.assert_allclose(after[name][old:], np.repeat(before[name].mean(0, keepdims=True),
+                                                                len(after[name]) - old, 0), rtol=1e-6)

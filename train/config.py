@@ -150,7 +150,7 @@ def build_parser():
     p.add_argument("--resume", action="store_true", help="continue from out_dir/ckpt.npz")
     p.add_argument("--init_from", metavar="PATH",
                    help="fine-tune: start a new run from a trained model (a checkpoint, or a Hugging Face GPT-2 "
-                        "folder written by GPT.export_hf), with its vocabulary and a fresh optimizer")
+                        "or Llama folder, as GPT.export_hf writes them), with its vocabulary and a fresh optimizer")
     add_compile_flag(p)
     p.add_argument("--lora_rank", type=at_least(1), metavar="R",
                    help="with --init_from: train low-rank adapters of rank R (your LoRALinear, exercise 17) "

@@ -209,3 +209,13 @@ def test_print_of_a_compiled_model_says_why_each_layer_steps_aside():
     text = repr(ta.compile(tiny(mlp="swiglu")))
     assert "one op in training: off, mlp is SwiGLU, not the library's MLP" in text
     assert "fused: off, qk_norm runs op by op" in repr(ta.compile(tiny(qk_norm=True)))
+
+
+@pytest.mark.parametrize("name", ["rope", "all"])
+def test_generation_past_block_size_is_the_same_with_and_without_the_cache(name):
+    """Past block_size the window slides: positions start again at 0 for the cropped context, and
+    the cache, rebuilt from it, counts from there too."""
+    model = tiny(**CHOICES[name])
+    prompt = ta.tensor([[1, 2, 3]])
+    with_cache = model.generate(prompt, 40, temperature=0)                  # block_size 24
+    np.testing.assert_array_equal(with_cache.numpy(), model.generate(prompt, 40, temperature=0, use_cache=False).numpy())

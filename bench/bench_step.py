@@ -6,6 +6,7 @@
     python3 bench/bench_step.py --device cpu --config default     # the model that python -m train trains
     python3 bench/bench_step.py --device cpu --config lesson      # the lesson's first default model
     python3 bench/bench_step.py --device cpu --config tiny        # a smoke test
+    python3 bench/bench_step.py --device cpu --config baby --block modern   # every modern choice, both sides
 
 The config is nanoGPT's shakespeare_char: 6 layers, 6 heads, 384 channels,
 block 256, batch 64, dropout 0.2, vocabulary 65. One step is forward,
@@ -58,23 +59,46 @@ LR, BETAS, WEIGHT_DECAY, GRAD_CLIP = 1e-3, (0.9, 0.99), 0.1, 1.0
 
 
 # ---------------------------------------------------------------- the PyTorch model
+MODERN = dict(pos="rope", norm="rmsnorm", mlp="swiglu", qk_norm=True, bias=False, tie_embeddings=False)
+# --block modern: every choice of the modern block at once, with n_kv_head = n_head / 2 (GQA)
+
+
 def make_torch_gpt(torch, cfg):
-    """nanoGPT's architecture in plain torch, with tinyattn's parameter names (so weights copy over)."""
+    """nanoGPT's architecture in plain torch, with tinyattn's parameter names (so weights copy over);
+    with cfg's modern choices (--block modern) those of tinyattn's GPTConfig, written as Llama's are."""
     nn, F = torch.nn, torch.nn.functional
     C, H = cfg["n_embd"], cfg["n_head"]
+    Hkv, D, bias = cfg.get("n_kv_head", H), C // H, cfg.get("bias", True)
+    modern = cfg.get("pos") == "rope"
+    hidden = 8 * C // 3 if modern else 4 * C
+
+    def norm(n):
+        return nn.RMSNorm(n, eps=1e-5) if modern else nn.LayerNorm(n)
+
+    def rotate(x):                                                 # (B, H, T, D): RoPE, pairs (i, i + D/2)
+        T = x.shape[2]
+        theta = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64, device=x.device) / D)
+        angles = torch.arange(T, dtype=torch.float64, device=x.device)[:, None] * theta   # (T, D/2)
+        cos, sin = (torch.cat([f(angles)] * 2, -1).to(x.dtype) for f in (torch.cos, torch.sin))
+        return x * cos + torch.cat([-x[..., D // 2:], x[..., :D // 2]], -1) * sin
 
     class Attention(nn.Module):
         def __init__(self):
             super().__init__()
-            self.c_attn = nn.Linear(C, 3 * C)                      # q, k, v in one matmul
-            self.c_proj = nn.Linear(C, C)
+            self.c_attn = nn.Linear(C, C + 2 * Hkv * D, bias=bias)  # q, k, v in one matmul
+            self.c_proj = nn.Linear(C, C, bias=bias)
+            if cfg.get("qk_norm"):
+                self.q_norm, self.k_norm = nn.RMSNorm(D, eps=1e-5), nn.RMSNorm(D, eps=1e-5)
             self.resid_dropout = nn.Dropout(cfg["dropout"])
 
         def forward(self, x):                                      # (B, T, C)
             B, T, _ = x.shape
-            q, k, v = self.c_attn(x).split(C, dim=2)
-            q, k, v = (a.view(B, T, H, C // H).transpose(1, 2) for a in (q, k, v))   # (B, H, T, D)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+            q, k, v = self.c_attn(x).view(B, T, H + 2 * Hkv, D).transpose(1, 2).split([H, Hkv, Hkv], dim=1)
+            if cfg.get("qk_norm"):
+                q, k = self.q_norm(q), self.k_norm(k)
+            if modern:
+                q, k = rotate(q), rotate(k)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hkv != H,
                                                dropout_p=cfg["dropout"] if self.training else 0.0)
             y = y.transpose(1, 2).contiguous().view(B, T, C)
             return self.resid_dropout(self.c_proj(y))
@@ -82,19 +106,23 @@ def make_torch_gpt(torch, cfg):
     class MLP(nn.Module):
         def __init__(self):
             super().__init__()
-            self.c_fc = nn.Linear(C, 4 * C)
-            self.gelu = nn.GELU(approximate="tanh")
-            self.c_proj = nn.Linear(4 * C, C)
+            if modern:
+                self.c_gate = nn.Linear(C, hidden, bias=bias)
+            else:
+                self.gelu = nn.GELU(approximate="tanh")
+            self.c_fc = nn.Linear(C, hidden, bias=bias)
+            self.c_proj = nn.Linear(hidden, C, bias=bias)
             self.dropout = nn.Dropout(cfg["dropout"])
 
         def forward(self, x):
-            return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+            h = F.silu(self.c_gate(x)) * self.c_fc(x) if modern else self.gelu(self.c_fc(x))
+            return self.dropout(self.c_proj(h))
 
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
-            self.ln_1, self.attn = nn.LayerNorm(C), Attention()
-            self.ln_2, self.mlp = nn.LayerNorm(C), MLP()
+            self.ln_1, self.attn = norm(C), Attention()
+            self.ln_2, self.mlp = norm(C), MLP()
 
         def forward(self, x):
             x = x + self.attn(self.ln_1(x))
@@ -104,17 +132,21 @@ def make_torch_gpt(torch, cfg):
         def __init__(self):
             super().__init__()
             self.wte = nn.Embedding(cfg["vocab_size"], C)
-            self.wpe = nn.Embedding(cfg["block_size"], C)
+            if not modern:
+                self.wpe = nn.Embedding(cfg["block_size"], C)
             self.drop = nn.Dropout(cfg["dropout"])
             self.h = nn.ModuleList([Block() for _ in range(cfg["n_layer"])])
-            self.ln_f = nn.LayerNorm(C)
+            self.ln_f = norm(C)
             self.lm_head = nn.Linear(C, cfg["vocab_size"], bias=False)
-            self.lm_head.weight = self.wte.weight                  # tied, as in tinyattn's GPT
+            if cfg.get("tie_embeddings", True):
+                self.lm_head.weight = self.wte.weight              # tied, as in tinyattn's GPT
 
         def forward(self, idx, targets):                           # (B, T) ints
             B, T = idx.shape
-            pos = torch.arange(T, device=idx.device)
-            x = self.drop(self.wte(idx) + self.wpe(pos))
+            x = self.wte(idx)
+            if not modern:
+                x = x + self.wpe(torch.arange(T, device=idx.device))
+            x = self.drop(x)
             for block in self.h:
                 x = block(x)
             logits = self.lm_head(self.ln_f(x))                    # (B, T, V)
@@ -129,7 +161,8 @@ class TinyattnSide:
         self.backend = get_backend(device)
         self.threads = ta.get_num_threads() if threads is None else threads
         ta.manual_seed(0)
-        config = GPTConfig(**{k: cfg[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout")})
+        config = GPTConfig(**{k: cfg[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout",
+                                                  *MODERN, "n_kv_head") if k in cfg})
         model = GPT(config).to(device)
         self.model = ta.compile(model) if compiled else model       # not compiled: op by op, the formulas
         self.optimizer = self.model.configure_optimizer(WEIGHT_DECAY, LR, BETAS)
@@ -317,6 +350,9 @@ def main(argv=None):
     p.add_argument("--config", default="gpu", choices=sorted(CONFIGS),
                    help="gpu: nanoGPT's GPU Shakespeare config; baby: its CPU config; mid: the GPU config's "
                         "model at batch 4; lesson: the model of python -m train; tiny: a smoke test")
+    p.add_argument("--block", default="gpt2", choices=["gpt2", "modern"],
+                   help="gpt2: GPT-2's block (the default); modern: rotary positions, RMSNorm, SwiGLU, QK-norm, "
+                        "n_kv_head = n_head / 2, no biases, untied embeddings, on both sides")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per side first")
     p.add_argument("--blocks", type=int, default=6, help="timed blocks per side")
     p.add_argument("--steps", type=int, default=10, help="steps per block")
@@ -336,6 +372,8 @@ def main(argv=None):
     allocator_note = tune_host_allocator()         # as the training program does
 
     cfg = dict(CONFIGS[args.config])
+    if args.block == "modern":
+        cfg.update(MODERN, n_kv_head=max(1, cfg["n_head"] // 2))
     rng = np.random.default_rng(0)
     # A pool of distinct random batches, so that no batch comes twice while timing: one batch
     # over and over would let the model overfit it, which is not what a training step sees.

@@ -11,7 +11,7 @@ from pathlib import Path
 from data import cli
 from tinyattn import distributed as dist
 from tinyattn.models import GPTConfig
-from tinyattn.models.gpt import INITS
+from tinyattn.models.gpt import INITS, MLPS, NORMS, POSITIONS
 
 from . import checkpoint
 from data.tasks import TASKS, task_list
@@ -25,7 +25,8 @@ from .data import tokenizer_from_json, tokenizer_to_json
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"
 DEFAULT_SEED = 1337
 PROFILE_STEPS = range(1, 6)   # --profile: step 0 warms up, these five are timed
-COMMON = dict(dropout=0.0, head_dropout=0.0, init="gpt2", weight_decay=0.1, beta1=0.9, beta2=0.99, grad_clip=1.0,
+COMMON = dict(dropout=0.0, head_dropout=0.0, init="gpt2", pos="learned", norm="layernorm", mlp="gelu", qk_norm=False,
+              tie_embeddings=True, rope_theta=10000.0, weight_decay=0.1, beta1=0.9, beta2=0.99, grad_clip=1.0,
               gradient_accumulation_steps=1, bias=True, log_interval=10, sample_tokens=200, shared_batches=False,
               always_save_checkpoint=False, save_interval_s=0.0,
               dtype="float32")   # the defaults under both presets (nanoGPT's train.py holds its own too)
@@ -163,7 +164,7 @@ def build_parser():
     p.add_argument("--resume", action="store_true", help="continue from out_dir/ckpt.npz")
     p.add_argument("--init_from", metavar="PATH",
                    help="fine-tune: start a new run from a trained model (a checkpoint, or a Hugging Face GPT-2 "
-                        "folder written by GPT.export_hf), with its vocabulary and a fresh optimizer")
+                        "or Llama folder, as GPT.export_hf writes them), with its vocabulary and a fresh optimizer")
     add_compile_flag(p)
     p.add_argument("--lora_rank", type=at_least(1), metavar="R",
                    help="with --init_from: train low-rank adapters of rank R (your LoRALinear, exercise 17) "
@@ -186,6 +187,19 @@ def build_parser():
     p.add_argument("--bias", type=yes_or_no, help="biases in Linear and LayerNorm (true or false)")
     p.add_argument("--init", choices=INITS, help="weight init: gpt2 (nanoGPT's N(0, 0.02)) or default (each "
                                                  "layer's own, as in PyTorch: Embedding N(0, 1), Linear uniform)")
+    # the modern block (Llama's and nanochat's choices; GPTConfig in tinyattn/models/gpt.py), each on its own
+    p.add_argument("--pos", choices=POSITIONS, help="position encoding: learned (GPT-2's table, the default) "
+                                                    "or rope (rotary, in attention)")
+    p.add_argument("--rope_theta", type=at_least(1.0, float), metavar="THETA", help="rotary's base (default 10000)")
+    p.add_argument("--norm", choices=NORMS, help="layernorm (the default) or rmsnorm")
+    p.add_argument("--mlp", choices=MLPS, help="gelu (4 n_embd wide, the default), swiglu (Llama's gated MLP, "
+                                               "8 n_embd / 3 wide: as many weights) or relu2 (nanochat's)")
+    p.add_argument("--n_kv_head", type=at_least(1), metavar="N",
+                   help="key/value heads, dividing --n_head (grouped-query attention; 1: multi-query; "
+                        "default: --n_head)")
+    p.add_argument("--qk_norm", type=yes_or_no, help="an RMSNorm on each head's queries and keys (true or false)")
+    p.add_argument("--tie_embeddings", type=yes_or_no,
+                   help="the output layer shares the token embedding (true, GPT-2's, the default) or not")
     p.add_argument("--layout", choices=("sentence", "stream"),
                    help="the 'it' corpus only: one sentence per sequence from position 0 (default), "
                         "or random windows of the sentences run together")
@@ -500,6 +514,10 @@ def validate_args(args):
             problems.append(f"--{name} must not be negative, got {getattr(args, name)}")
     if args.n_embd >= 1 and args.n_head >= 1 and args.n_embd % args.n_head:
         problems.append(f"--n_embd {args.n_embd} must be divisible by --n_head {args.n_head}")
+    elif args.pos == "rope" and args.n_embd >= 1 and args.n_head >= 1 and (args.n_embd // args.n_head) % 2:
+        problems.append(f"--pos rope needs an even head size, --n_embd / --n_head, got {args.n_embd // args.n_head}")
+    if args.n_kv_head is not None and args.n_head >= 1 and args.n_head % args.n_kv_head:
+        problems.append(f"--n_kv_head {args.n_kv_head} must divide --n_head {args.n_head}")
     world = dist.world_size()
     if args.batch_size >= 1 and args.batch_size % world:
         problems.append(f"--batch_size {args.batch_size} is the global batch and must split evenly over the "
@@ -577,7 +595,8 @@ def check_resume(args, meta, dataset, notes):
         raise ValueError(f"--resume: --dtype {args.dtype} (the run in {where} computes in {ran_dtype}): a resumed "
                          f"run continues in its own dtype; drop --dtype, or use another --out_dir for a new run")
     args.dtype = ran_dtype
-    config = {k: config.get(k, getattr(GPTConfig, k)) for k in MODEL_FLAGS}    # older ones lack init, head_dropout
+    config = {k: config.get(k, getattr(GPTConfig, k)) for k in MODEL_FLAGS}    # older ones lack init, head_dropout, ...
+    config["n_kv_head"] = config["n_kv_head"] or config["n_head"]
     conflicts = [f"--{k} {getattr(args, k)} (the checkpoint has {config[k]})" for k in MODEL_FLAGS
                  if k in given and getattr(args, k) != config[k]]
     if conflicts:
@@ -619,7 +638,8 @@ def resumed_settings(out_dir):
     return {k: ran[k] for k in RESUMED_FLAGS if ran.get(k) is not None}
 
 
-MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "block_size", "dropout", "bias", "init", "head_dropout")
+MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "block_size", "dropout", "bias", "init", "head_dropout", "pos",
+               "rope_theta", "norm", "mlp", "n_kv_head", "qk_norm", "tie_embeddings")
 
 
 def schedule_ended(args, step, meta):

@@ -28,7 +28,8 @@ from tinyattn.models.hf import read_tokenizer
 from . import checkpoint
 from .data import tokenizer_from_json, tokenizer_to_json
 
-FIXED = ("n_layer", "n_head", "n_embd", "bias", "init")   # the weights decide these; block_size is at most the model's
+FIXED = ("n_layer", "n_head", "n_embd", "bias", "init", "pos", "rope_theta", "norm", "mlp", "n_kv_head", "qk_norm",
+         "tie_embeddings")   # the weights decide these; block_size is at most the model's
 
 
 @dataclass
@@ -115,11 +116,16 @@ def added_special_tokens(model_tok, data_tok):
 
 def grow_vocab(model, vocab_size):
     """A copy of model with vocab_size token rows: the new rows of wte (tied to the output
-    head) start at the mean of the model's rows, so the new tokens begin as an average one."""
+    head, or the head's own too when untied) start at the mean of the model's rows, so the new
+    tokens begin as an average one."""
     state = {k: v.numpy() for k, v in model.state_dict().items()}
     wte = state["wte.weight"]                                           # (V, C)
     extra = np.repeat(wte.mean(0, keepdims=True), vocab_size - len(wte), axis=0)
     state["wte.weight"] = np.concatenate([wte, extra]).astype(wte.dtype)
+    if "lm_head.weight" in state:                                       # an untied head: its rows too
+        head = state["lm_head.weight"]
+        extra = np.repeat(head.mean(0, keepdims=True), vocab_size - len(head), axis=0)
+        state["lm_head.weight"] = np.concatenate([head, extra]).astype(head.dtype)
     grown = GPT(GPTConfig(**{**model.config.to_dict(), "vocab_size": vocab_size}))
     grown.load_state_dict(state)
     return grown

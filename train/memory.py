@@ -11,13 +11,19 @@ GiB = 2 ** 30
 
 
 def parameter_count(config):
-    """The GPT's parameters, exactly (the output layer shares the token embedding)."""
-    C, b = config.n_embd, 1 if config.bias else 0
-    layer_norm = C * (1 + b)
-    block = (2 * layer_norm
-             + 3 * C * C + 3 * C * b + C * C + C * b              # attention: c_attn, c_proj
-             + 4 * C * C + 4 * C * b + 4 * C * C + C * b)         # MLP: c_fc, c_proj
-    return (config.vocab_size + config.block_size) * C + config.n_layer * block + layer_norm
+    """The GPT's parameters, exactly, for each of GPTConfig's choices (tied: the output layer
+    shares the token embedding; rotary: no position table; GQA: fewer key and value heads)."""
+    C, b, F = config.n_embd, 1 if config.bias else 0, config.hidden
+    kv = 2 * C * (config.n_kv_head or config.n_head) // config.n_head      # k and v's channels
+    norm = C * (1 + b) if config.norm == "layernorm" else C
+    qk_norm = 2 * (C // config.n_head) if config.qk_norm else 0
+    matrices = 3 if config.mlp == "swiglu" else 2
+    block = (2 * norm + qk_norm
+             + (C + kv) * C + (C + kv) * b + C * C + C * b          # attention: c_attn, c_proj
+             + matrices * F * C + (matrices - 1) * F * b + C * b)   # MLP: c_fc (and c_gate), c_proj
+    positions = config.block_size if config.pos == "learned" else 0
+    head = 0 if config.tie_embeddings else config.vocab_size * C
+    return (config.vocab_size + positions) * C + config.n_layer * block + norm + head
 
 
 def training_bytes(config, batch_rows, tokens_per_row, itemsize=4):

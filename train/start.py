@@ -38,7 +38,9 @@ def setup(args, notes):
 
     config = GPTConfig(block_size=args.block_size, vocab_size=dataset.tokenizer.vocab_size, n_layer=args.n_layer,
                        n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, bias=args.bias,
-                       init=args.init, head_dropout=args.head_dropout)
+                       init=args.init, head_dropout=args.head_dropout, pos=args.pos, rope_theta=args.rope_theta,
+                       norm=args.norm, mlp=args.mlp, n_kv_head=args.n_kv_head, qk_norm=args.qk_norm,
+                       tie_embeddings=args.tie_embeddings)
     state = dict(step=0, best_val_loss=math.inf, data_rng=np.random.default_rng(args.seed), log=[],
                  train_losses=[], saved_step=None, time_before=0.0)
     meta = None

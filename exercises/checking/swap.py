@@ -24,12 +24,89 @@ def _attention(module):
     library = attention.scaled_dot_product_attention
 
     def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0, scale=None,
-                                     return_weights=False, impl="auto"):
+                                     return_weights=False, impl="auto", enable_gqa=False):
+        if enable_gqa:                            # (grouped-query: the library's, or your GQA, which calls yours)
+            return library(q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
+                           return_weights=return_weights, impl=impl, enable_gqa=True)
         if attn_mask is None and dropout_p == 0.0 and not return_weights and impl != "tiled":
             return module.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
         return library(q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
                        return_weights=return_weights, impl=impl)
     return scaled_dot_product_attention
+
+
+def _rms_norm(module):
+    """The library's rms_norm signature, running yours over the last dim (float32 and float64)."""
+    from tinyattn.nn import functional as F
+    library = F.rms_norm
+
+    def rms_norm(x, normalized_shape, weight=None, eps=None):
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        if len(shape) != 1 or x.ndim < 1 or x.shape[-1:] != shape or x.dtype.kind != "f" or x.dtype.itemsize < 4:
+            return library(x, normalized_shape, weight, eps)           # (its error, or several dims, or float16)
+        return module.rms_norm(x, weight, float(x.xp.finfo(x.data.dtype).eps) if eps is None else eps)
+    return rms_norm
+
+
+def _rotary(module):
+    """The library's rotary_embedding, running your apply_rotary. The library pairs channels i and
+    i + D/2 (Llama's); yours may pair neighbours (2i, 2i + 1): then the channels are put in your order
+    and back, so your rotation computes the library's and a checkpoint means the same to both."""
+    import tinyattn as ta
+    from tinyattn.nn import functional as F
+    library = F.rotary_embedding
+    probe = ta.tensor([[1.0, 0.0, 0.0, 0.0]], dtype="float64")               # channel 0 at position 1:
+    turned = module.apply_rotary(probe, [1]).numpy()[0]                      # where does it turn to?
+    neighbours = abs(turned[1]) > 1e-6 and abs(turned[2]) < 1e-12
+
+    def rotary_embedding(x, positions, base=10000.0):
+        if base != 10000.0 or x.ndim < 2 or x.shape[-1] % 2:
+            return library(x, positions, base)                           # (its error, or another base)
+        positions = list(positions.numpy() if isinstance(positions, ta.Tensor) else positions)
+        if not neighbours:
+            return module.apply_rotary(x, positions)
+        *lead, T, D = x.shape
+        pairs = ta.stack([x[..., :D // 2], x[..., D // 2:]], dim=-1).reshape(x.shape)    # (i, i + D/2) side by side
+        y = module.apply_rotary(pairs, positions).reshape(*lead, T, D // 2, 2)
+        return ta.cat([y[..., 0], y[..., 1]], dim=-1)                    # back to the library's halves
+    return rotary_embedding
+
+
+def _gqa(module):
+    """The library's attention with enable_gqa running your grouped_query_attention (no mask, dropout,
+    scale or weights asked for: training; decoding's cache passes a mask, and runs the library's)."""
+    from tinyattn.nn import attention
+    library = attention.scaled_dot_product_attention
+
+    def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0, scale=None,
+                                     return_weights=False, impl="auto", enable_gqa=False):
+        if enable_gqa and attn_mask is None and dropout_p == 0.0 and scale is None and not return_weights \
+                and impl != "tiled" and q.ndim == 4:
+            return module.grouped_query_attention(q, k, v, is_causal=is_causal)
+        return library(q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
+                       return_weights=return_weights, impl=impl, **({"enable_gqa": True} if enable_gqa else {}))
+    return scaled_dot_product_attention
+
+
+def _swiglu(module):
+    """The GPT's SwiGLU with your SwiGLU's forward: your module's w1, v and w2 are the model's c_gate,
+    c_fc and c_proj, so the checkpoint keeps the library's names."""
+    from tinyattn.backend import host_rng
+    from tinyattn.models import gpt
+
+    class SwiGLU(gpt.SwiGLU):
+        def __init__(self, config):
+            super().__init__(config)
+            rng = host_rng()
+            drawn = rng.bit_generator.state
+            yours = module.SwiGLU(config.n_embd, config.hidden, bias=config.bias)
+            rng.bit_generator.state = drawn             # (its layers' draws undone: the init is the library's)
+            yours.w1, yours.v, yours.w2 = self.c_gate, self.c_fc, self.c_proj
+            object.__setattr__(self, "yours", yours)                    # (not a layer of its own: no new names)
+
+        def forward(self, x):                                           # (B, T, C)
+            return self.dropout(self.yours(x))
+    return SwiGLU
 
 
 def _backward(module):
@@ -73,6 +150,10 @@ def _yours(name):
 
 # exercise: [(library module, attribute, your replacement from your module), ...]
 SWAPS = {
+    "rmsnorm": [("tinyattn.nn.functional", "rms_norm", _rms_norm)],
+    "rope": [("tinyattn.nn.attention", "rotary_embedding", _rotary)],
+    "gqa": [("tinyattn.nn.attention", "scaled_dot_product_attention", _gqa)],
+    "swiglu": [("tinyattn.models.gpt", "SwiGLU", _swiglu)],
     "sum_to": [("tinyattn.ops", "sum_to", _yours("sum_to")), ("tinyattn", "sum_to", _yours("sum_to"))],
     "matmul": [("tinyattn.ops", "MatMul", _yours("MatMul"))],
     "elementwise": [("tinyattn.ops", op, _yours(op)) for op in ("Exp", "Log", "Tanh")],
@@ -99,7 +180,10 @@ def _attention_through_softmax(module):
     library = attention.scaled_dot_product_attention
 
     def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0, scale=None,
-                                     return_weights=False, impl="auto"):
+                                     return_weights=False, impl="auto", enable_gqa=False):
+        if enable_gqa:
+            return library(q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
+                           return_weights=return_weights, impl=impl, enable_gqa=True)
         additive = attn_mask is not None and attn_mask.dtype.kind != "b"
         if additive or dropout_p or return_weights or impl == "tiled":
             return library(q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
@@ -146,6 +230,12 @@ def _where_yours_run(passing):
     """Where the GPT calls your softmax, Exp, Log and Tanh (pieces that no op of the GPT is made
     of directly), or why it does not: one line each."""
     lines = []
+    modern = [f"{name} ({flag})" for name, flag in (("rmsnorm", "--norm rmsnorm"), ("rope", "--pos rope"),
+                                                    ("gqa", "--n_kv_head below --n_head"), ("swiglu", "--mlp swiglu"))
+              if name in passing]
+    if modern:
+        lines.append(f"{', '.join(modern)}: run{'s' if len(modern) == 1 else ''} in a model with "
+                     f"{'that choice' if len(modern) == 1 else 'those choices'}")
     if "softmax" in passing:
         if "attention" not in passing:
             lines.append("attention runs as scores, your softmax, and the weighted sum")

@@ -23,7 +23,7 @@ from train.config import parse_args
 from train.loop import train
 
 from exercise_solutions import (attention, cross_entropy, elementwise, embedding, engine, kv_cache, layernorm,
-                                matmul, softmax, sum_to, adamw)
+                                matmul, softmax, sum_to, adamw, gqa, rmsnorm, rope, swiglu)
 from exercises.checking.common import SOLUTIONS
 from exercises.checking.swap import SWAPS, use_exercises
 from training_data import TEXT, TINY
@@ -79,7 +79,7 @@ def test_with_every_solution_swapped_in_the_run_matches_the_library(text_file, t
         yours = short_run(text_file, tmp_path / "yours")               # compiled (the default)
     assert swapped == list(SWAPS)
     assert len(notices(capsys.readouterr().err)) == 1     # a dozen functions swapped: one line says so
-    assert "11 of 11 pieces are yours" in said[0]
+    assert "15 of 15 pieces are yours" in said[0]
     assert "softmax passes, but this GPT does not call it" in said[0]     # named, and why it did not run
     assert "Exp and Log pass, but this GPT does not call them" in said[0]
     assert "your Tanh runs in GELU's backward" in said[0] and elementwise.Tanh in applied
@@ -90,6 +90,44 @@ def test_with_every_solution_swapped_in_the_run_matches_the_library(text_file, t
     ran = {matmul.MatMul, layernorm.LayerNorm, cross_entropy.CrossEntropy, embedding.Embedding, attention.Attention}
     assert ran <= applied, f"not run: {ran - applied}"
     assert not {ops.MatMul, F.LayerNorm, F.CrossEntropy, F.Embedding} & applied
+
+
+MODERN = ["--pos", "rope", "--norm", "rmsnorm", "--mlp", "swiglu", "--n_head", "4", "--n_kv_head", "2", "--bias", "false"]
+
+
+def test_the_modern_pieces_train_a_modern_model_as_the_library_does(text_file, tmp_path, monkeypatch, capsys,
+                                                                     library_code_seen):
+    """Your RMSNorm, RoPE, GQA and SwiGLU run in a model with those choices, and train it as the library's
+    formulas do (to float32 rounding: your RMSNorm divides where the library multiplies)."""
+    library = short_run(text_file, tmp_path / "library", *FORMULAS, *MODERN)
+    calls = collections.Counter()
+    monkeypatch.setattr(rmsnorm, "rms_norm", counting(calls, "rmsnorm", rmsnorm.rms_norm))
+    monkeypatch.setattr(rope, "apply_rotary", counting(calls, "rope", rope.apply_rotary))
+    monkeypatch.setattr(gqa, "grouped_query_attention", counting(calls, "gqa", gqa.grouped_query_attention))
+    monkeypatch.setattr(swiglu, "silu", counting(calls, "swiglu", swiglu.silu))
+    said = []
+    with use_exercises(SOLUTIONS, say=said.append):
+        yours = short_run(text_file, tmp_path / "yours", *MODERN)
+    capsys.readouterr()
+    assert "rmsnorm (--norm rmsnorm), rope (--pos rope), gqa (--n_kv_head below --n_head), swiglu (--mlp swiglu): " \
+        "run in a model with those choices" in said[0]
+    assert all(calls[name] > 0 for name in ("rmsnorm", "rope", "gqa", "swiglu")), calls
+    for key in ("val_loss", "train_loss", "best_val_loss"):
+        assert yours[key] == pytest.approx(library[key], rel=1e-5), key
+    from train import checkpoint                                         # (the checkpoint: the library's names)
+    names = set(checkpoint.load(str(tmp_path / "yours" / "ckpt.npz"))[0])
+    assert names == set(checkpoint.load(str(tmp_path / "library" / "ckpt.npz"))[0]) and "h.0.mlp.c_gate.weight" in names
+
+
+def test_a_rope_of_neighbouring_pairs_computes_the_librarys_rotation():
+    """The reference solution pairs (2i, 2i + 1); swapped in, it is given the channels in its order and
+    gives them back in the library's, so both compute the same function (a checkpoint means the same)."""
+    x = ta.tensor(np.random.default_rng(0).normal(size=(2, 3, 5, 8)), dtype="float64")
+    want = F.rotary_embedding(x, range(3, 8))
+    with use_exercises(SOLUTIONS, say=lambda line: None):
+        from tinyattn.nn import attention
+        got = attention.rotary_embedding(x, range(3, 8))
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=0, atol=1e-12)
 
 
 def test_the_swap_is_undone_after_the_run():

@@ -68,7 +68,7 @@ def edit_config(folder, **changes):
 @pytest.mark.parametrize("field, value", [
     ("activation_function", "relu"), ("n_inner", 100), ("layer_norm_epsilon", 1e-6),
     ("tie_word_embeddings", False), ("scale_attn_by_inverse_layer_idx", True), ("reorder_and_upcast_attn", True),
-    ("scale_attn_weights", False), ("model_type", "llama"), ("attn_pdrop", 0.3), ("add_cross_attention", True),
+    ("scale_attn_weights", False), ("model_type", "mistral"), ("attn_pdrop", 0.3), ("add_cross_attention", True),
     ("layer_norm_epsilon", "small"), ("resid_pdrop", None), ("n_layer", 0), ("n_head", 5),
 ])
 def test_from_hf_refuses_what_gpt_cannot_represent(tmp_path, field, value):

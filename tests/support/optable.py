@@ -94,6 +94,15 @@ def _rms_norm(x, w, eps, dims=1):
     return x / np.sqrt((x * x).mean(axes, keepdims=True) + eps) * w
 
 
+def _rotary(x, positions, base=10000.0):
+    """RoPE by its pairs (i, i + D/2), Llama's convention: each pair turned by m * base^(-2i/D)."""
+    D = x.shape[-1]
+    angles = np.asarray(positions, dtype=np.float64)[:, None] * base ** (-np.arange(0, D, 2) / D)   # (T, D/2)
+    cos, sin = np.cos(angles), np.sin(angles)
+    a, b = x[..., :D // 2], x[..., D // 2:]
+    return np.concatenate([a * cos - b * sin, b * cos + a * sin], -1)
+
+
 INT_IDX = np.array([2, 0, 2, 3, 2])               # repeated ids: their gradients must add up
 BOOL_MASK = np.array([[True, False, True, True], [False, False, True, False], [True, True, False, True]])
 
@@ -280,6 +289,11 @@ OPS = [
            lambda x, w: _rms_norm(x, w, 1e-5)),
     OpSpec("F.rms_norm(two dims, eps None, no weight)", lambda x: F.rms_norm(x, (3, 4)), lambda r: [normal(r, 2, 3, 4)],
            lambda x: _rms_norm(x, 1.0, np.finfo(np.float64).eps, dims=2)),
+    OpSpec("F.rotary_embedding", lambda x: F.rotary_embedding(x, [0, 3, 1, 9]), lambda r: [normal(r, 2, 3, 4, 6)],
+           lambda x: _rotary(x, [0, 3, 1, 9])),
+    OpSpec("F.rotary_embedding(base, offset)", lambda x: F.rotary_embedding(x, range(5, 8), base=500.0),
+           lambda r: [normal(r, 3, 4)], lambda x: _rotary(x, [5, 6, 7], 500.0)),
+    OpSpec("F.silu", lambda a: F.silu(a), lambda r: [normal(r, 3, 4)], lambda a: a / (1.0 + np.exp(-a))),
     OpSpec("F.embedding", lambda w, i: F.embedding(i, w), lambda r: [normal(r, 5, 3), np.array([[4, 0, 4], [1, 4, 2]])],
            lambda w, i: w[i]),
     OpSpec("F.layer_norm", lambda x, w, b: F.layer_norm(x, 4, w, b), lambda r: [normal(r, 2, 3, 4), normal(r, 4), normal(r, 4)],

@@ -136,3 +136,14 @@ def test_bench_finetune_steps_times_each_side_flushed_and_not(tmp_path):
     timed = [(r["side"], r["flush"]) for r in lines if "flush" in r]
     assert timed == [(side, flush) for side in sides for flush in (False, True)]
     assert all(r["not_flushed_over_flushed"] > 0 for r in lines if "not_flushed_over_flushed" in r)
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="needs PyTorch")
+@pytest.mark.parametrize("block", ["gpt2", "modern"])
+def test_bench_step_builds_the_same_model_on_both_sides(block):
+    """--block modern: rotary, RMSNorm, SwiGLU, QK-norm, GQA, no bias, untied, in tinyattn and in torch."""
+    done = run("bench_step.py", "--device", "cpu", "--config", "tiny", "--block", block, "--warmup", "0",
+               "--blocks", "1", "--steps", "1", "--no_unfused")
+    assert done.returncode == 0, done.stderr
+    check = json.loads(done.stdout)["same_architecture_check"]
+    assert check["parameters_tinyattn"] == check["parameters_torch"] and check["rel_diff"] < 1e-6

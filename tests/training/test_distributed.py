@@ -177,6 +177,19 @@ def test_two_processes_train_as_one_on_the_same_global_batches(text_file, tmp_pa
 
 
 @needs_mpi
+def test_two_processes_train_the_modern_block_as_one(text_file, tmp_path, monkeypatch):
+    """Rotary, RMSNorm, SwiGLU, GQA, QK-norm, untied: the gradients of its extra parameters (the
+    norms on q and k, the gate, the head) are averaged as every other one is."""
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(name, "1")
+    common = ["--max_iters", "8", "--eval_interval", "8", "--batch_size", "8", "--pos", "rope", "--norm", "rmsnorm",
+              "--mlp", "swiglu", "--n_kv_head", "1", "--qk_norm", "true", "--tie_embeddings", "false"]
+    train_cmd(2, text_file, tmp_path / "two", *common, "--shared_batches")
+    train_cmd(1, text_file, tmp_path / "one", *common)
+    np.testing.assert_allclose(step_losses(tmp_path / "two"), step_losses(tmp_path / "one"), rtol=1e-6, atol=0)
+
+
+@needs_mpi
 def test_resume_over_two_processes_is_exact_and_works_with_any_number(text_file, tmp_path):
     """Each process draws its own batches (not one process's); --resume over the same number
     continues every stream exactly; a one-process --resume of the same checkpoint trains on."""

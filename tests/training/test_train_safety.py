@@ -363,10 +363,14 @@ def test_a_resume_that_outgrows_a_fitted_schedule_says_so(text_file, tmp_path, c
 # ---------------------------------------------------------------- too large for memory
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_the_parameter_count_is_the_models(bias):
+@pytest.mark.parametrize("choices", [dict(bias=True), dict(bias=False), dict(pos="rope"), dict(norm="rmsnorm"),
+                                     dict(mlp="swiglu"), dict(mlp="relu2", mlp_hidden=50), dict(n_kv_head=2),
+                                     dict(qk_norm=True), dict(tie_embeddings=False),
+                                     dict(pos="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=1, qk_norm=True,
+                                          bias=False, tie_embeddings=False)])
+def test_the_parameter_count_is_the_models(choices):
     from train import memory
-    config = GPTConfig(block_size=16, vocab_size=33, n_layer=3, n_head=2, n_embd=24, bias=bias)
+    config = GPTConfig(block_size=16, vocab_size=33, n_layer=3, n_head=4, n_embd=24, **choices)
     assert memory.parameter_count(config) == GPT(config).num_parameters(non_embedding=False)
 
 

@@ -5,10 +5,10 @@ Written by ``python -m tinyattn.fast --write``: see checked.py.
 FINGERPRINTS = {
     'autograd.py': '4afb534645c70a62',
     'backend/__init__.py': '265b87fa94606bd9',
-    'models/gpt.py': 'bdcb47e2b846f902',
-    'nn/attention.py': '72de68ed13b75d79',
+    'models/gpt.py': 'c3508663c50113b0',
+    'nn/attention.py': 'fb60e636872b7ec6',
     'nn/flash.py': '3b4a7eb657f440ce',
-    'nn/functional.py': 'b3b45ee6838ecb05',
+    'nn/functional.py': 'a1b9bcf3a6b5a6b5',
     'nn/modules.py': '2845028d993947d2',
     'ops.py': 'fcddccd548c0b701',
     'optim/__init__.py': 'f9529a05159a362b',

@@ -156,6 +156,8 @@ class Block(Runner):
         if why is None and any(layer.bias is None for layer in (block.attn.c_attn, block.attn.c_proj,
                                                                 block.mlp.c_fc, block.mlp.c_proj)):
             why = "a Linear has no bias"
+        if why is None and block.mlp.c_fc.out_features != 4 * block.mlp.c_fc.in_features:
+            why = "its MLP is not 4 n_embd wide"
         return why
 
     def refuses(self, block):
@@ -230,6 +232,8 @@ class GPT(Runner):
     teaching = gpt.GPT
 
     def refuses(self, model):
+        if model.wpe is None:
+            return "rotary positions (no wpe) run op by op"
         return first(not_library(model.wte, "wte", modules.Embedding), not_library(model.wpe, "wpe", modules.Embedding),
                      not_library(model.drop, "drop", modules.Dropout),
                      not_library(model.lm_head, "lm_head", modules.Linear),

@@ -111,6 +111,12 @@ def attention_refuses(attn):
     """Why a MultiHeadAttention cannot run on arrays, whatever its input (its parts), or None."""
     if attn.keep_weights:
         return "keep_weights is on"
+    if getattr(attn, "n_kv_head", attn.n_head) != attn.n_head:
+        return f"grouped-query attention (n_kv_head {attn.n_kv_head} of n_head {attn.n_head}) runs op by op"
+    if getattr(attn, "rope_theta", None) is not None:
+        return "rotary position embedding runs op by op"
+    if getattr(attn, "qk_norm", False):
+        return "qk_norm runs op by op"
     return first(not_library(attn.c_attn, "c_attn", modules.Linear), not_library(attn.c_proj, "c_proj", modules.Linear),
                  not_library(attn.resid_dropout, "resid_dropout", modules.Dropout))
 

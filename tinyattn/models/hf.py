@@ -1,4 +1,5 @@
 """GPT in and out of Hugging Face's GPT-2 format: a folder with config.json and model.safetensors.
+(A GPT with the modern block's choices travels as Llama instead: llama.py.)
 
 tinyattn's GPT is GPT-2's architecture, and its parameters already carry GPT-2's
 names, so the translation is short:
@@ -29,6 +30,7 @@ import os
 from ..backend import get_backend
 from ..safetensors import read_safetensors, save_safetensors
 from ..tokenizers.hf import read_hf_tokenizer
+from . import llama
 
 np = get_backend("cpu").xp          # weights travel through host memory
 
@@ -44,24 +46,9 @@ def is_conv1d(name):
     return name.startswith("h.") and name.endswith(".weight") and (".attn." in name or ".mlp." in name)
 
 
-def export_hf(model, folder, chars=None, tokenizer=None):
-    """Write ``folder``/config.json and ``folder``/model.safetensors for
-    ``transformers.GPT2LMHeadModel.from_pretrained(folder)``; with ``tokenizer`` (a tinyattn
-    CharTokenizer or BPE) or ``chars`` (the token of each id: characters, and special tokens
-    such as <|user|>, which are longer) also tokenizer.json and tokenizer_config.json."""
+def gpt2_state(model):
+    """-> (tensors, config): the model's weights under GPT-2's names, float32, and its config.json."""
     config = model.config
-    if os.path.exists(folder) and not os.path.isdir(folder):
-        raise ValueError(f"export_hf: {folder} is a file; give a folder to write config.json and model.safetensors into")
-    if chars is not None and tokenizer is not None:
-        raise ValueError("export_hf: give chars or tokenizer, not both")
-    if chars is not None:
-        from ..tokenizers import CharTokenizer
-        tokenizer = CharTokenizer(chars, special_tokens=[c for c in chars if len(c) != 1])
-    if tokenizer is not None and tokenizer.kind == "char" and tokenizer.vocab_size != config.vocab_size:
-        raise ValueError(f"export_hf: {tokenizer.vocab_size} characters for a vocabulary of {config.vocab_size} tokens")
-    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
-        raise ValueError(f"export_hf: the tokenizer has {tokenizer.vocab_size} ids, more than the model's "
-                         f"{config.vocab_size}")
     tensors = {}
     for name, p in model.state_dict().items():
         a = p.numpy().astype(np.float32)
@@ -94,6 +81,32 @@ def export_hf(model, folder, chars=None, tokenizer=None):
         "eos_token_id": None,
         "torch_dtype": "float32",
     }
+    return tensors, hf_config
+
+
+def export_hf(model, folder, chars=None, tokenizer=None):
+    """Write ``folder``/config.json and ``folder``/model.safetensors for
+    ``transformers.GPT2LMHeadModel.from_pretrained(folder)`` (a model with the modern block's
+    choices: for ``LlamaForCausalLM``, see llama.py); with ``tokenizer`` (a tinyattn
+    CharTokenizer or BPE) or ``chars`` (the token of each id: characters, and special tokens
+    such as <|user|>, which are longer) also tokenizer.json and tokenizer_config.json."""
+    config = model.config
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ValueError(f"export_hf: {folder} is a file; give a folder to write config.json and model.safetensors into")
+    if chars is not None and tokenizer is not None:
+        raise ValueError("export_hf: give chars or tokenizer, not both")
+    if chars is not None:
+        from ..tokenizers import CharTokenizer
+        tokenizer = CharTokenizer(chars, special_tokens=[c for c in chars if len(c) != 1])
+    if tokenizer is not None and tokenizer.kind == "char" and tokenizer.vocab_size != config.vocab_size:
+        raise ValueError(f"export_hf: {tokenizer.vocab_size} characters for a vocabulary of {config.vocab_size} tokens")
+    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
+        raise ValueError(f"export_hf: the tokenizer has {tokenizer.vocab_size} ids, more than the model's "
+                         f"{config.vocab_size}")
+    if llama.is_gpt2(config):
+        tensors, hf_config = gpt2_state(model)
+    else:                                                   # the modern block travels as Llama (llama.py)
+        tensors, hf_config = llama.to_llama(model)
     os.makedirs(folder, exist_ok=True)
     save_safetensors(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
     _write_json(os.path.join(folder, "config.json"), hf_config)
@@ -133,7 +146,7 @@ def config_from_hf(hf, where):
     if not isinstance(hf, dict):
         raise ValueError(f"{where}: config.json holds a JSON {type(hf).__name__}, not an object")
     if hf.get("model_type", "gpt2") != "gpt2":
-        refuse("model_type", "only GPT-2's architecture (model_type 'gpt2') is supported")
+        refuse("model_type", "only GPT-2's architecture (model_type 'gpt2') and Llama's ('llama') are supported")
     for field in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
         if not isinstance(hf.get(field), int) or hf[field] < 1:
             refuse(field, "it must be a positive integer")
@@ -185,31 +198,44 @@ def from_hf(cls, folder, **overrides):
     wrong = sorted(set(overrides) - {"dropout", "head_dropout"})
     if wrong:
         raise TypeError(f"from_hf: {', '.join(wrong)} cannot be changed: the weights fix it")
-    config = GPTConfig(**{**config_from_hf(hf, folder), **overrides})
-    state = {}
+    arrays = {}
     for path in _weight_files(folder):
-        arrays, _ = read_safetensors(path)
-        for name, a in arrays.items():
-            state[name[len(PREFIX):] if name.startswith(PREFIX) else name] = a
+        arrays.update(read_safetensors(path)[0])
+    is_llama = isinstance(hf, dict) and hf.get("model_type") == "llama"
+    if is_llama:                                                      # the modern block (llama.py)
+        config = GPTConfig(**{**llama.config_from_llama(hf, folder), **overrides})
+        state = llama.from_llama_state(arrays, config, folder)
+    else:
+        config = GPTConfig(**{**config_from_hf(hf, folder), **overrides})
+        state = gpt2_names(arrays, folder)
+    model = cls(config)
+    own = model.state_dict()
+    missing = [n for n in own if n not in state]
+    unexpected = [n for n in state if n not in own]
+    if missing or unexpected:
+        raise ValueError(f"{folder}: not {'Llama' if is_llama else 'GPT-2'}'s weights: missing {_few(missing)}, "
+                         f"unexpected {_few(unexpected)}")
+    for name, a in state.items():
+        a = a.T if is_conv1d(name) and not is_llama else a
+        if a.shape != own[name].shape:
+            raise ValueError(f"{folder}: {name} is {a.shape}, but config.json makes it {own[name].shape}")
+        state[name] = np.ascontiguousarray(a, dtype=np.float32)       # row-major, as a new Linear's weight
+    model.load_state_dict(state)
+    return model
+
+
+def gpt2_names(arrays, folder):
+    """GPT-2's tensors (name -> array) under tinyattn's names (the head, tied, left out)."""
+    state = {}
+    for name, a in arrays.items():
+        state[name[len(PREFIX):] if name.startswith(PREFIX) else name] = a
     for name in [n for n in state if n.endswith(SKIPPED)]:
         del state[name]
     head = state.pop("lm_head.weight", None)
     if head is not None and not np.array_equal(head, state.get("wte.weight")):
         raise ValueError(f"{folder}: cannot load: lm_head.weight differs from wte.weight (an untied head); "
                          "tinyattn's GPT ties them")
-    model = cls(config)
-    own = model.state_dict()
-    missing = [n for n in own if n not in state]
-    unexpected = [n for n in state if n not in own]
-    if missing or unexpected:
-        raise ValueError(f"{folder}: not GPT-2's weights: missing {_few(missing)}, unexpected {_few(unexpected)}")
-    for name, a in state.items():
-        a = a.T if is_conv1d(name) else a
-        if a.shape != own[name].shape:
-            raise ValueError(f"{folder}: {name} is {a.shape}, but config.json makes it {own[name].shape}")
-        state[name] = np.ascontiguousarray(a, dtype=np.float32)       # row-major, as a new Linear's weight
-    model.load_state_dict(state)
-    return model
+    return state
 
 
 def _weight_files(folder):

@@ -17,8 +17,8 @@ from ..errors import TensorError
 from ..ops import MaskedSoftmax, cat, causal_mask, check_same_dtype, constant, masked_softmax, matrix_transpose, softmax
 from ..tensor import ones
 from .flash import flash_attention
-from .functional import dropout
-from .modules import Dropout, Linear, Module, expect_shape
+from .functional import dropout, rotary_embedding
+from .modules import Dropout, Linear, Module, RMSNorm, expect_shape
 
 
 # When scaled_dot_product_attention(impl="auto") takes the tiled path (flash.py):
@@ -182,19 +182,40 @@ class MultiHeadAttention(Module):
     each head's output is zeroed for a whole sequence with probability p and the
     kept heads scaled by 1/(1-p) (DropHead), so no head can lean on another to
     do half of its job.
+
+    The modern block's choices (Llama, Mistral, Qwen, nanochat):
+    ``n_kv_head``: fewer key/value heads than query heads, each serving n_head / n_kv_head
+    query heads (grouped-query attention; 1 is multi-query); the KV cache then holds
+    n_kv_head heads. ``rope_theta``: rotary position embedding of the queries and keys
+    with that base (None: none), positions counted on from the cache's length.
+    ``qk_norm``: an RMSNorm over each head's queries and keys (with ``norm_eps``),
+    before the rotation.
     """
 
-    def __init__(self, n_embd, n_head, bias=True, dropout=0.0, head_dropout=0.0):
+    def __init__(self, n_embd, n_head, bias=True, dropout=0.0, head_dropout=0.0, n_kv_head=None,
+                 rope_theta=None, qk_norm=False, norm_eps=1e-5):
         super().__init__()
         if n_head < 1 or n_embd < 1:
             raise ValueError(f"MultiHeadAttention needs n_embd >= 1 and n_head >= 1, got {n_embd} and {n_head}")
         if n_embd % n_head:
             raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+        n_kv_head = n_head if n_kv_head is None else n_kv_head
+        if n_kv_head < 1 or n_head % n_kv_head:
+            raise ValueError(f"MultiHeadAttention: n_kv_head ({n_kv_head}) must divide n_head ({n_head})")
+        if rope_theta is not None and (n_embd // n_head) % 2:
+            raise ValueError(f"MultiHeadAttention: rotary embedding needs an even head size, got "
+                             f"n_embd / n_head = {n_embd // n_head}")
         if not 0.0 <= head_dropout < 1.0:
             raise ValueError(f"MultiHeadAttention: head_dropout must be in [0, 1), got {head_dropout}")
         self.n_embd, self.n_head, self.dropout, self.head_dropout = n_embd, n_head, dropout, head_dropout
-        self.c_attn = Linear(n_embd, 3 * n_embd, bias=bias)       # q, k, v in one matmul
+        self.n_kv_head, self.rope_theta = n_kv_head, rope_theta
+        head_size = n_embd // n_head
+        self.c_attn = Linear(n_embd, (n_head + 2 * n_kv_head) * head_size, bias=bias)   # q, k, v in one matmul
         self.c_proj = Linear(n_embd, n_embd, bias=bias)
+        if qk_norm:
+            self.q_norm = RMSNorm(head_size, eps=norm_eps)
+            self.k_norm = RMSNorm(head_size, eps=norm_eps)
+        self.qk_norm = qk_norm
         self.resid_dropout = Dropout(dropout)
         self.keep_weights = False
         self.last_weights = None
@@ -202,16 +223,27 @@ class MultiHeadAttention(Module):
     def forward(self, x, attn_mask=None, is_causal=False, kv_cache=None):
         expect_shape(self, x, (None, None, self.n_embd), "(B, T, C)")
         B, T, C = x.shape
-        H, D = self.n_head, C // self.n_head
-        qkv = self.c_attn(x).view(B, T, 3 * H, D)                    # channels: q's H heads, k's, v's
-        q, k, v = qkv.transpose(1, 2).split(H, dim=1)                # 3 x (B, H, T, D)
+        H, Hkv, D = self.n_head, self.n_kv_head, C // self.n_head
+        qkv = self.c_attn(x).view(B, T, H + 2 * Hkv, D)             # channels: q's H heads, k's Hkv, v's Hkv
+        if Hkv == H:
+            q, k, v = qkv.transpose(1, 2).split(H, dim=1)            # 3 x (B, H, T, D)
+        else:
+            q, k, v = qkv.transpose(1, 2).split([H, Hkv, Hkv], dim=1)   # (B, H, T, D), 2 x (B, Hkv, T, D)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)                    # each head's vectors to unit RMS
+        if self.rope_theta is not None:                              # turned by their positions
+            start = len(kv_cache) if kv_cache is not None else 0     # (after the cached tokens)
+            positions = range(start, start + T)
+            q = rotary_embedding(q, positions, self.rope_theta)
+            k = rotary_embedding(k, positions, self.rope_theta)
         if kv_cache is not None:                                     # the keys and values so far
-            k, v = kv_cache.append(k, v)                             # (B, H, T_past + T, D)
+            k, v = kv_cache.append(k, v)                             # (B, Hkv, T_past + T, D)
             attn_mask = kv_cache.causal_mask(T, k.shape[2], x)       # the new queries sit at the end
             is_causal = False
         y = scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0, return_weights=self.keep_weights)
+            dropout_p=self.dropout if self.training else 0.0, return_weights=self.keep_weights,
+            **({"enable_gqa": True} if Hkv != H else {}))           # (B, H, T, D)
         if self.keep_weights:
             y, weights = y
             self.last_weights = weights.detach()
@@ -219,6 +251,11 @@ class MultiHeadAttention(Module):
             y = y * self.head_keep(B, y.dtype, y.device)             # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, C)                      # merge heads: (B, T, C)
         return self.resid_dropout(self.c_proj(y))
+
+    def extra_repr(self):
+        extra = [f"n_kv_head={self.n_kv_head}"] if self.n_kv_head != self.n_head else []
+        extra += [f"rope_theta={self.rope_theta:g}"] if self.rope_theta is not None else []
+        return ", ".join(extra)
 
     def head_keep(self, B, dtype, device):
         """DropHead's draw: (B, H, 1, 1), each head of each sequence 0 or 1/(1-p)."""
@@ -231,7 +268,9 @@ class KVCache:
     They live in two buffers, (B, H, capacity, D), that double in length when
     full: appending a token writes its position and returns views of the filled
     part, so a token costs as much at position 1000 as at position 10 (a cat per
-    token would copy the whole cache each time). Stored without a graph; new
+    token would copy the whole cache each time). H is the layer's key/value heads:
+    with grouped-query attention n_kv_head, so the cache takes n_kv_head / n_head
+    of the memory. Stored without a graph; new
     keys or values that need a gradient come back joined to the past ones with
     ``cat``, so gradients still reach them.
     """

@@ -1,6 +1,6 @@
 """Functional ops for networks: cross-entropy, NLL and KL losses, token log-probabilities,
-embedding, layer norm, RMS norm, linear, dropout, GELU and attention; the softmax family, logsigmoid
-and softplus come from ``tinyattn/ops.py``.
+embedding, layer norm, RMS norm, rotary position embedding, linear, dropout, GELU, SiLU and attention;
+the softmax family, logsigmoid and softplus come from ``tinyattn/ops.py``.
 
 Cross-entropy, layer norm, linear and attention are each one Function with
 its backward written by hand, in Tensor ops, so it can be differentiated
@@ -10,13 +10,14 @@ twice. As in ops.py, each is only its formula: the fast layer
 import math
 
 from ..autograd import Function, describe, is_tensor
+from ..backend import get_backend
 from ..errors import DtypeError, TensorError
-from ..ops import (constant, gelu as _gelu, softmax, log_softmax, logsumexp,  # noqa: F401 (softmax family: F.*)
+from ..ops import (cat, constant, gelu as _gelu, softmax, log_softmax, logsumexp,  # noqa: F401 (softmax family: F.*)
                    logsigmoid, softplus, stable_exp, check_float, check_same_dtype, where, to_dtype)
 
 __all__ = ["softmax", "log_softmax", "logsumexp", "logsigmoid", "softplus", "cross_entropy", "nll_loss", "kl_div",
-           "token_logprobs", "embedding", "layer_norm", "rms_norm", "dropout", "gelu", "relu", "linear", "scaled_dot_product_attention",
-           "flash_attention"]
+           "token_logprobs", "embedding", "layer_norm", "rms_norm", "rotary_embedding", "dropout", "gelu", "relu",
+           "silu", "linear", "scaled_dot_product_attention", "flash_attention"]
 
 
 class CrossEntropy(Function):
@@ -393,6 +394,51 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
     return to_dtype(y, dtype)
 
 
+def rotary_tables(positions, dim, base=10000.0):
+    """cos and sin of the angles m * theta_i (RoPE), on the host in float64: two (T, dim // 2) arrays.
+
+    positions: T integer positions m; theta_i = base^(-2i / dim) for i < dim / 2, so theta_0 = 1
+    turns fastest and the last pair slowest."""
+    np = get_backend("cpu").xp
+    pos = np.asarray(positions.numpy() if is_tensor(positions) else list(positions), dtype=np.float64)   # (T,)
+    if pos.ndim != 1:
+        raise ValueError(f"rotary_embedding: positions must be one position per row, (T,), got shape {pos.shape}")
+    theta = base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)              # (dim/2,)
+    angles = pos[:, None] * theta[None, :]                                       # (T, dim/2)
+    return np.cos(angles), np.sin(angles)
+
+
+def rotary_embedding(x, positions, base=10000.0):
+    """Rotary position embedding (RoPE; Su et al., 2021), as Llama and transformers write it:
+    x (..., T, D) -> (..., T, D), each row t turned by its position m = positions[t].
+
+    Channel i and channel i + D/2 form a pair, turned by the angle m * theta_i,
+    theta_i = base^(-2i / D) (``base`` is Llama's rope_theta):
+
+        out[i]       = x[i] cos(m theta_i) - x[i + D/2] sin(m theta_i)
+        out[i + D/2] = x[i + D/2] cos(m theta_i) + x[i] sin(m theta_i)
+
+    that is x * cos + rotate_half(x) * sin. Turned queries and keys give scores
+    q_m . k_n that depend on m - n only. (EXERCISES.md's exercise pairs neighbours,
+    (2i, 2i + 1): the same rotation with the channels in another order.)
+    ``positions``: T integers (a range, a list, or an integer Tensor). Built from Tensor
+    ops, so its backward is theirs (the same turn, by -m theta_i), and it differentiates twice.
+    """
+    check_float("rotary_embedding", x)
+    if x.ndim < 2 or x.shape[-1] % 2:
+        raise ValueError(f"rotary_embedding: x must be (..., T, D) with D even, got shape {x.shape}")
+    T, D = x.shape[-2:]
+    cos, sin = rotary_tables(positions, D, base)                                 # (T', D/2) each
+    if cos.shape[0] != T:
+        raise ValueError(f"rotary_embedding: {cos.shape[0]} positions for x {x.shape} with T = {T}")
+    both = get_backend("cpu").xp.concatenate                                     # the table for each half
+    cos = constant(x, x.backend.asarray(both([cos, cos], -1), x.dtype))          # (T, D), a constant
+    sin = constant(x, x.backend.asarray(both([sin, sin], -1), x.dtype))
+    first, second = x[..., :D // 2], x[..., D // 2:]                             # (..., T, D/2) each
+    rotated = cat([-second, first], dim=-1)                                      # rotate_half(x): (..., T, D)
+    return x * cos + rotated * sin
+
+
 def dropout(x, p=0.5, training=True):
     """Zero each element with probability p and scale the rest by 1/(1-p)."""
     if not 0.0 <= p <= 1.0:
@@ -412,6 +458,11 @@ def gelu(x, approximate="none"):
 
 def relu(x):
     return x.relu()
+
+
+def silu(x):
+    """x * sigmoid(x) (also called swish): the gate of SwiGLU."""
+    return x * x.sigmoid()
 
 
 class Linear(Function):

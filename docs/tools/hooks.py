@@ -2,12 +2,16 @@
 and the pages' markers for the docs' tests, shown to the reader."""
 import argparse
 import html
+import importlib.util
 import re
 import sys
 from pathlib import Path
 
-sys.path[0:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parent)]
-import doccheck  # noqa: E402
+if "doccheck" not in sys.modules:               # the tools are files, not a package: loaded from beside this one
+    _spec = importlib.util.spec_from_file_location("doccheck", Path(__file__).with_name("doccheck.py"))
+    sys.modules["doccheck"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["doccheck"])
+doccheck = sys.modules["doccheck"]
 
 FLAGS = re.compile(r"^<!--\s*flags:\s*(\S+)\s*-->$", re.M)
 

@@ -16,6 +16,7 @@ UNARY = {
     "abs": lambda m, x: x.abs(), "neg": lambda m, x: x.neg(), "-x": lambda m, x: -x,
     "relu": lambda m, x: x.relu(), "sign": lambda m, x: x.sign(), "erf": lambda m, x: x.erf(),
     "gelu": lambda m, x: m.F.gelu(x), "gelu(tanh)": lambda m, x: m.F.gelu(x, approximate="tanh"),
+    "silu": lambda m, x: m.F.silu(x),
     "clamp": lambda m, x: x.clamp(-1, 1), "clamp(min)": lambda m, x: x.clamp(min=0),
     "x ** 2": lambda m, x: x ** 2, "x ** 3": lambda m, x: x ** 3, "x ** 0.5": lambda m, x: x.abs() ** 0.5,
     "x ** 0": lambda m, x: x ** 0, "2 ** x": lambda m, x: 2 ** x.abs() if x.dtype != m.tensor(True).dtype else 2 ** x, "1 / x": lambda m, x: 1 / x,

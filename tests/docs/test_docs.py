@@ -3,6 +3,7 @@ order, in one namespace, each page fresh, in a folder of its own); every command
 blocks parses with its program's own parser, and reads only files made before it or named as
 the reader's; every results table's command parses; the site builds with --strict. Each check is
 also shown failing on a page broken on purpose."""
+import importlib.util
 import os
 import subprocess
 import sys
@@ -12,8 +13,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "docs" / "tools"))
-import doccheck  # noqa: E402
+
+
+def tool(name):
+    """A module of docs/tools (files, not a package), loaded from its file once."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "docs" / "tools" / f"{name}.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+doccheck = tool("doccheck")
 
 PAGES = doccheck.pages()
 WITH_PYTHON = [n for n, t in PAGES.items() if any(b.lang == "python" for b in doccheck.blocks(t))]
@@ -64,8 +75,7 @@ def test_every_command_is_in_the_reference():
     for expected in ("train", "train.sample", "train.chat", "data.prepare", "data.tasks", "data.pairs",
                      "bench/bench_step.py", "exercises", "tinyattn.fast", "train.experiments.seeds"):
         assert expected in programs
-    sys.path.insert(0, str(ROOT / "docs" / "tools"))
-    import hooks
+    hooks = tool("hooks")
     table = hooks.flags_table("train")
     assert "`--learning_rate`" in table and "`--data`" in table and "`--resume`" in table
 

@@ -8,7 +8,7 @@ FINGERPRINTS = {
     'models/gpt.py': 'c3508663c50113b0',
     'nn/attention.py': 'fb60e636872b7ec6',
     'nn/flash.py': '3b4a7eb657f440ce',
-    'nn/functional.py': 'a1b9bcf3a6b5a6b5',
+    'nn/functional.py': '5b601684ab99bf79',
     'nn/modules.py': '2845028d993947d2',
     'ops.py': 'fcddccd548c0b701',
     'optim/__init__.py': 'f9529a05159a362b',

@@ -402,7 +402,7 @@ def rotary_tables(positions, dim, base=10000.0):
     np = get_backend("cpu").xp
     pos = np.asarray(positions.numpy() if is_tensor(positions) else list(positions), dtype=np.float64)   # (T,)
     if pos.ndim != 1:
-        raise ValueError(f"rotary_embedding: positions must be one position per row, (T,), got shape {pos.shape}")
+        raise TensorError(f"rotary_embedding: positions must be one position per row, (T,), got shape {pos.shape}")
     theta = base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)              # (dim/2,)
     angles = pos[:, None] * theta[None, :]                                       # (T, dim/2)
     return np.cos(angles), np.sin(angles)
@@ -426,11 +426,11 @@ def rotary_embedding(x, positions, base=10000.0):
     """
     check_float("rotary_embedding", x)
     if x.ndim < 2 or x.shape[-1] % 2:
-        raise ValueError(f"rotary_embedding: x must be (..., T, D) with D even, got shape {x.shape}")
+        raise TensorError(f"rotary_embedding: x must be (..., T, D) with D even, got shape {x.shape}")
     T, D = x.shape[-2:]
     cos, sin = rotary_tables(positions, D, base)                                 # (T', D/2) each
     if cos.shape[0] != T:
-        raise ValueError(f"rotary_embedding: {cos.shape[0]} positions for x {x.shape} with T = {T}")
+        raise TensorError(f"rotary_embedding: {cos.shape[0]} positions for x {x.shape} with T = {T}")
     both = get_backend("cpu").xp.concatenate                                     # the table for each half
     cos = constant(x, x.backend.asarray(both([cos, cos], -1), x.dtype))          # (T, D), a constant
     sin = constant(x, x.backend.asarray(both([sin, sin], -1), x.dtype))
@@ -461,7 +461,8 @@ def relu(x):
 
 
 def silu(x):
-    """x * sigmoid(x) (also called swish): the gate of SwiGLU."""
+    """x * sigmoid(x) (also called swish): the gate of SwiGLU. Float tensors only, as in PyTorch."""
+    check_float("silu", x)
     return x * x.sigmoid()
 
 

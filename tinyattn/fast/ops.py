@@ -5,12 +5,13 @@ Each runs the same arithmetic as its teaching op, faster: a fused kernel
 the ones it asks for), tinyattn's threads (``backend.products``: on the CPU, split
 over the threads, threads.py), a BLAS product
 in place of a slow reduction, or arrays where the formula builds Tensors, in
-its ``fast_forward`` and ``fast_backward``. Where it cannot (a kernel declines a
-dtype it is not compiled for, a mask shape it does not take), those return
-``NotImplemented`` and the teaching op's formula runs instead; the formula's
-backward also runs wherever a graph of the backward is recorded
-(``create_graph=True``), which only Tensor ops can give. ``FastOp`` holds those
-two rules, once for every fast op.
+its ``forward`` and ``fast_backward``. Where it cannot (a kernel declines a
+dtype it is not compiled for, a mask shape it does not take), its forward calls
+the teaching op's (``super().forward``: the formula it subclasses), and its
+fast_backward returns ``NotImplemented``, so that the formula's backward runs;
+the formula's backward also runs wherever a graph of the backward is recorded
+(``create_graph=True``), which only Tensor ops can give. ``FastOp`` holds the
+backward's two rules, once for every fast op.
 
 The op table (tests/support/optable.py) runs every op with the fast layer on and
 off, and checks every kernel against its formula.
@@ -24,29 +25,23 @@ from . import threads
 
 
 class FastOp:
-    """The base of every fast op, and the two rules that keep each one to its teaching op's
-    numbers, in one place: where the fast version declines (``fast_forward`` or ``fast_backward``
-    returns NotImplemented: no kernel for these inputs), the teaching op's formula runs; and the
-    formula's backward runs wherever a graph of the backward is recorded (create_graph=True),
-    since only a backward written with Tensor ops can be differentiated again. (A fast op that
-    takes every input writes ``forward`` itself: one call less on every op.)
+    """The base of every fast op (the first base; the teaching op is the second), and the rules
+    of its backward, in one place: where the fast version declines (``fast_backward`` returns
+    NotImplemented: no kernel for these inputs), the teaching op's backward runs; and so it does
+    wherever a graph of the backward is recorded (create_graph=True), since only a backward
+    written with Tensor ops can be differentiated again. (Forward is each op's own: where it
+    declines, it calls ``super().forward``, the formula, directly; a call through a generic
+    forward here would cost every small op a frame and its arguments packed twice.)
     ``kernels`` names the kernels the op asks for (the op table checks each against the formula)."""
 
     formula = None          # the teaching op (set by _speeding_up below)
     kernels = ()
-
-    def forward(self, *arrays, **params):
-        out = self.fast_forward(*arrays, **params)
-        return self.formula.forward(self, *arrays, **params) if out is NotImplemented else out
 
     def backward(self, *grads):
         if is_grad_enabled():
             return self.formula.backward(self, *grads)
         out = self.fast_backward(*grads)
         return self.formula.backward(self, *grads) if out is NotImplemented else out
-
-    def fast_forward(self, *arrays, **params):
-        return NotImplemented
 
     def fast_backward(self, *grads):
         return NotImplemented
@@ -87,8 +82,7 @@ def can_sum_by_blas(backend, a):
 # ---------------------------------------------------------------- ops.py
 class MatMul(FastOp, ops.MatMul):
     """(..., n, k) @ (k, m), as in every Linear layer, runs as one 2-d product (B*T, k) @ (k, m)
-    split over the threads; stacked products (attention's) split their stack. It takes every
-    input, so its forward is the fast version itself (no fast_forward to decline in)."""
+    split over the threads; stacked products (attention's) split their stack."""
 
     def forward(self, a, b):
         if b.ndim == 2 and a.ndim > 2:
@@ -146,8 +140,9 @@ class Erf(FastOp, ops.Erf):
 
     kernels = ("erf",)
 
-    def fast_forward(self, a):
-        return kernel(self, "erf", a)
+    def forward(self, a):
+        out = self.backend.run_kernel("erf", a)
+        return super().forward(a) if out is None else out
 
 
 class Gelu(FastOp, ops.Gelu):
@@ -155,8 +150,9 @@ class Gelu(FastOp, ops.Gelu):
 
     kernels = ("gelu_erf", "gelu_erf_backward")
 
-    def fast_forward(self, a):
-        return kernel(self, "gelu_erf", a)
+    def forward(self, a):
+        out = self.backend.run_kernel("gelu_erf", a)
+        return super().forward(a) if out is None else out
 
     def fast_backward(self, g):
         dx = kernel(self, "gelu_erf_backward", self.parents[0].data, g.data)
@@ -169,7 +165,7 @@ class GeluTanh(FastOp, ops.GeluTanh):
 
     kernels = ("gelu_tanh", "gelu_tanh_backward")
 
-    def fast_forward(self, a):
+    def forward(self, a):
         out = self.backend.run_kernel("gelu_tanh", a)
         if out is not None:
             return out
@@ -190,7 +186,7 @@ class GeluTanh(FastOp, ops.GeluTanh):
 class Sum(FastOp, ops.Sum):
     """Sums over the last axis, or over the leading ones, as BLAS products."""
 
-    def fast_forward(self, a, dim, keepdim):
+    def forward(self, a, dim, keepdim):
         if can_sum_by_blas(self.backend, a) and 0 < len(dim) < a.ndim:
             self.kept = tuple(1 if i in dim else n for i, n in enumerate(a.shape))
             if dim == (a.ndim - 1,):                                   # over the last axis
@@ -199,7 +195,7 @@ class Sum(FastOp, ops.Sum):
             if dim == tuple(range(len(dim))):                          # over the leading axes
                 out = leading_sums(self.backend, a, len(dim))
                 return self.xp.reshape(out, self.kept) if keepdim else out
-        return NotImplemented
+        return super().forward(a, dim, keepdim)
 
 
 class Split(FastOp, ops.Split):
@@ -232,15 +228,15 @@ class Softmax(FastOp, ops.Softmax):
 
     kernels = ("softmax", "softmax_backward")
 
-    def fast_forward(self, x, dim):
+    def forward(self, x, dim):
         self.dim = dim
         if dim != x.ndim - 1:
-            return NotImplemented
+            return super().forward(x, dim)
         out = self.backend.run_kernel("softmax", x)
         if out is not None:
             return out
         if not can_sum_by_blas(self.backend, x):
-            return NotImplemented
+            return super().forward(x, dim)
         e, _ = ops.stable_exp(self.xp, x, dim)
         e /= row_sums(self.backend, e)                                 # in place: e is ours
         return e
@@ -252,8 +248,9 @@ class Softmax(FastOp, ops.Softmax):
 class MaskedSoftmax(FastOp, ops.MaskedSoftmax):
     kernels = ("masked_softmax", "softmax_backward")
 
-    def fast_forward(self, x, allowed):
-        return kernel(self, "masked_softmax", x, allowed)
+    def forward(self, x, allowed):
+        out = self.backend.run_kernel("masked_softmax", x, allowed)
+        return super().forward(x, allowed) if out is None else out
 
     def fast_backward(self, g):
         dx = softmax_backward(self, g)
@@ -266,10 +263,10 @@ class CrossEntropy(FastOp, F.CrossEntropy):
 
     kernels = ("cross_entropy", "cross_entropy_backward")
 
-    def fast_forward(self, logits, targets, ignore_index):
+    def forward(self, logits, targets, ignore_index):
         fused = self.backend.run_kernel("cross_entropy", logits, targets, ignore_index)
         if fused is None:
-            return NotImplemented
+            return super().forward(logits, targets, ignore_index)
         self.ignore_index = ignore_index
         loss, lse, scale = fused                                       # (), (N,), ()
         self.save(lse, scale)
@@ -300,9 +297,9 @@ class EmbeddingGrad(FastOp, F.EmbeddingGrad):
 
     kernels = ("index_add_rows",)
 
-    def fast_forward(self, g, idx, rows):
+    def forward(self, g, idx, rows):
         out = rows_added(self.backend, rows, idx, g)
-        return NotImplemented if out is None else out
+        return super().forward(g, idx, rows) if out is None else out
 
 
 class Embedding(FastOp, F.Embedding):
@@ -327,7 +324,7 @@ class LayerNorm(FastOp, F.LayerNorm):
 
     kernels = ("layer_norm", "layer_norm_backward")
 
-    def fast_forward(self, x, weight, bias, eps):
+    def forward(self, x, weight, bias, eps):
         self.eps = eps
         keep = is_grad_enabled()                                 # (no grad mode: no backward, nothing to keep)
         fused = self.backend.run_kernel("layer_norm", x, weight, bias, eps, keep)
@@ -377,8 +374,7 @@ class LayerNorm(FastOp, F.LayerNorm):
 class Linear(FastOp, F.Linear):
     """One 2-d product over the flattened leading dims (on the CPU split over the threads, and
     inside ta.inference_mode with W^T laid out by layouts.py), the bias added in place;
-    backward's products in one split (products.matmuls). It takes every input: its forward is
-    the fast version itself."""
+    backward's products in one split (products.matmuls)."""
 
     def forward(self, x, weight, bias=None):
         if x.ndim == 2:                                                  # (N, in) already
@@ -425,7 +421,7 @@ class Attention(FastOp, attention.Attention):
 
     kernels = ("attention", "attention_backward")
 
-    def fast_forward(self, q, k, v, allowed, scale):
+    def forward(self, q, k, v, allowed, scale):
         self.scale = scale
         out, weights = attention_arrays(self.backend, q, k, v, allowed, scale)
         self.save(weights)                                         # (B, H, Tq, Tk)

@@ -275,7 +275,7 @@ def matmul(a, b):
     a_shape, b_shape = a.shape, b.shape
     if not a_shape or not b_shape:
         raise TensorError(f"matmul needs at least 1-d operands, got shapes {a_shape} and {b_shape}")
-    if a.data.dtype != b.data.dtype:                  # (one dtype, the usual case: the arrays' own, at once)
+    if a.dtype != b.dtype:
         check_same_dtype("matmul", a, b)
     inner = b_shape[-2] if len(b_shape) > 1 else b_shape[0]
     if a_shape[-1] != inner:

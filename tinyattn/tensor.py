@@ -413,11 +413,20 @@ class Tensor:
         return _ops.gelu(self, approximate)
 
     def clamp(self, min=None, max=None):
+        """Each element limited to [min, max] (numbers, or tensors that broadcast with it). The
+        gradient passes where the element is inside (bounds included); where a tensor bound
+        binds, it is the bound's. With min > max, max wins, as in PyTorch."""
         if min is None and max is None:
             raise TensorError("clamp: give min, max or both (both None would clamp nothing)")
         for name, bound in (("min", min), ("max", max)):
             if getattr(bound, "shape", ()) not in ((), self.shape):       # a tensor bound: it must broadcast
                 autograd.broadcast_shape(f"clamp's {name}", self.shape, bound.shape)
+        if isinstance(min, Tensor) or isinstance(max, Tensor):          # (a bound that is a tensor)
+            if not all(b is None or isinstance(b, Tensor) for b in (min, max)):
+                raise TypeError("clamp: min and max are both numbers or both tensors, as in PyTorch "
+                                f"(got {type(min).__name__} and {type(max).__name__})")
+            out = self if min is None else _ops.where(self < min, min, self)
+            return out if max is None else _ops.where(out > max, max, out)
         return _ops.Clamp.apply(self, lo=min, hi=max)
 
     clip = clamp                                        # PyTorch's alias (numpy's name)

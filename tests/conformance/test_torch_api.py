@@ -77,6 +77,18 @@ def test_dim_dot_clip_and_empty():
         check(lambda m: m.zeros_like(make(m)), [], grad=False)             # its shape and dtype (PyTorch: values unset)
 
 
+def test_clamp_with_tensor_bounds():
+    """Tensor bounds broadcast, and the gradient reaches a bound where it binds (min > max: max wins)."""
+    x = sample("float64", (3, 4))
+    lo = sample("float64", (4,), seed=1) * 0.5 - 0.3
+    hi = lo + 0.6
+    check(lambda m, t, a, b: t.clamp(a, b), [x, lo, hi])
+    check(lambda m, t, a: t.clamp(min=a), [x, lo])
+    check(lambda m, t, b: m.clamp(t, max=b) + t.clip(max=b * 0.5), [x, hi])
+    check(lambda m, t, a, b: t.clamp(a, b), [x, hi, lo])                # every min above its max
+    check(lambda m, t, a: t.clamp(a, 0.1), [x, lo], grad=False)         # a tensor and a number: refused by both
+
+
 TOPK_X = np.random.default_rng(0).permutation(60).reshape(3, 4, 5) / 7.0 - 4.0     # no ties
 
 

@@ -330,6 +330,9 @@ class Tensor:
     def __rfloordiv__(self, other):
         return _ops.FloorDiv.apply(*_ops.operands(self, other, "//", reverse=True))
 
+    def __abs__(self):                                  # abs(t), as in PyTorch
+        return self.abs()
+
     def __neg__(self):
         return _ops.Neg.apply(self)
 

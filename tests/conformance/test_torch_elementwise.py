@@ -13,7 +13,7 @@ UNARY = {
     "exp": lambda m, x: x.exp(), "log": lambda m, x: x.abs().log() if x.dtype != m.tensor(True).dtype else x.log(),
     "sqrt": lambda m, x: x.abs().sqrt() if x.dtype != m.tensor(True).dtype else x.sqrt(),
     "tanh": lambda m, x: x.tanh(), "sigmoid": lambda m, x: x.sigmoid(),
-    "abs": lambda m, x: x.abs(), "neg": lambda m, x: x.neg(), "-x": lambda m, x: -x,
+    "abs": lambda m, x: x.abs(), "abs(x)": lambda m, x: abs(x), "neg": lambda m, x: x.neg(), "-x": lambda m, x: -x,
     "relu": lambda m, x: x.relu(), "sign": lambda m, x: x.sign(), "erf": lambda m, x: x.erf(),
     "gelu": lambda m, x: m.F.gelu(x), "gelu(tanh)": lambda m, x: m.F.gelu(x, approximate="tanh"),
     "silu": lambda m, x: m.F.silu(x),
@@ -32,7 +32,7 @@ def test_unary(op, dtype):
     check(UNARY[op], [sample(dtype)], grad=op != "x // 2")
 
 
-SIGN_OF_NAN = ("sign", "abs")     # sign(NaN): NaN here, 0 in PyTorch (a README difference, test_differences.py)
+SIGN_OF_NAN = ("sign", "abs", "abs(x)")     # sign(NaN): NaN here, 0 in PyTorch (a README difference, test_differences.py)
 
 
 @pytest.mark.parametrize("op", [o for o in UNARY if o not in ("x // 2",) + SIGN_OF_NAN])

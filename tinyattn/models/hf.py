@@ -29,7 +29,7 @@ import os
 
 from ..backend import get_backend
 from ..safetensors import read_safetensors, save_safetensors
-from ..tokenizers.hf import read_hf_tokenizer
+from ..tokenizers.hf import read_hf_tokenizer, write_json
 from . import llama
 
 np = get_backend("cpu").xp          # weights travel through host memory
@@ -109,7 +109,7 @@ def export_hf(model, folder, chars=None, tokenizer=None):
         tensors, hf_config = llama.to_llama(model)
     os.makedirs(folder, exist_ok=True)
     save_safetensors(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
-    _write_json(os.path.join(folder, "config.json"), hf_config)
+    write_json(os.path.join(folder, "config.json"), hf_config)
     if tokenizer is not None:
         from ..tokenizers import ENDOFTEXT
         from ..tokenizers.hf import char_to_hf_json, to_hf_json
@@ -117,10 +117,10 @@ def export_hf(model, folder, chars=None, tokenizer=None):
                             "clean_up_tokenization_spaces": False,   # else decode() moves spaces around punctuation
                             "model_max_length": config.block_size}
         as_json = char_to_hf_json if tokenizer.kind == "char" else to_hf_json
-        _write_json(os.path.join(folder, "tokenizer.json"), as_json(tokenizer))
+        write_json(os.path.join(folder, "tokenizer.json"), as_json(tokenizer))
         if ENDOFTEXT in tokenizer.special_tokens:                   # GPT-2's name for it: the tokenizer's eos
             tokenizer_config["eos_token"] = ENDOFTEXT
-        _write_json(os.path.join(folder, "tokenizer_config.json"), tokenizer_config)
+        write_json(os.path.join(folder, "tokenizer_config.json"), tokenizer_config)
 
 
 def read_chars(folder):
@@ -255,12 +255,3 @@ def _weight_files(folder):
 
 def _few(names, n=3):
     return "none" if not names else ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
-
-
-def _write_json(path, obj):
-    """Atomic, like the weights: a temporary file, then a rename."""
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)

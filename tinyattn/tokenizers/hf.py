@@ -216,15 +216,15 @@ def write_chat_config(folder, special_tokens, roles, end, max_length=None):
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
     config.update(chat_template=chat_template(roles, end), eos_token=end)
-    _write_json(path, config)
+    write_json(path, config)
     generation = {"eos_token_id": special_tokens[end], "pad_token_id": special_tokens[end]}
     if max_length is not None:
         generation["max_length"] = max_length           # prompt and answer: the model's block_size
-    _write_json(os.path.join(folder, "generation_config.json"), generation)
+    write_json(os.path.join(folder, "generation_config.json"), generation)
 
 
-def _write_json(path, obj):
-    """A temporary file, then a rename: never half a file."""
+def write_json(path, obj):
+    """``obj`` as JSON at ``path``: a temporary file, then a rename, so never half a file."""
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2)

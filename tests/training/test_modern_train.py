@@ -183,3 +183,48 @@ def test_sft_grows_an_untied_head_with_the_chat_tokens(text_file, tmp_path):
         np.testing.assert_array_equal(after[name][:old], before[name])
         np.testing.assert_allclose(after[name][old:], np.repeat(before[name].mean(0, keepdims=True),
                                                                 len(after[name]) - old, 0), rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def modern_chat_model(tmp_path_factory):
+    """A tiny chat model (random weights) with every modern choice, saved as --init_from reads it,
+    with preference pairs and a text for RL's words."""
+    from data.chat import CHAT_TOKENS
+    from data.pairs import write_pairs
+    from tinyattn.models import GPTConfig
+    from tinyattn.tokenizers import CharTokenizer
+    from train.data import tokenizer_to_json
+    folder = tmp_path_factory.mktemp("modern-chat")
+    text = TEXT.lower()
+    tok = CharTokenizer.from_text(text).extended(chars="abcdefghijklmnopqrstuvwxyz: 0123456789+?",
+                                                 special_tokens=CHAT_TOKENS)
+    ta.manual_seed(0)
+    config = GPTConfig(block_size=48, vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=16, pos="rope",
+                       norm="rmsnorm", mlp="swiglu", n_kv_head=1, qk_norm=True, bias=False, tie_embeddings=False)
+    model = GPT(config)
+    optimizer = model.configure_optimizer(0.1, 1e-3, (0.9, 0.99))
+    checkpoint.save(str(folder / "ckpt.npz"), model, optimizer,
+                    dict(config=config.to_dict(), tokenizer=tokenizer_to_json(tok), step=0, log=[]))
+    write_pairs(folder / "pairs", text, ["spell", "reverse"], 40, 10)
+    (folder / "words.txt").write_text(text)
+    return folder
+
+
+def test_dpo_and_rl_fine_tune_a_modern_model(modern_chat_model, tmp_path):
+    """The stages use only the GPT's interface: DPO learns the preference, RL runs its steps, and
+    both leave a checkpoint with the model's choices."""
+    ckpt = str(modern_chat_model / "ckpt.npz")
+    assert main(["--stage", "dpo", "--init_from", ckpt, "--data", str(modern_chat_model / "pairs"),
+                 "--out_dir", str(tmp_path / "dpo"), "--batch_size", "8", "--eval_iters", "2",
+                 "--eval_interval", "10", "--learning_rate", "1e-2", "--warmup_iters", "2", "--max_iters", "40",
+                 "--quiet"]) == 0
+    summary = json.loads((tmp_path / "dpo" / "summary.json").read_text())
+    assert summary["val_reward_accuracy"] > 0.6                        # from 0 at the reference
+    assert main(["--stage", "rl", "--init_from", ckpt, "--data", str(modern_chat_model / "words.txt"),
+                 "--out_dir", str(tmp_path / "rl"), "--rl_prompts", "4", "--rl_samples", "4", "--rl_max_tokens", "4",
+                 "--rl_eval_prompts", "6", "--eval_interval", "3", "--learning_rate", "3e-3", "--warmup_iters", "1",
+                 "--max_iters", "3", "--rl_kl", "0.1", "--quiet"]) == 0
+    for run in ("dpo", "rl"):
+        model, _, meta = checkpoint.load(str(tmp_path / run / "ckpt.npz"))
+        assert {k: meta["config"][k] for k in ("pos", "norm", "mlp", "n_kv_head", "qk_norm", "tie_embeddings")} == \
+            dict(pos="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=1, qk_norm=True, tie_embeddings=False)

@@ -1,7 +1,8 @@
-"""python -m train.export_hf --out_dir DIR --to HF_DIR: a checkpoint as a Hugging Face GPT-2 folder.
+"""python -m train.export_hf --out_dir DIR --to HF_DIR: a checkpoint as a Hugging Face GPT-2 folder
+(or, for a model whose choices are Llama's: rotary, RMSNorm, SwiGLU, a LlamaForCausalLM folder).
 
-HF_DIR gets config.json and model.safetensors (transformers' GPT2LMHeadModel loads
-them) and, for a character or BPE model, tokenizer.json and tokenizer_config.json
+HF_DIR gets config.json and model.safetensors (transformers' GPT2LMHeadModel, or
+LlamaForCausalLM, loads them) and, for a character or BPE model, tokenizer.json and tokenizer_config.json
 (transformers' AutoTokenizer reads them and encodes any text to the ids tinyattn's
 tokenizer gives, special tokens such as <|endoftext|> or <|user|> as one id each). A word
 model's vocabulary is not exported: its words are in the checkpoint's metadata only.

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tinyattn as ta
-from tinyattn.models import GPT
+from tinyattn.models import GPT, GPTConfig
 from train import checkpoint
 from train.command import main
 from train.config import parse_args
@@ -191,7 +191,6 @@ def modern_chat_model(tmp_path_factory):
     with preference pairs and a text for RL's words."""
     from data.chat import CHAT_TOKENS
     from data.pairs import write_pairs
-    from tinyattn.models import GPTConfig
     from tinyattn.tokenizers import CharTokenizer
     from train.data import tokenizer_to_json
     folder = tmp_path_factory.mktemp("modern-chat")
@@ -228,3 +227,27 @@ def test_dpo_and_rl_fine_tune_a_modern_model(modern_chat_model, tmp_path):
         model, _, meta = checkpoint.load(str(tmp_path / run / "ckpt.npz"))
         assert {k: meta["config"][k] for k in ("pos", "norm", "mlp", "n_kv_head", "qk_norm", "tie_embeddings")} == \
             dict(pos="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=1, qk_norm=True, tie_embeddings=False)
+
+
+def test_a_llama_chat_model_exports_with_its_chat_template(modern_chat_model, tmp_path):
+    """A chat model with Llama's choices travels as a LlamaForCausalLM folder with the chat format
+    (issue 45's template, end token and generation config), read by transformers' tokenizer."""
+    transformers = pytest.importorskip("transformers")
+    from data.chat import render_prompt
+    from train.export_hf import main as export_main
+    model, _, meta = checkpoint.load(str(modern_chat_model / "ckpt.npz"))
+    config = {**meta["config"], "qk_norm": False}                      # Llama has no QK-norm
+    gpt = GPT(GPTConfig(**config))
+    run = tmp_path / "run"
+    run.mkdir()
+    checkpoint.save(str(run / "ckpt.npz"), gpt, gpt.configure_optimizer(0.1, 1e-3, (0.9, 0.99)),
+                    {**meta, "config": config})
+    assert export_main(["--out_dir", str(run), "--to", str(tmp_path / "hf")]) == 0
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    _, tok = load_model(str(run), "cpu")
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    messages = [{"role": "user", "content": "spell cat"}]
+    assert list(hf_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                           return_dict=True)["input_ids"]) == render_prompt(tok, messages)
+    generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == tok.special_tokens["<|end|>"]

@@ -144,6 +144,28 @@ class SGD(Optimizer):
                 p.data -= lr * g
 
 
+def adam_moments(states, p, g, b1, b2, amsgrad=False):
+    """Adam's and AdamW's shared part: parameter p's state in ``states`` (made at its first step),
+    its step count advanced and its two moments updated in place by the gradient array g.
+    -> (t, m, v): the step count, the first moment and the second (with amsgrad, the running max
+    of the second, which the step divides by)."""
+    xp = p.xp
+    state = states.get(id(p))
+    if state is None:
+        state = states[id(p)] = {"step": 0, "exp_avg": xp.zeros_like(p.data), "exp_avg_sq": xp.zeros_like(p.data)}
+        if amsgrad:
+            state["max_exp_avg_sq"] = xp.zeros_like(p.data)
+    state["step"] += 1
+    m, v = state["exp_avg"], state["exp_avg_sq"]
+    m *= b1
+    m += (1 - b1) * g                                       # first moment
+    v *= b2
+    v += (1 - b2) * (g * g)                                 # second moment
+    if amsgrad:
+        v = state["max_exp_avg_sq"] = xp.maximum(state["max_exp_avg_sq"], v)
+    return state["step"], m, v
+
+
 class Adam(Optimizer):
     """Adam (Kingma and Ba), as PyTorch's: moments of the gradient, corrected for their start at 0.
 
@@ -165,21 +187,7 @@ class Adam(Optimizer):
         g, xp = p.grad.data, p.xp
         if wd:
             g = g + wd * p.data                             # L2, into the gradient
-        state = self.state.get(id(p))
-        if state is None:
-            state = self.state[id(p)] = {"step": 0, "exp_avg": xp.zeros_like(p.data),
-                                         "exp_avg_sq": xp.zeros_like(p.data)}
-            if group["amsgrad"]:
-                state["max_exp_avg_sq"] = xp.zeros_like(p.data)
-        state["step"] += 1
-        t = state["step"]
-        m, v = state["exp_avg"], state["exp_avg_sq"]
-        m *= b1
-        m += (1 - b1) * g                                   # first moment
-        v *= b2
-        v += (1 - b2) * (g * g)                             # second moment
-        if group["amsgrad"]:
-            v = state["max_exp_avg_sq"] = xp.maximum(state["max_exp_avg_sq"], v)
+        t, m, v = adam_moments(self.state, p, g, b1, b2, group["amsgrad"])
         step_size = lr / (1 - b1 ** t)                      # bias corrections
         denom = xp.sqrt(v) / math.sqrt(1 - b2 ** t) + eps
         p.data -= step_size * (m / denom)
@@ -209,17 +217,7 @@ class AdamW(Optimizer):
         """One AdamW step for parameter ``p``, on its arrays, in place."""
         lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         g, xp = p.grad.data, p.xp
-        state = self.state.get(id(p))
-        if state is None:
-            state = self.state[id(p)] = {"step": 0, "exp_avg": xp.zeros_like(p.data),
-                                         "exp_avg_sq": xp.zeros_like(p.data)}
-        state["step"] += 1
-        t = state["step"]
-        m, v = state["exp_avg"], state["exp_avg_sq"]
-        m *= b1
-        m += (1 - b1) * g                                   # first moment
-        v *= b2
-        v += (1 - b2) * (g * g)                             # second moment
+        t, m, v = adam_moments(self.state, p, g, b1, b2)
         if wd:
             p.data *= 1 - lr * wd                           # decoupled decay
         step_size = lr / (1 - b1 ** t)                      # bias corrections

@@ -59,6 +59,18 @@ def test_causal_past_logits_are_bit_identical():
     assert r["past_identical"] and r["equal_positions"] == 6
     assert r["future_changed"] and r["changed_positions"] == r["n_positions"] - 6
     assert r["max_abs_diff_past"] == 0.0 and r["max_abs_diff_future"] > 0.0
+    diff = r["max_abs_diff_per_position"]
+    assert diff[:6] == [0.0] * 6 and min(diff[6:]) > 0.0 and r.get("plot") is None    # run() draws only when asked
+
+
+def test_causal_cli_draws_the_mask_and_the_changes(tmp_path, capsys):
+    assert causal.main(["--tiny", "--t", "5", "--out_dir", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["past_identical"]
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert (tmp_path / "causal-tiny.png").exists() and not (tmp_path / "causal.png").exists()
 
 
 def test_causal_on_a_checkpoint(tiny_ckpt, capsys):

@@ -6,9 +6,11 @@ be the same bit for bit (np.array_equal, not merely close): the masked
 weights are exactly 0, so the changed tokens add exactly nothing. The logits
 after t should change, which shows the perturbation was real.
 
-This holds for any weights, so --tiny uses a small random GPT.
+This holds for any weights, so --tiny uses a small random GPT. The plot, causal.png in
+--out_dir, shows the first layer's attention weights, averaged over its heads (the
+upper triangle is exactly 0), and how far the logits moved at each position.
 
-    python -m train.experiments.causal [--out_dir out-coref] [--t T] [--tiny]
+    python -m train.experiments.causal [--out_dir out-coref] [--t T] [--tiny] [--no_plot]
 
 It needs a trained model in --out_dir (default out-coref): `python -m train` makes the
 lesson model there, `python -m train --data FILE --out_dir DIR` a text model for
@@ -50,8 +52,34 @@ def logits_of(model, ids):
     return logits.numpy()[0]                                        # (T, V)
 
 
-def run(out_dir="out-coref", tiny=False, t=None, seed=0):
-    """-> dict: how many positions <= t kept bit-identical logits, how many after t changed."""
+def plot(weights, diff, t, words, out_dir, name="causal.png"):
+    """Left: attention weights (T, T), rows the queries; right: max |logit change| per position."""
+    plt = _common.pyplot()
+    if plt is None:
+        return None
+    T = len(diff)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.6), gridspec_kw={"width_ratios": [1, 1.3]})
+    im = left.imshow(weights, cmap="viridis", vmin=0)
+    left.set_title("layer 0's weights, mean over its heads\n(rows: queries, columns: keys)", fontsize=9)
+    fig.colorbar(im, ax=left, fraction=0.046)
+    right.bar(range(T), diff, color=["tab:blue" if i <= t else "tab:orange" for i in range(T)])
+    for i in range(t + 1):
+        right.text(i, 0, "0", ha="center", va="bottom", fontsize=8)
+    right.axvline(t + 0.5, color="gray", ls=":", lw=1)
+    right.set_title(f"max |change of the logits| per position,\ntokens after position {t} changed", fontsize=9)
+    right.set_xlabel("position")
+    for ax in (left, right):
+        ax.set_xticks(range(T), words, rotation=90, fontsize=7)
+    left.set_yticks(range(T), words, fontsize=7)
+    fig.tight_layout()
+    path = _common.save_figure(fig, out_dir, name)
+    plt.close(fig)
+    return path
+
+
+def run(out_dir="out-coref", tiny=False, t=None, seed=0, plot_png=False, plot_name="causal.png"):
+    """-> dict: how many positions <= t kept bit-identical logits, how many after t changed
+    (and with plot_png, causal.png in out_dir)."""
     rng = np.random.default_rng(seed)
     if tiny:
         ta.manual_seed(seed)
@@ -79,10 +107,16 @@ def run(out_dir="out-coref", tiny=False, t=None, seed=0):
         max_abs_diff_past=float(diff[:t + 1].max()),
         max_abs_diff_future=float(diff[t + 1:].max()),
         equal_per_position=same,
+        max_abs_diff_per_position=diff.tolist(),
     )
+    words = [str(i) for i in ids]
     if tokenizer is not None and isinstance(tokenizer, WordTokenizer):
         result["text"] = tokenizer.decode(ids)
         result["perturbed_text"] = tokenizer.decode(changed_ids)
+        words = [tokenizer.decode([i]) for i in ids]
+    if plot_png:
+        weights = _common.attention_maps(model, ids[None, :])[0][0].mean(0)    # (T, T): layer 0, heads averaged
+        result["plot"] = plot(weights, diff, t, words, out_dir, plot_name)
     return result
 
 
@@ -99,7 +133,7 @@ def main(argv=None):
     p.add_argument("--t", type=_common.at_least(0), default=None, help="the last position kept (default: the middle)")
     args = p.parse_args(argv)
     try:
-        r = run(args.out_dir, args.tiny, args.t, args.seed)
+        r = run(args.out_dir, args.tiny, args.t, args.seed, not args.no_plot, _common.plot_name("causal", args.tiny))
     except (FileNotFoundError, ValueError, KeyError) as e:
         return _common.error("causal", e)
     if "text" in r:

@@ -11,8 +11,10 @@ Markers a page may hold (HTML comments, so they do not show on GitHub; the site 
                                     transformers, mpiexec); its commands are still parsed
     <!-- inputs: FILE FILE ... -->  files and folders the reader supplies (or makes on another
                                     page), which the page's commands may read
-    <!-- commands not checked: REASON -->   the page's commands are a dated record of what was
-                                    run then, placeholders included (the benchmarks' details)
+    <!-- commands not checked: REASON -->   the next shell block only is a dated record whose
+                                    commands are not parsed (a flag since renamed); say why.
+                                    Every other block of the page, and every results table's
+                                    row, is still checked
 """
 import argparse
 import contextlib
@@ -66,6 +68,7 @@ class Block:
     code: str
     line: int                  # where the block's first line of code is, 1-based
     not_run: str = None        # the reason, when the page marks it so
+    unchecked: str = None      # why its commands are not parsed, when the page marks it so
 
 
 def blocks(text):
@@ -73,10 +76,10 @@ def blocks(text):
     found = []
     for m in FENCE.finditer(text):
         before = text[:m.start()].rstrip().rsplit("\n", 1)[-1]
-        reason = NOT_RUN.search(before)
+        reason, record = NOT_RUN.search(before), UNCHECKED.search(before)
         body = "\n".join(line[len(m.group("indent")):] for line in m.group("body").split("\n"))
         found.append(Block(m.group("lang"), body, text.count("\n", 0, m.start()) + 2,
-                           reason.group(1) if reason else None))
+                           reason.group(1) if reason else None, record.group(1) if record else None))
     return found
 
 
@@ -352,11 +355,9 @@ def check_page(name, text):
     """Every command of a page against its program; every file it reads made before, in the
     repository, or named as the reader's input. -> a list of problems (empty: all good)."""
     problems, made, supplied = [], set(), reader_inputs(text)
-    if UNCHECKED.search(text):
-        return []
     project = set(programs())
     for b in blocks(text):
-        if b.lang not in ("bash", "sh", "console", "shell"):
+        if b.lang not in ("bash", "sh", "console", "shell") or b.unchecked:
             continue
         try:
             cmds = commands(b)

@@ -7,6 +7,15 @@
               below (seconds)
     heads     docs/attention_wide.png: the lesson's heatmaps, drawn by `python -m train` (the
               default job, seed 1337) in a temporary folder (a minute or two)
+    scaling   docs/scaling.png: `python -m train.experiments.scaling` (seconds)
+    causal    docs/causal.png: `python -m train.experiments.causal --out_dir out-coref` on that
+              default model
+    specialise, sinks
+              docs/heads_baby.png, docs/sinks_baby.png: `python -m train.experiments.heads --out_dir out`
+              and `python -m train.experiments.sinks --out_dir out` on the baby Shakespeare model,
+              `python -m train --data data/shakespeare_char/input.txt` trained in a temporary folder
+              (a few minutes; the text is --shakespeare FILE, else the repository's
+              data/shakespeare_char/input.txt, else downloaded by `python data/shakespeare_char.py`)
     cost      docs/attention_cost.png: `python bench/bench_attention.py --sizes 256 1024 4096 16384
               --repeats 5 --plot docs/attention_cost.png --plot_cpu_time` (minutes; with PyTorch
               installed its SDPA is drawn too; the numbers are the machine's)
@@ -94,6 +103,50 @@ def heads(folder):
     return ["attention_wide.png"]
 
 
+def scaling(folder):
+    here = tempfile.mkdtemp()
+    run("-m", "train.experiments.scaling", "--out_dir", here)
+    shutil.copy(os.path.join(here, "scaling.png"), os.path.join(folder, "scaling.png"))
+    return ["scaling.png"]
+
+
+def causal(folder):
+    here = default_run()
+    run("-m", "train.experiments.causal", "--out_dir", "out-coref", cwd=here)
+    shutil.copy(os.path.join(here, "out-coref", "causal.png"), os.path.join(folder, "causal.png"))
+    return ["causal.png"]
+
+
+_baby_run = {}
+
+
+def baby_run(text=None):
+    """`python -m train --data data/shakespeare_char/input.txt` (nanoGPT's baby config on tiny
+    Shakespeare) in a temporary folder, once a process: -> that folder, which holds out/."""
+    if not _baby_run:
+        here = _baby_run["folder"] = tempfile.mkdtemp()
+        data = os.path.join(here, "data", "shakespeare_char", "input.txt")
+        mine = os.path.join(ROOT, "data", "shakespeare_char", "input.txt")   # what `python data/shakespeare_char.py` made
+        text = text or (mine if os.path.exists(mine) else None)
+        run("data/shakespeare_char.py", "--out", data, *(["--from", text] if text else []))
+        run("-m", "train", "--data", os.path.join("data", "shakespeare_char", "input.txt"), "--quiet", cwd=here)
+    return _baby_run["folder"]
+
+
+def specialise(folder, text=None):
+    here = baby_run(text)
+    run("-m", "train.experiments.heads", "--out_dir", "out", cwd=here)
+    shutil.copy(os.path.join(here, "out", "heads.png"), os.path.join(folder, "heads_baby.png"))
+    return ["heads_baby.png"]
+
+
+def sinks(folder, text=None):
+    here = baby_run(text)
+    run("-m", "train.experiments.sinks", "--out_dir", "out", cwd=here)
+    shutil.copy(os.path.join(here, "out", "sinks.png"), os.path.join(folder, "sinks_baby.png"))
+    return ["sinks_baby.png"]
+
+
 def cost(folder):
     run("bench/bench_attention.py", "--sizes", "256", "1024", "4096", "16384", "--repeats", "5",
         "--plot", os.path.join(os.path.abspath(folder), "attention_cost.png"), "--plot_cpu_time")
@@ -119,7 +172,9 @@ def explore(folder):
     return ["explore.png"]
 
 
-PICTURES = {"graphs": graphs, "heads": heads, "cost": cost, "explore": explore}
+PICTURES = {"graphs": graphs, "heads": heads, "scaling": scaling, "causal": causal, "specialise": specialise,
+            "sinks": sinks, "cost": cost, "explore": explore}
+NEEDS_TEXT = ("specialise", "sinks")
 
 
 def build_parser():
@@ -128,6 +183,8 @@ def build_parser():
     p.add_argument("pictures", nargs="*", metavar="PICTURE",
                    help=f"which pictures (default: all): {', '.join(PICTURES)}")
     p.add_argument("--folder", default=DOCS, help="where they go (default: docs/)")
+    p.add_argument("--shakespeare", metavar="FILE",
+                   help="a local copy of tiny Shakespeare for the baby model (default: downloaded)")
     return p
 
 
@@ -138,7 +195,8 @@ def main(argv=None):
     if unknown:
         parser.error(f"no picture named {', '.join(unknown)}; the pictures are {', '.join(PICTURES)}")
     for name in args.pictures or PICTURES:
-        written = PICTURES[name](args.folder)
+        extra = {"text": args.shakespeare} if name in NEEDS_TEXT else {}
+        written = PICTURES[name](args.folder, **extra)
         print(f"wrote {', '.join(os.path.join(args.folder, w) for w in written)}")
     return 0
 

@@ -26,6 +26,7 @@ refuses one that changed). Nothing about the reference is kept in the checkpoint
 exact.
 """
 import hashlib
+import math
 import os
 import sys
 from types import SimpleNamespace
@@ -99,6 +100,25 @@ class DPO(LanguageModel):
     objective against the frozen reference (loaded by ``prepare``), and its evaluation the loss of
     each split and, on the val pairs, the plain DPO loss, the implicit-reward accuracy and the drift
     of the log-probs from the reference's."""
+
+    name = "dpo"
+    preset = "dpo"                              # config/dpo.py: its batch size, learning rate, beta
+    own_flags = ("dpo_beta", "dpo_nll")
+
+    @classmethod
+    def check_flags(cls, args):
+        problems = []
+        if not args.data or not (args.init_from or args.resume):
+            problems.append("--stage dpo tunes a chat model on preference pairs: give --init_from MODEL and "
+                            "--data PAIRS (a JSONL file of pairs, or a folder of python -m data.pairs)")
+        if not (math.isfinite(args.dpo_beta) and args.dpo_beta > 0):
+            problems.append(f"--dpo_beta must be > 0 and finite, got {args.dpo_beta}")
+        if not (math.isfinite(args.dpo_nll) and args.dpo_nll >= 0):
+            problems.append(f"--dpo_nll must be >= 0 and finite, got {args.dpo_nll}")
+        if args.sample_tokens:
+            problems.append("--sample_tokens: a DPO run prints no samples (its evaluation line gives the "
+                            "reward accuracy): drop it")
+        return problems
 
     def __init__(self, data, args):
         super().__init__(data, args)

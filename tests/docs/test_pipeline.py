@@ -5,8 +5,8 @@ by the commands before it. Only the sizes change: flags the programs already hav
 each command (the last of a repeated flag wins), so that the whole pipeline takes seconds; the
 pages' text is not changed. A broken command on a page fails the run (shown on a page broken on
 purpose)."""
+import contextlib
 import importlib.util
-import os
 import shlex
 import shutil
 import subprocess
@@ -104,7 +104,7 @@ def run_pages(names, texts, folder, timeout=300):
             shown = " ".join([shlex.join(words)] + [f"< {shlex.quote(p)}" for p in stdin] +
                              [f"> {shlex.quote(p)}" for p in redirect])
             reason = SKIPPED.get(command.program)
-            reads, writes = doccheck.files_of(command) if command.program != "cat" else (command.reads, command.writes)
+            reads, writes = doccheck.files_of(command)
             reason = reason or next((why for path, why in PLACEHOLDERS.items() if path in reads), None)
             if reason:
                 skipped.append((shown, reason))
@@ -112,10 +112,11 @@ def run_pages(names, texts, folder, timeout=300):
             missing = [p for p in reads if not (folder / p).exists()]
             assert not missing, f"{where}: {shown} reads {', '.join(missing)}, which no command before it made"
             argv = [sys.executable if words[0] in ("python", "python3") else words[0], *words[1:], *small(command)]
-            with open(folder / stdin[0]) if stdin else _text_input(STDIN) as inp, \
-                    open(folder / redirect[0], "w") if redirect else open(os.devnull, "w") as out:
-                done = subprocess.run(argv, cwd=folder, stdin=inp, stdout=out if redirect else subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, timeout=timeout)
+            with contextlib.ExitStack() as files:
+                reading = dict(stdin=files.enter_context(open(folder / stdin[0]))) if stdin else dict(input=STDIN)
+                out = files.enter_context(open(folder / redirect[0], "w")) if redirect else subprocess.PIPE
+                done = subprocess.run(argv, cwd=folder, stdout=out, stderr=subprocess.PIPE, text=True,
+                                      timeout=timeout, **reading)
             tail = "\n".join(done.stderr.strip().splitlines()[-5:])
             assert done.returncode == 0, f"{where}: {shown} (with {shlex.join(argv[len(words):])}) exited " \
                                          f"{done.returncode}:\n{tail}"
@@ -123,22 +124,6 @@ def run_pages(names, texts, folder, timeout=300):
             assert not absent, f"{where}: {shown} exited 0 without writing {', '.join(absent)}"
             ran.append(shown)
     return dict(ran=ran, skipped=skipped)
-
-
-class _text_input:
-    """A file of ``text`` to give a command as its stdin."""
-
-    def __init__(self, text):
-        import tempfile
-        self.file = tempfile.TemporaryFile("w+")
-        self.file.write(text)
-        self.file.seek(0)
-
-    def __enter__(self):
-        return self.file
-
-    def __exit__(self, *exc):
-        self.file.close()
 
 
 def fresh_clone(folder):
@@ -180,6 +165,7 @@ def test_a_broken_command_on_a_page_fails_the_run(tmp_path):
     with pytest.raises(AssertionError) as e:
         run_pages(["docs/broken.md"], {"docs/broken.md": page}, tmp_path)
     message = str(e.value)
-    assert message.startswith("docs/broken.md:4: python -m data.prepare spells.jsonl --out_dir conv") and "exited 1" in message
+    assert message.startswith("docs/broken.md:4: python -m data.prepare spells.jsonl --out_dir conv")
+    assert "exited 1" in message and "spells.jsonl line 1: not JSON" in message
     assert (tmp_path / "spell.jsonl").is_file()                       # the first ran, with its size appended
     assert len((tmp_path / "spell.jsonl").read_text().splitlines()) == 40

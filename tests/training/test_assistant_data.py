@@ -426,7 +426,8 @@ def test_the_heldout_report_truncates_a_long_pair_as_training_does(tmp_path, cap
     run = tmp_path / "r"
     assert main(["--stage", "dpo", "--init_from", str(model), "--data", str(path), "--out_dir", str(run),
                  *DPO, "--max_iters", "2"]) == 0
-    assert "--max_length 32: 0 of 27 train and 1 of 3 val pairs were longer and are truncated" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--max_length 32: 0 of 27 train and 1 of 3 val pairs were longer and are truncated" in err
     assert report_main(["--out_dir", str(run), "--data", str(path), "--compile", "False"]) == 0
     out, err = capsys.readouterr()
     assert "--max_length 32: 1 of 3 held-out pairs were longer and are truncated" in err

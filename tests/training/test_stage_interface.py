@@ -78,7 +78,9 @@ def test_config_checks_a_stages_flags_by_asking_the_stage(monkeypatch, capsys):
 
         @classmethod
         def check_flags(cls, args):
-            return [] if args.learning_rate == 0.5 else [f"--stage picky: --learning_rate {args.learning_rate} is not 0.5"]
+            if args.learning_rate == 0.5:
+                return []
+            return [f"--stage picky: --learning_rate {args.learning_rate} is not 0.5"]
     monkeypatch.setattr(stages, "named_stages", lambda: {"picky": Picky})
     for argv, expected in ((["--stage", "picky", "--data", "x.txt"], "--stage picky: --learning_rate 0.001 is not 0.5"),
                            (["--data", "x.txt", "--dpo_nll", "1"], "--dpo_nll is a setting of --stage picky"),

@@ -13,7 +13,7 @@ from tinyattn import distributed as dist
 from tinyattn.models import GPTConfig
 from tinyattn.models.gpt import INITS, MLPS, NORMS, POSITIONS
 
-from . import checkpoint
+from . import checkpoint, stages
 from data.tasks import TASKS, task_list
 
 from .data import tokenizer_from_json, tokenizer_to_json
@@ -92,17 +92,15 @@ def task_names(text):
         raise argparse.ArgumentTypeError(f"expected task names from {', '.join(TASKS)}, got {text!r} ({e})") from None
 
 
-STAGES = ("dpo", "rl")
-
-
 def stage_name(text):
-    """An argparse type for --stage: dpo or rl. SFT has no --stage: it is a run on conversations."""
+    """An argparse type for --stage: a name of train/stages.py's named_stages (dpo, rl). SFT has no
+    --stage: it is a run on conversations."""
     if text.lower() == "sft":
         raise argparse.ArgumentTypeError("SFT needs no --stage: it is python -m train --data <conversation folder> "
                                          "(python -m data.prepare CONVS.jsonl writes one), with --init_from MODEL "
                                          "to fine-tune a model")
-    if text not in STAGES:
-        raise argparse.ArgumentTypeError(f"expected dpo or rl, got {text!r}")
+    if text not in stages.named_stages():
+        raise argparse.ArgumentTypeError(f"expected {' or '.join(stages.named_stages())}, got {text!r}")
     return text
 
 
@@ -382,18 +380,19 @@ def parse_args(argv=None):
             parser.error(str(e))
     preset = {**COMMON, **PRESETS["text" if args.data else "coref"], "seed": DEFAULT_SEED}
     ran = resumed_settings(args.out_dir or preset["out_dir"]) if args.resume else {}
-    if (args.stage or ran.get("stage")) == "dpo":
-        preset.update(PRESETS["dpo"])            # a stage's own defaults (config/dpo.py)
+    stage = stages.stage_class(args, ran)       # (the class: its flags; the stage itself is made by train/start.py)
+    if stage.preset:
+        preset.update(PRESETS[stage.preset])     # a stage's own defaults (config/dpo.py)
     if args.resume:                              # --resume continues the run with its own settings
         preset.update(ran)
         args._given = sorted(set(args._given) | set(ran))      # kept as they are, like flags given again
     for key, value in preset.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    rl_problem = rl_settings(args)
-    if rl_problem:
-        parser.error(rl_problem)
-    problems, checked = validate_args(args)
+    problems = stage_problems(args, stage)
+    if problems:
+        parser.error("; ".join(problems))
+    problems, checked = validate_args(args, stage)
     if problems:
         parser.error("; ".join(problems))
     return args, notes + checked
@@ -430,27 +429,16 @@ def same_model_path(a, b):
     return resolved(a) == resolved(b)
 
 
-RL_DEFAULTS = dict(rl_tasks="count", rl_prompts=16, rl_samples=8, rl_temperature=1.0, rl_kl=0.0, rl_std=False,
-                   rl_max_tokens=32, rl_eval_prompts=48, rl_reward=None)
-
-
-def rl_settings(args):
-    """--stage rl: fill in its defaults; its questions a step are the batch size. -> a problem, or None."""
-    given = [k for k in RL_DEFAULTS if getattr(args, k) is not None and k in args._given]
-    if args.stage != "rl":
-        return f"--{given[0]} is a setting of --stage rl" if given else None
-    if not args.init_from and not args.resume:
-        return "--stage rl trains an assistant: give --init_from PATH (a chat fine-tuned run)"
-    for key, value in RL_DEFAULTS.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    if "batch_size" in args._given and "rl_prompts" in args._given and args.batch_size != args.rl_prompts:
-        return f"--stage rl: --batch_size {args.batch_size} and --rl_prompts {args.rl_prompts} are the same " \
-               "setting (questions a step): give one"
-    if "batch_size" in args._given and "rl_prompts" not in args._given:
-        args.rl_prompts = args.batch_size
-    args.batch_size = args.rl_prompts
-    return None
+def stage_problems(args, stage):
+    """The flags of the stage that runs, checked by the stage (train/stages.py: each stage's
+    check_flags, which also fills in its own defaults); the other stages' own flags refused."""
+    given = set(args._given)
+    for other in stages.named_stages().values():
+        if other is not stage:
+            refused = [name for name in other.own_flags if name in given and getattr(args, name) is not None]
+            if refused:
+                return [f"--{refused[0]} is a setting of --stage {other.name}"]
+    return stage.check_flags(args)
 
 
 AT_LEAST_1 = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "eval_interval", "eval_iters",
@@ -465,7 +453,7 @@ def refit(args, name, value, limit):
     return note
 
 
-def validate_args(args):
+def validate_args(args, stage=None):
     """Range-check every numeric flag and fit the schedule to --max_iters.
 
     -> (problems, notes): problems stop the run (one line, all of them); notes say what was
@@ -473,6 +461,7 @@ def validate_args(args):
     """
     problems, notes = [], []
     given = set(args._given)
+    stage = stage or stages.stage_class(args)
     if args.resume and args.overwrite:
         problems.append("--resume continues the run in --out_dir, --overwrite replaces it: give one of them")
     if args.data and args.layout:
@@ -482,7 +471,7 @@ def validate_args(args):
     if args.mix_data and not args.data and not args.resume:
         problems.append("--mix_data mixes text into conversations: give --data a conversation folder too "
                         "(python -m data.prepare CONVS.jsonl writes one)")
-    if args.val and not (args.stage != "rl" and args.data and os.path.isfile(args.data)):
+    if args.val and not (stage.takes_val and args.data and os.path.isfile(args.data)):
         problems.append("--val is the held-out file of --data a file of conversations or pairs (a text's val is "
                         "its last 10%, a folder holds its own)")
     if args.mix_data and args.mix_fraction is None:
@@ -493,19 +482,6 @@ def validate_args(args):
         problems.append("--lora_rank adapts a trained model: give it with --init_from PATH")
     if args.lora_alpha is not None and not args.lora_rank:
         problems.append("--lora_alpha is the scale of --lora_rank's adapters: give --lora_rank too")
-    if args.stage == "dpo":
-        if not args.data or not (args.init_from or args.resume):
-            problems.append("--stage dpo tunes a chat model on preference pairs: give --init_from MODEL and "
-                            "--data PAIRS (a JSONL file of pairs, or a folder of python -m data.pairs)")
-        if not (math.isfinite(args.dpo_beta) and args.dpo_beta > 0):
-            problems.append(f"--dpo_beta must be > 0 and finite, got {args.dpo_beta}")
-        if not (math.isfinite(args.dpo_nll) and args.dpo_nll >= 0):
-            problems.append(f"--dpo_nll must be >= 0 and finite, got {args.dpo_nll}")
-        if args.sample_tokens:
-            problems.append("--sample_tokens: a DPO run prints no samples (its evaluation line gives the "
-                            "reward accuracy): drop it")
-    else:
-        problems += [f"--{name} is for --stage dpo" for name in ("dpo_beta", "dpo_nll") if name in given]
     for name in AT_LEAST_1:
         if getattr(args, name) < 1:
             problems.append(f"--{name} must be at least 1, got {getattr(args, name)}")
@@ -573,7 +549,7 @@ def check_resume(args, meta, dataset, notes):
     if meta.get("dataset") == "coref" and args.data:
         raise ValueError(f"--resume: {where} was trained on the lesson corpus, not on --data {args.data}: "
                          "drop --data, or use another --out_dir")
-    if meta.get("dataset") != "coref" and not args.data and args.stage != "rl":     # (rl's add task reads no text)
+    if meta.get("dataset") != "coref" and not args.data and stages.stage_class(args).resume_needs_data:
         raise ValueError(f"--resume: {where} was trained on a text file ({trained_on or meta.get('dataset')}): "
                          f"pass --data {trained_on or 'FILE'} to resume it")
     if tokenizer_to_json(dataset.tokenizer) != meta["tokenizer"]:
@@ -625,7 +601,8 @@ def same_data(args, meta, dataset, where, notes):
 RESUMED_FLAGS = ("seed", "layout", "max_iters", "batch_size", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay",
                  "beta1", "beta2", "grad_clip", "gradient_accumulation_steps", "eval_interval", "eval_iters",
                  "log_interval", "sample_tokens", "shared_batches", "always_save_checkpoint", "save_interval_s",
-                 "stage", "dpo_beta", "dpo_nll", *RL_DEFAULTS, "mix_data", "mix_fraction", "max_length", "val")
+                 "stage", "dpo_beta", "dpo_nll", "rl_tasks", "rl_prompts", "rl_samples", "rl_temperature", "rl_kl",
+                 "rl_std", "rl_max_tokens", "rl_eval_prompts", "rl_reward", "mix_data", "mix_fraction", "max_length", "val")
 
 
 def resumed_settings(out_dir):

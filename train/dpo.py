@@ -26,7 +26,9 @@ refuses one that changed). Nothing about the reference is kept in the checkpoint
 exact.
 """
 import hashlib
+import math
 import os
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -98,6 +100,25 @@ class DPO(LanguageModel):
     objective against the frozen reference (loaded by ``prepare``), and its evaluation the loss of
     each split and, on the val pairs, the plain DPO loss, the implicit-reward accuracy and the drift
     of the log-probs from the reference's."""
+
+    name = "dpo"
+    preset = "dpo"                              # config/dpo.py: its batch size, learning rate, beta
+    own_flags = ("dpo_beta", "dpo_nll")
+
+    @classmethod
+    def check_flags(cls, args):
+        problems = []
+        if not args.data or not (args.init_from or args.resume):
+            problems.append("--stage dpo tunes a chat model on preference pairs: give --init_from MODEL and "
+                            "--data PAIRS (a JSONL file of pairs, or a folder of python -m data.pairs)")
+        if not (math.isfinite(args.dpo_beta) and args.dpo_beta > 0):
+            problems.append(f"--dpo_beta must be > 0 and finite, got {args.dpo_beta}")
+        if not (math.isfinite(args.dpo_nll) and args.dpo_nll >= 0):
+            problems.append(f"--dpo_nll must be >= 0 and finite, got {args.dpo_nll}")
+        if args.sample_tokens:
+            problems.append("--sample_tokens: a DPO run prints no samples (its evaluation line gives the "
+                            "reward accuracy): drop it")
+        return problems
 
     def __init__(self, data, args):
         super().__init__(data, args)
@@ -232,13 +253,6 @@ class PairDataset(Dataset):
         return None
 
 
-def render_answer(tokenizer, prompt, answer):
-    """(x, y) of prompt + answer: x the ids read, y the next ids with -1 off the answer."""
-    ids, mask = render(tokenizer, prompt + answer)
-    y = [t if m else -1 for t, m in zip(ids[1:], mask[1:])]
-    return ids[:-1], y
-
-
 def rendered_pair(tokenizer, pair):
     """(prompt length, (ids, mask) of prompt + chosen, (ids, mask) of prompt + rejected)."""
     prompt = pair["prompt"]
@@ -278,18 +292,6 @@ def example_rows(examples):
     for i, (_, chosen, rejected) in enumerate(examples):
         for k, rendered in enumerate((chosen, rejected)):
             x, y = targets(*rendered)
-            out[2 * k][i, :len(x)] = x
-            out[2 * k + 1][i, :len(y)] = y
-    return out
-
-
-def pair_rows(tokenizer, pairs, width):
-    """The four (N, width) arrays of a list of pairs; x is padded with 0, y with -1."""
-    out = [np.zeros((len(pairs), width), np.int64), np.full((len(pairs), width), -1, np.int64),
-           np.zeros((len(pairs), width), np.int64), np.full((len(pairs), width), -1, np.int64)]
-    for i, pair in enumerate(pairs):
-        for k, answer in enumerate((pair["chosen"], pair["rejected"])):
-            x, y = render_answer(tokenizer, pair["prompt"], answer)
             out[2 * k][i, :len(x)] = x
             out[2 * k + 1][i, :len(y)] = y
     return out
@@ -427,35 +429,53 @@ def task_of(pair):
 
 
 @ta.no_grad()
-def heldout_report(out_dir, data, device="cpu", max_new_tokens=32, compile=True, val=None):
+def heldout_report(out_dir, data, device="cpu", max_new_tokens=32, compile=True, val=None, say=None):
     """For each task of data/test.jsonl: the greedy exact match of the model in out_dir, and for a
-    DPO run its implicit-reward accuracy against its reference. -> {task: {...}}."""
+    DPO run its implicit-reward accuracy against its reference, on the pairs as training cut them
+    (to the run's --max_length, with a note to ``say``: stderr by default). -> {task: {...}}."""
     from .sample import load_model
+    say = say or (lambda line: print(line, file=sys.stderr))
     model, tokenizer = load_model(out_dir, device)
     model = ta.compile(model, disable=not compile)
     meta = checkpoint_meta(out_dir)
     rows = heldout_pairs(data, val)
     args = meta.get("args") or {}
-    objective = None
+    objective, cut = None, None
     if args.get("dpo_reference"):
         ns = SimpleNamespace(out_dir=os.path.join(out_dir, "eval"), dtype=args.get("dtype") or "float32",
                              device=device, compile=compile)
         objective = DPOObjective(load_reference(args["dpo_reference"], ns), args["dpo_beta"])
-    width = max(len(render_answer(tokenizer, p["prompt"], a)[0]) for p in rows for a in (p["chosen"], p["rejected"]))
+        cut = heldout_rows(tokenizer, rows, args.get("max_length") or meta["config"]["block_size"], say)
     report = {}
     for task in sorted({task_of(p) for p in rows}):
         pairs = [p for p in rows if task_of(p) == task]
         answers = greedy_answers(model, tokenizer, [p["prompt"] for p in pairs], max_new_tokens)
         result = dict(pairs=len(pairs), exact_match=round(float(np.mean(
             [a.strip() == p["chosen"][0]["content"].strip() for a, p in zip(answers, pairs)])), 4))
-        if objective is not None:
-            batch = tuple(ta.tensor(a, device=device) for a in pair_rows(tokenizer, pairs, width))
+        scored = [e for p, e in zip(rows, cut or []) if task_of(p) == task and e is not None]
+        if objective is not None and scored:
+            batch = tuple(ta.tensor(a, device=device) for a in example_rows(scored))
             pc, pr, rc, rr = (t.numpy().astype(np.float64) for t in objective.logprobs(model, batch))
             result["reward_accuracy"] = round(float(np.mean((pc - rc) - (pr - rr) > 0)), 4)
             result["chosen_drift"] = round(float(np.mean(pc - rc)), 4)
             result["rejected_drift"] = round(float(np.mean(pr - rr)), 4)
         report[task] = result
     return report
+
+
+def heldout_rows(tokenizer, rows, max_length, say):
+    """The held-out pairs rendered and cut to max_length as training cuts its val pairs (cut_pair);
+    None for a pair whose answers are then alike (training leaves it out). Says how many were cut."""
+    rendered = [rendered_pair(tokenizer, p) for p in rows]
+    cut = [cut_pair(e, max_length) for e in rendered]
+    n_cut = sum(a is not b for a, b in zip(cut, rendered))
+    cut = [None if same_targets(e) else e for e in cut]
+    alike = cut.count(None)
+    if n_cut or alike:
+        say(f"--max_length {max_length}: {n_cut:,} of {len(rows):,} held-out pairs were longer and are truncated "
+            f"(the prompt's start, the answers' ends); {alike:,} left out of the reward accuracy (their answers "
+            "alike)")
+    return cut
 
 
 def heldout_pairs(data, val=None):

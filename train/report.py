@@ -8,7 +8,6 @@ import os
 from tqdm import tqdm
 
 from . import checkpoint
-from .config import PROFILE_STEPS
 from .plots import NOT_INSTALLED, pyplot
 
 
@@ -54,6 +53,7 @@ def loss_figure(plt, log_rows, train_losses):
 
 def report_profile(profiler, out_dir):
     """--profile: the op table of the profiled steps (printed even with --quiet), and their Chrome trace."""
+    from .config import PROFILE_STEPS          # (here: config.py reads the stages, which import this module)
     trace = profiler.chrome_trace(os.path.join(out_dir, "trace.json"))
     tqdm.write(f"profile of steps {PROFILE_STEPS.start}-{PROFILE_STEPS.stop - 1}:\n{profiler.table()}\nwrote {trace}")
 

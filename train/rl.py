@@ -359,6 +359,30 @@ class RL(LanguageModel):
     answered rl_samples times, each answer rewarded. Its evaluation: the held-out questions' mean
     reward, sampled and greedy."""
 
+    name = "rl"
+    defaults = dict(rl_tasks="count", rl_prompts=16, rl_samples=8, rl_temperature=1.0, rl_kl=0.0, rl_std=False,
+                    rl_max_tokens=32, rl_eval_prompts=48, rl_reward=None)
+    own_flags = tuple(defaults)
+    takes_val = False                           # a prompts file holds out its own last tenth
+    resume_needs_data = False                   # the add task reads no text
+
+    @classmethod
+    def check_flags(cls, args):
+        """Its defaults filled in; its questions a step are the batch size."""
+        if not args.init_from and not args.resume:
+            return ["--stage rl trains an assistant: give --init_from PATH (a chat fine-tuned run)"]
+        for key, value in cls.defaults.items():
+            if getattr(args, key) is None:
+                setattr(args, key, value)
+        given = set(args._given)
+        if "batch_size" in given and "rl_prompts" in given and args.batch_size != args.rl_prompts:
+            return [f"--stage rl: --batch_size {args.batch_size} and --rl_prompts {args.rl_prompts} are the same "
+                    "setting (questions a step): give one"]
+        if "batch_size" in given and "rl_prompts" not in given:
+            args.rl_prompts = args.batch_size
+        args.batch_size = args.rl_prompts
+        return []
+
     def __init__(self, data, args):
         super().__init__(data, args)
         self.model = self.reference = None

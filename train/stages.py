@@ -16,8 +16,10 @@ and a few more below (the progress bar, the summary, the last line). The stages:
     DPO             preference pairs against a frozen reference (--stage dpo, train/dpo.py)
     RL              answers sampled and rewarded (--stage rl, train/rl.py)
 
-``load(args, tokenizer)`` is the one place that looks at --stage and --data to pick the stage:
-nothing else in train/ asks which stage runs (TRL's trainers are the model: one compute_loss each).
+``load(args, tokenizer)`` is the one place that looks at --stage and --data to pick the stage, and
+``stage_class(args)`` the class whose flags the command line is checked against (each stage
+declares its own flags and checks them: ``check_flags``): nothing else in train/ asks which stage
+runs (TRL's trainers are the model: one compute_loss each).
 """
 import math
 import os
@@ -33,6 +35,19 @@ class LanguageModel:
 
     def __init__(self, data, args):
         self.data, self.args = data, args
+
+    # ------------------------------------------------------------------ its flags (train/config.py asks)
+    name = None                 # its --stage NAME (None: the stage follows from --data)
+    preset = None               # the config/ preset of its own defaults, over the text preset's (config/dpo.py)
+    own_flags = ()              # its own settings (--dpo_beta ...), which the other stages refuse
+    takes_val = True            # --val FILE: the held-out file of --data a file of examples
+    resume_needs_data = True    # a run trained on a text resumes with that --data again
+
+    @classmethod
+    def check_flags(cls, args):
+        """Fill in the stage's own defaults and check the flags it needs (after the presets are
+        filled in) -> the problems, each a one-line sentence."""
+        return []
 
     # ------------------------------------------------------------------ set-up
     def prepare(self, model, meta, pretrained, notes):
@@ -173,6 +188,20 @@ class SFT(LanguageModel):
 
 # ---------------------------------------------------------------------------
 # the one place that picks the stage
+def named_stages():
+    """{NAME: class} of the stages --stage NAME runs (the others follow from --data)."""
+    from .dpo import DPO
+    from .rl import RL
+    return {DPO.name: DPO, RL.name: RL}
+
+
+def stage_class(args, ran=None):
+    """The class of the stage a command runs, for its flags: --stage's (on --resume, ``ran``, the
+    run's settings, may give it), else LanguageModel (a language model, SFT or the lesson alike)."""
+    name = args.stage or (ran or {}).get("stage")
+    return named_stages()[name] if name else LanguageModel
+
+
 def chat_stage(args):
     """The stage's name where it fine-tunes an assistant (its --init_from needs the chat tokens), else None."""
     return args.stage if args.stage in ("dpo", "rl") else None

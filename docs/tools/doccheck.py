@@ -351,6 +351,25 @@ def flag_values(args, flag):
     return values
 
 
+def files_of(c):
+    """(reads, writes) of a project's command: the files and folders it reads (its stdin's too)
+    and those it writes (by its flags, or where it writes by default; its redirected output is
+    c.writes)."""
+    reads = c.reads + [v for flag in READS.get(c.program, []) for v in flag_values(c.args, flag)]
+    if c.program == "train" and "--resume" in c.args:
+        reads += flag_values(c.args, "--out_dir")
+    writes = [v for flag in WRITES.get(c.program, []) for v in flag_values(c.args, flag)]
+    if c.program in DEFAULT_WRITES and not writes:
+        writes = DEFAULT_WRITES[c.program](c.args)
+    if c.program == "train" and "--eval_only" in c.args:         # it evaluates a run, and writes nothing
+        writes = []
+    if c.program == "data.prepare" and not flag_values(c.args, "--out_dir"):
+        source = Path(flag_values(c.args, "")[0])
+        vocab = flag_values(c.args, "--vocab_size")
+        writes = [str(source.parent / (f"bpe{vocab[0]}" if vocab else "char"))]
+    return reads, writes
+
+
 def check_page(name, text):
     """Every command of a page against its program; every file it reads made before, in the
     repository, or named as the reader's input. -> a list of problems (empty: all good)."""
@@ -371,16 +390,7 @@ def check_page(name, text):
                 if error:
                     problems.append(f"{where}: {error}")
                     continue
-                reads = c.reads + [v for flag in READS.get(c.program, []) for v in flag_values(c.args, flag)]
-                if c.program == "train" and "--resume" in c.args:
-                    reads += flag_values(c.args, "--out_dir")
-                writes = [v for flag in WRITES.get(c.program, []) for v in flag_values(c.args, flag)]
-                if c.program in DEFAULT_WRITES and not writes:
-                    writes = DEFAULT_WRITES[c.program](c.args)
-                if c.program == "data.prepare" and not flag_values(c.args, "--out_dir"):
-                    source = Path(flag_values(c.args, "")[0])
-                    vocab = flag_values(c.args, "--vocab_size")
-                    writes = [str(source.parent / (f"bpe{vocab[0]}" if vocab else "char"))]
+                reads, writes = files_of(c)
             elif c.program in KNOWN:
                 reads, writes = c.reads, c.writes
             elif c.program.endswith(".py") or "." in c.program and not c.program.startswith("-"):

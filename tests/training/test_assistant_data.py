@@ -408,3 +408,42 @@ def test_rl_from_a_word_model_says_it_has_no_chat_tokens_first(files, tmp_path, 
     err = one_line_error(capsys, main(["--stage", "rl", "--init_from", str(tmp_path / "coref"), "--data",
                                        str(files / "text.txt"), "--out_dir", str(tmp_path / "rl"), "--quiet"]))
     assert "--stage rl: the model has no chat tokens" in err and "drop --data" not in err
+
+
+def test_the_heldout_report_truncates_a_long_pair_as_training_does(tmp_path, capsys):
+    """python -m train.dpo scores the held-out pairs as the run's evaluation scored them: a pair
+    longer than the run's --max_length is cut the same way (the prompt's start, the answers' ends),
+    with the note, and the report finishes."""
+    from train.dpo import main as report_main
+    from train.dpo import DPOObjective, load_reference
+    from types import SimpleNamespace
+    model, tok = chat_model_file(tmp_path, block_size=32)
+    rows = spell_pairs(30)
+    word = "abcdefghij" * 3
+    rows[-1] = {"prompt": [user("spell: " + word)], "chosen": [assistant(" ".join(word))],
+                "rejected": [assistant("x " + " ".join(word[1:]))]}      # a held-out pair (the last 10%), 70 tokens
+    path = jsonl(tmp_path / "pairs.jsonl", rows)
+    run = tmp_path / "r"
+    assert main(["--stage", "dpo", "--init_from", str(model), "--data", str(path), "--out_dir", str(run),
+                 *DPO, "--max_iters", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "--max_length 32: 0 of 27 train and 1 of 3 val pairs were longer and are truncated" in err
+    assert report_main(["--out_dir", str(run), "--data", str(path), "--compile", "False"]) == 0
+    out, err = capsys.readouterr()
+    assert "--max_length 32: 1 of 3 held-out pairs were longer and are truncated" in err
+    report = json.loads(out)["spell"]
+    assert report["pairs"] == 3
+    # the reward accuracy is the one of the pairs as training cut them: the same numbers, computed here
+    data = load_pairs(str(path), tok)
+    data.fit_length(32)
+    trained, _, _ = checkpoint.load(str(run / "ckpt.npz"))
+    policy = GPT(GPTConfig(**checkpoint.read_meta(str(run / "ckpt.npz"))["config"]))
+    policy.load_state_dict(trained)
+    policy.eval()
+    reference = load_reference(str(model), SimpleNamespace(out_dir=str(tmp_path / "e"), dtype="float32",
+                                                           device="cpu", compile=False))
+    batch = tuple(ta.tensor(a) for a in data.arrays["val"])
+    with ta.no_grad():
+        pc, pr, rc, rr = (t.numpy() for t in DPOObjective(reference, 0.1).logprobs(policy, batch))
+    assert report["reward_accuracy"] == round(float(np.mean((pc - rc) - (pr - rr) > 0)), 4)
+    assert abs(report["chosen_drift"] - round(float(np.mean(pc - rc)), 4)) < 2e-4

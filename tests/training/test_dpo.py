@@ -249,7 +249,7 @@ def test_dpo_flags_are_refused_in_one_line(chat_model, tmp_path, capsys):
     assert "give --init_from MODEL and --data PAIRS" in refused("--stage", "dpo", "--data", str(chat_model / "pairs"))
     assert "--dpo_beta must be > 0" in refused("--stage", "dpo", "--init_from", str(chat_model / "sft.npz"),
                                                "--data", str(chat_model / "pairs"), "--dpo_beta", "0")
-    assert "--dpo_nll is for --stage dpo" in refused("--data", str(chat_model / "pairs"), "--dpo_nll", "1")
+    assert "--dpo_nll is a setting of --stage dpo" in refused("--data", str(chat_model / "pairs"), "--dpo_nll", "1")
 
 
 def test_a_model_without_chat_tokens_is_refused(chat_model, tmp_path, capsys):

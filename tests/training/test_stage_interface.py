@@ -1,13 +1,13 @@
 """One interface for every stage (train/stages.py): outside the one place that picks the stage
-from --stage and --data (stages.load; config.py checks the flags of each), no code in train/
-asks which stage runs."""
+from --stage and --data (stages.load, stages.stage_class), no code in train/ asks which stage runs;
+config.py checks a stage's flags by asking the stage."""
 import re
 from pathlib import Path
 
 import pytest
 
 TRAIN = Path(__file__).resolve().parents[2] / "train"
-PICKS = {"stages.py", "config.py"}      # stages.load picks the stage; config.py checks each stage's flags
+PICKS = {"stages.py"}                 # stages.load and stages.stage_class pick the stage
 
 ASKING = [
     (r"\bargs\.stage\b", "reads --stage"),
@@ -53,3 +53,40 @@ def test_every_stage_gives_the_loop_the_same_methods():
              "report", "done_line")
     for stage in (stages.LanguageModel, stages.Lesson, stages.SFT, DPO, RL):
         assert all(callable(getattr(stage, name, None)) for name in asked), stage
+
+
+def test_each_stage_declares_its_flags():
+    from train import stages
+    from train.config import build_parser
+    flags = {a.dest for a in build_parser()._actions}
+    for name, stage in stages.named_stages().items():
+        assert stage.name == name and stage.own_flags and set(stage.own_flags) <= flags
+    for stage in (stages.LanguageModel, *stages.named_stages().values()):
+        assert callable(stage.check_flags) and isinstance(stage.takes_val, bool)
+        assert isinstance(stage.resume_needs_data, bool)
+
+
+def test_config_checks_a_stages_flags_by_asking_the_stage(monkeypatch, capsys):
+    """A stage's check_flags decides what its command needs, and its own flags are refused without
+    it: config.py knows no stage by name."""
+    from train import stages
+    from train.config import parse_args
+    from train.rl import RL
+
+    class Picky(RL):
+        name, own_flags = "picky", ("dpo_nll",)
+
+        @classmethod
+        def check_flags(cls, args):
+            if args.learning_rate == 0.5:
+                return []
+            return [f"--stage picky: --learning_rate {args.learning_rate} is not 0.5"]
+    monkeypatch.setattr(stages, "named_stages", lambda: {"picky": Picky})
+    for argv, expected in ((["--stage", "picky", "--data", "x.txt"], "--stage picky: --learning_rate 0.001 is not 0.5"),
+                           (["--data", "x.txt", "--dpo_nll", "1"], "--dpo_nll is a setting of --stage picky"),
+                           (["--stage", "rl"], "expected picky, got 'rl'")):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert expected in capsys.readouterr().err
+    args, _ = parse_args(["--stage", "picky", "--data", "x.txt", "--learning_rate", "0.5"])
+    assert args.stage == "picky" and args.learning_rate == 0.5

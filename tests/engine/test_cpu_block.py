@@ -1,4 +1,4 @@
-"""The fused GPT block on the CPU (tinyattn/fast/cpu_block.py): its two schedules, rows and whole,
+"""The fused GPT block on the CPU (tinyattn/fast/cpu_block.py): its schedules (rows, whole, columns)
 on the threads, against the formula; the choice between them; the breakdown's timers."""
 import numpy as np
 import pytest
@@ -40,8 +40,10 @@ def test_the_environment_forces_a_schedule_and_a_bad_value_is_one_clear_error(mo
     assert cpu_block.schedule((12, 64, 128), 2) == "whole"
     monkeypatch.setenv(cpu_block.SCHEDULE_ENV, " Rows ")
     assert cpu_block.schedule((4, 256, 384), 2) == "rows"
-    monkeypatch.setenv(cpu_block.SCHEDULE_ENV, "columns")
-    with pytest.raises(ValueError, match="TINYATTN_BLOCK_SCHEDULE must be rows or whole, got 'columns'"):
+    monkeypatch.setenv(cpu_block.SCHEDULE_ENV, "Columns")
+    assert cpu_block.schedule((4, 256, 384), 2) == "columns"
+    monkeypatch.setenv(cpu_block.SCHEDULE_ENV, "diagonal")
+    with pytest.raises(ValueError, match="TINYATTN_BLOCK_SCHEDULE must be rows, whole or columns, got 'diagonal'"):
         cpu_block.schedule((4, 256, 384), 2)
 
 
@@ -56,14 +58,14 @@ def test_the_pairs_cover_every_sequence_and_head_once():
 
 @needs_threadpoolctl
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("schedule", ["rows", "whole"])
+@pytest.mark.parametrize("schedule", cpu_block.SCHEDULES)
 def test_each_schedule_on_the_threads_matches_the_formula(schedule, dtype, split_everything, monkeypatch):
     """The op-table's block cases with every part on the pool: the output, dx and every dparam
     within float64's (float32's) rounding of the layers op by op. (rows needs a batch that
     shares evenly over the 3 threads: the block of one sequence runs op by op there.)"""
     monkeypatch.setenv(cpu_block.SCHEDULE_ENV, schedule)
     rtol, atol = (1e-10, 1e-12) if dtype == "float64" else (1e-5, 1e-6)
-    cases = [c for c in BLOCK_CASES if schedule == "whole" or c.inputs(np.random.default_rng(0))[0].shape[0] % 3 == 0]
+    cases = [c for c in BLOCK_CASES if schedule != "rows" or c.inputs(np.random.default_rng(0))[0].shape[0] % 3 == 0]
     assert len(cases) >= 2
     for case in cases:
         fused, formula = kernel_and_formula(case, "cpu", dtype, monkeypatch)
@@ -81,7 +83,7 @@ def _block_and_backward(arrays, n_head, head_keep=None):
 
 
 @needs_threadpoolctl
-@pytest.mark.parametrize("schedule", ["rows", "whole"])
+@pytest.mark.parametrize("schedule", cpu_block.SCHEDULES)
 def test_the_same_bits_whether_the_pool_takes_the_parts_or_not(schedule, monkeypatch):
     """A run's numbers depend on its command and thread count, never on MIN_WORK (measured)."""
     monkeypatch.setenv(cpu_block.SCHEDULE_ENV, schedule)
@@ -100,12 +102,13 @@ def test_the_same_bits_whether_the_pool_takes_the_parts_or_not(schedule, monkeyp
 @needs_threadpoolctl
 def test_the_two_schedules_agree_on_a_larger_block(split_everything, monkeypatch):
     arrays = [a.astype(np.float32) for a in gpt_block_inputs(3, 33, 48)(np.random.default_rng(3))]
-    runs = []
-    for schedule in ("rows", "whole"):
+    runs = {}
+    for schedule in cpu_block.SCHEDULES:
         monkeypatch.setenv(cpu_block.SCHEDULE_ENV, schedule)
-        runs.append(_block_and_backward(arrays, 6))
-    for i, (a, b) in enumerate(zip(*runs)):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.abs(b).max(), err_msg=f"output {i}")
+        runs[schedule] = _block_and_backward(arrays, 6)
+    for schedule in ("whole", "columns"):
+        for i, (a, b) in enumerate(zip(runs[schedule], runs["rows"])):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.abs(b).max(), err_msg=f"{schedule}: output {i}")
 
 
 @needs_threadpoolctl
@@ -120,7 +123,7 @@ def test_blas_gets_every_thread_for_a_whole_product_and_one_after(monkeypatch):
 
 
 @needs_threadpoolctl
-@pytest.mark.parametrize("schedule", ["rows", "whole"])
+@pytest.mark.parametrize("schedule", cpu_block.SCHEDULES)
 def test_the_timers_see_each_threads_stages_and_cost_nothing_when_off(schedule, split_everything, monkeypatch):
     monkeypatch.setenv(cpu_block.SCHEDULE_ENV, schedule)
     arrays = [a.astype(np.float32) for a in gpt_block_inputs(3, 8, 16)(np.random.default_rng(4))]
@@ -132,7 +135,7 @@ def test_the_timers_see_each_threads_stages_and_cost_nothing_when_off(schedule, 
     for name in names:
         stages = {category for who, category in seconds if who == name}
         assert {"elementwise", "attention"} <= stages
-        assert ("products" in stages) == (schedule == "rows" or name == "MainThread")
+        assert ("products" in stages) == (schedule != "whole" or name == "MainThread")
         assert ("waiting" in stages) == (name == "MainThread")          # the caller waits, the pool idles
         assert ("idle" in stages and "work" in stages) == (name != "MainThread")
     assert all(s >= 0 for s in seconds.values())

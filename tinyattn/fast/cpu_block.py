@@ -28,6 +28,9 @@ Two schedules, chosen by ``schedule`` from the shapes and the thread count alone
             by rows or by (sequence, head) pairs between the products. For large blocks
             (from the mid config on): the products take most of the time, and BLAS
             runs one large product faster than the threads run its halves.
+    columns as whole, but each product's output columns are split over tinyattn's
+            threads, one BLAS thread each (BLAS's thread count never changes; only
+            asked for by TINYATTN_BLOCK_SCHEDULE, to time it against whole).
 
     block(x, params, n_head, eps_1, eps_2, head_keep)     -> (y, *saved)
     block_backward(g, saved, params, n_head, head_keep)   -> (dx, *dparams)
@@ -46,8 +49,10 @@ from . import threads
 from .threads import laps, split
 
 SCHEDULE_ENV = "TINYATTN_BLOCK_SCHEDULE"
-"""A debugging knob, to time both schedules in one checkout: rows or whole forces that schedule
-for every fused block; unset (the default), ``schedule`` chooses from the shapes."""
+"""A debugging knob, to time the schedules side by side in one checkout: rows, whole or columns
+forces that schedule for every fused block; unset (the default), ``schedule`` chooses rows or
+whole from the shapes."""
+SCHEDULES = ("rows", "whole", "columns")
 WHOLE_MIN_C = 256          # whole-batch products from C = 256 channels
 WHOLE_MIN_ROWS = 256       # and 256 rows a thread (B * T / threads) on
 
@@ -84,8 +89,8 @@ def schedule(shape, n_threads):
     knob, to time one schedule against the other)."""
     forced = os.environ.get(SCHEDULE_ENV, "").strip().lower()
     if forced:
-        if forced not in ("rows", "whole"):
-            raise ValueError(f"{SCHEDULE_ENV} must be rows or whole, got {forced!r}")
+        if forced not in SCHEDULES:
+            raise ValueError(f"{SCHEDULE_ENV} must be rows, whole or columns, got {forced!r}")
         return forced
     B, T, C = shape
     large = C >= WHOLE_MIN_C and B * T >= WHOLE_MIN_ROWS * n_threads
@@ -105,12 +110,23 @@ def _pairs(i, j, n_head):
         yield b, slice(max(i - b * n_head, 0), min(j - b * n_head, n_head))
 
 
-def _product(a, b, out):
-    """out = a @ b, one BLAS call on the whole batch with BLAS's threads (the whole schedule)."""
-    lap = laps()
-    with threads.blas_threads():
-        np.matmul(a, b, out=out)
-    lap("products")
+def _product(a, b, out, columns=False):
+    """out = a @ b on the whole batch: one BLAS call with BLAS's threads (the whole schedule), or
+    with columns=True one BLAS call per thread on its share of out's columns (always the same
+    parts, so the same numbers every run)."""
+    if not columns:
+        lap = laps()
+        with threads.blas_threads():
+            np.matmul(a, b, out=out)
+        lap("products")
+        return
+
+    def part(i, j):                                # out[:, i:j] = a @ b[:, i:j]
+        lap = laps()
+        np.matmul(a, b[:, i:j], out=out[:, i:j])
+        lap("products")
+
+    split(part, b.shape[1], work=a.size * b.shape[1] // 32, same_parts=True)
 
 
 def _sums_in_parts(fn, n, work):
@@ -190,8 +206,9 @@ def block(x, params, n_head, eps_1, eps_2, head_keep=None):
         _add_bias(flat(y), b_proj, flat(x2))
         lap("elementwise")
 
-    def whole():                                                              # the products on all n = B T rows
+    def whole(columns):                                                       # the products on all n = B T rows
         n = B * T
+        product = lambda a, b, out: _product(a, b, out, columns)             # noqa: E731
         X, H1, XH1, R1, QKV, ATT, X2, H2, XH2, R2, Fc, GELU, Y = (t.reshape(n, -1) for t in (
             x, h1, xhat1, rstd1, qkv, att, x2, h2, xhat2, rstd2, f, gelu, y))     # (n, C), (n, 3C), (n, 4C) ...
 
@@ -203,7 +220,7 @@ def block(x, params, n_head, eps_1, eps_2, head_keep=None):
             split(part, n, work=n * width)
 
         on_rows(lambda i, j: K._layer_norm_fwd(X[i:j], ln1_w, ln1_b, H1[i:j], XH1[i:j], R1[i:j], eps_1), C)
-        _product(H1, w_qkv.T, QKV)                                            # qkv = ln_1(x) W^T + b
+        product(H1, w_qkv.T, QKV)                                            # qkv = ln_1(x) W^T + b
         on_rows(lambda i, j: _add_bias(QKV[i:j], b_qkv, None), 3 * C)
 
         def head_pairs(i, j):                                                 # (sequence, head) pairs i..j
@@ -215,28 +232,29 @@ def block(x, params, n_head, eps_1, eps_2, head_keep=None):
             lap("attention")
 
         split(head_pairs, B * n_head, work=_attention_work(B, n_head, T, C))
-        _product(ATT, w_o.T, X2)                                              # x2 = x + att W_o^T + b_o
+        product(ATT, w_o.T, X2)                                              # x2 = x + att W_o^T + b_o
 
         def bias_and_ln_2(i, j):
             _add_bias(X2[i:j], b_o, X[i:j])
             K._layer_norm_fwd(X2[i:j], ln2_w, ln2_b, H2[i:j], XH2[i:j], R2[i:j], eps_2)
 
         on_rows(bias_and_ln_2, 2 * C)
-        _product(H2, w_fc.T, Fc)                                              # f = ln_2(x2) W_fc^T + b_fc
+        product(H2, w_fc.T, Fc)                                              # f = ln_2(x2) W_fc^T + b_fc
 
         def bias_and_gelu(i, j):
             _add_bias(Fc[i:j], b_fc, None)
             K._gelu_tanh_fwd(Fc[i:j].reshape(-1), GELU[i:j].reshape(-1), gelu_a, gelu_b)
 
         on_rows(bias_and_gelu, 8 * C)
-        _product(GELU, w_proj.T, Y)                                           # y = x2 + gelu(f) W_proj^T + b_proj
+        product(GELU, w_proj.T, Y)                                           # y = x2 + gelu(f) W_proj^T + b_proj
         on_rows(lambda i, j: _add_bias(Y[i:j], b_proj, X2[i:j]), C)
 
     n_threads = threads.get_num_threads()
-    if schedule(x.shape, n_threads) == "whole":
+    chosen = schedule(x.shape, n_threads)
+    if chosen != "rows":
         if n_threads > 1:
-            threads.hold_blas()                    # one BLAS thread in each part; all of them in _product
-        whole()
+            threads.hold_blas()                    # one BLAS thread in each part (all of them in whole's products)
+        whole(columns=chosen == "columns")
     else:
         split(rows, B, work=block_work(x.shape), same_parts=True)
     return y, h1, xhat1, rstd1, qkv, weights, att, h2, xhat2, rstd2, f, gelu
@@ -301,8 +319,9 @@ def block_backward(g, saved, params, n_head, head_keep=None):
         lap("elementwise")
         return mine
 
-    def whole():                                                              # the products on all n = B T rows
+    def whole(columns):                                                       # the products on all n = B T rows
         n = B * T
+        product = lambda a, b, out: _product(a, b, out, columns)             # noqa: E731
         dY, GELU, Fc, H2, XH2, R2, ATT, QKV, dQKV, H1, XH1, R1, dX = (t.reshape(n, -1) for t in (
             g, gelu, f, h2, xhat2, rstd2, att, qkv, dqkv, h1, xhat1, rstd1, dx))
         dparams = [None] * len(params)
@@ -317,8 +336,8 @@ def block_backward(g, saved, params, n_head, head_keep=None):
 
         # the MLP: y = x2 + gelu(f) W_proj^T + b_proj
         dparams[10], dgelu = np.empty_like(w_proj), np.empty_like(GELU)
-        _product(dY.T, GELU, dparams[10])                                     # dW_proj (C, 4C)
-        _product(dY, w_proj, dgelu)                                           # (n, 4C)
+        product(dY.T, GELU, dparams[10])                                     # dW_proj (C, 4C)
+        product(dY, w_proj, dgelu)                                           # (n, 4C)
         df = np.empty_like(dgelu)
 
         def gelu_backward(i, j):
@@ -327,8 +346,8 @@ def block_backward(g, saved, params, n_head, head_keep=None):
 
         dparams[11], dparams[9] = in_parts(gelu_backward, 12 * C)
         dparams[8], dh2 = np.empty_like(w_fc), np.empty_like(dY)
-        _product(df.T, H2, dparams[8])                                        # dW_fc (4C, C)
-        _product(df, w_fc, dh2)                                               # (n, C)
+        product(df.T, H2, dparams[8])                                        # dW_fc (4C, C)
+        product(df, w_fc, dh2)                                               # (n, C)
         dx2 = np.empty_like(dh2)
 
         def ln_2_backward(i, j):
@@ -340,8 +359,8 @@ def block_backward(g, saved, params, n_head, head_keep=None):
         dparams[6], dparams[7], dparams[5] = in_parts(ln_2_backward, 4 * C)
         # attention: x2 = x + att W_o^T + b_o
         dparams[4], d_att = np.empty_like(w_o), np.empty_like(dY)
-        _product(dx2.T, ATT, dparams[4])                                      # dW_o (C, C)
-        _product(dx2, w_o, d_att)                                             # (n, C)
+        product(dx2.T, ATT, dparams[4])                                      # dW_o (C, C)
+        product(dx2, w_o, d_att)                                             # (n, C)
         d_att = d_att.reshape(B, T, n_head, -1)                               # (B, T, H, D)
 
         def head_pairs(i, j):                                                 # (sequence, head) pairs i..j
@@ -356,8 +375,8 @@ def block_backward(g, saved, params, n_head, head_keep=None):
 
         split(head_pairs, B * n_head, work=2 * _attention_work(B, n_head, T, C))
         dparams[2], dh1 = np.empty_like(w_qkv), np.empty_like(dY)
-        _product(dQKV.T, H1, dparams[2])                                      # dW_qkv (3C, C)
-        _product(dQKV, w_qkv, dh1)                                            # (n, C)
+        product(dQKV.T, H1, dparams[2])                                      # dW_qkv (3C, C)
+        product(dQKV, w_qkv, dh1)                                            # (n, C)
 
         def ln_1_backward(i, j):
             dw, db = np.zeros_like(ln1_w), np.zeros_like(ln1_b)
@@ -369,10 +388,11 @@ def block_backward(g, saved, params, n_head, head_keep=None):
         return dparams
 
     n_threads = threads.get_num_threads()
-    if schedule(g.shape, n_threads) == "whole":
+    chosen = schedule(g.shape, n_threads)
+    if chosen != "rows":
         if n_threads > 1:
             threads.hold_blas()
-        dparams = whole()
+        dparams = whole(columns=chosen == "columns")
     else:
         dparams = _sums_in_parts(rows, B, work=2 * block_work(g.shape))
     return (dx, *dparams)

@@ -219,7 +219,7 @@ class Block(Runner):
         B, T, _ = x.shape
         n = threads.get_num_threads()                                   # the threads take whole sequences:
         even = B % n == 0 or B >= 4 * n or block_work(x.shape) < threads.FLOOR   # each about as many
-        even = even or schedule(x.shape, n) == "whole"                  # (or rows and (sequence, head) pairs)
+        even = even or schedule(x.shape, n) != "rows"                   # (or rows and (sequence, head) pairs)
         # (FLOOR, not the measured MIN_WORK: whether the block runs as one op changes the numbers)
         return params if even and not attention.is_long(T, T, B * attn.n_head, x.dtype.itemsize, True) else None
 

@@ -1,4 +1,4 @@
-"""The fused GPT block on the CPU (tinyattn/fast/cpu_block.py): its schedules (rows, whole, columns)
+"""The fused GPT block on the CPU (tinyattn/fast/cpu_block.py): its schedules (rows, whole, pool)
 on the threads, against the formula; the choice between them; the breakdown's timers."""
 import numpy as np
 import pytest
@@ -40,10 +40,10 @@ def test_the_environment_forces_a_schedule_and_a_bad_value_is_one_clear_error(mo
     assert cpu_block.schedule((12, 64, 128), 2) == "whole"
     monkeypatch.setenv(cpu_block.SCHEDULE_ENV, " Rows ")
     assert cpu_block.schedule((4, 256, 384), 2) == "rows"
-    monkeypatch.setenv(cpu_block.SCHEDULE_ENV, "Columns")
-    assert cpu_block.schedule((4, 256, 384), 2) == "columns"
+    monkeypatch.setenv(cpu_block.SCHEDULE_ENV, "Pool")
+    assert cpu_block.schedule((4, 256, 384), 2) == "pool"
     monkeypatch.setenv(cpu_block.SCHEDULE_ENV, "diagonal")
-    with pytest.raises(ValueError, match="TINYATTN_BLOCK_SCHEDULE must be rows, whole or columns, got 'diagonal'"):
+    with pytest.raises(ValueError, match="TINYATTN_BLOCK_SCHEDULE must be rows, whole or pool, got 'diagonal'"):
         cpu_block.schedule((4, 256, 384), 2)
 
 
@@ -106,9 +106,23 @@ def test_the_two_schedules_agree_on_a_larger_block(split_everything, monkeypatch
     for schedule in cpu_block.SCHEDULES:
         monkeypatch.setenv(cpu_block.SCHEDULE_ENV, schedule)
         runs[schedule] = _block_and_backward(arrays, 6)
-    for schedule in ("whole", "columns"):
+    for schedule in ("whole", "pool"):
         for i, (a, b) in enumerate(zip(runs[schedule], runs["rows"])):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.abs(b).max(), err_msg=f"{schedule}: output {i}")
+
+
+@needs_threadpoolctl
+@pytest.mark.parametrize("n_threads", [2, 3])
+@pytest.mark.parametrize("costs", [(1, 1), (3, 1), (1,)])
+def test_products_on_the_pool_give_each_column_once(n_threads, costs, split_everything, monkeypatch):
+    """The pool schedule's products, cut by columns weighted by cost, are the products."""
+    monkeypatch.setattr(threads, "_num_threads", n_threads)
+    rng = np.random.default_rng(6)
+    products = [(rng.standard_normal((5, 4 * c)), rng.standard_normal((4 * c, 7 + c))) for c in costs]
+    outs = [np.full((5, b.shape[1]), np.nan) for _, b in products]
+    cpu_block._products([(a, b, out) for (a, b), out in zip(products, outs)], on_pool=True)
+    for (a, b), out in zip(products, outs):
+        np.testing.assert_allclose(out, a @ b, rtol=1e-12)
 
 
 @needs_threadpoolctl

@@ -149,7 +149,7 @@ def test_bench_step_builds_the_same_model_on_both_sides(block):
     assert check["parameters_tinyattn"] == check["parameters_torch"] and check["rel_diff"] < 1e-6
 
 
-@pytest.mark.parametrize("schedule", ["rows", "whole", "columns"])
+@pytest.mark.parametrize("schedule", ["rows", "whole", "pool"])
 def test_bench_breakdown_accounts_for_the_whole_step_by_category(schedule):
     """A baby step on each side (PyTorch's where installed): every category of the calling thread's
     time adds up to the profiled step; the blocks ran fused, in the schedule the environment asks for."""

@@ -28,9 +28,10 @@ Two schedules, chosen by ``schedule`` from the shapes and the thread count alone
             by rows or by (sequence, head) pairs between the products. For large blocks
             (from the mid config on): the products take most of the time, and BLAS
             runs one large product faster than the threads run its halves.
-    columns as whole, but each product's output columns are split over tinyattn's
-            threads, one BLAS thread each (BLAS's thread count never changes; only
-            asked for by TINYATTN_BLOCK_SCHEDULE, to time it against whole).
+    pool    as whole, but each product runs on tinyattn's threads, one BLAS thread
+            each: forward, its output columns split; backward, a weight's gradient
+            beside its input's (BLAS's thread count never changes). Only asked for
+            by TINYATTN_BLOCK_SCHEDULE, to time it against whole.
 
     block(x, params, n_head, eps_1, eps_2, head_keep)     -> (y, *saved)
     block_backward(g, saved, params, n_head, head_keep)   -> (dx, *dparams)
@@ -49,10 +50,10 @@ from . import threads
 from .threads import laps, split
 
 SCHEDULE_ENV = "TINYATTN_BLOCK_SCHEDULE"
-"""A debugging knob, to time the schedules side by side in one checkout: rows, whole or columns
+"""A debugging knob, to time the schedules side by side in one checkout: rows, whole or pool
 forces that schedule for every fused block; unset (the default), ``schedule`` chooses rows or
 whole from the shapes."""
-SCHEDULES = ("rows", "whole", "columns")
+SCHEDULES = ("rows", "whole", "pool")
 WHOLE_MIN_C = 256          # whole-batch products from C = 256 channels
 WHOLE_MIN_ROWS = 256       # and 256 rows a thread (B * T / threads) on
 
@@ -90,7 +91,7 @@ def schedule(shape, n_threads):
     forced = os.environ.get(SCHEDULE_ENV, "").strip().lower()
     if forced:
         if forced not in SCHEDULES:
-            raise ValueError(f"{SCHEDULE_ENV} must be rows, whole or columns, got {forced!r}")
+            raise ValueError(f"{SCHEDULE_ENV} must be rows, whole or pool, got {forced!r}")
         return forced
     B, T, C = shape
     large = C >= WHOLE_MIN_C and B * T >= WHOLE_MIN_ROWS * n_threads
@@ -110,23 +111,32 @@ def _pairs(i, j, n_head):
         yield b, slice(max(i - b * n_head, 0), min(j - b * n_head, n_head))
 
 
-def _product(a, b, out, columns=False):
-    """out = a @ b on the whole batch: one BLAS call with BLAS's threads (the whole schedule), or
-    with columns=True one BLAS call per thread on its share of out's columns (always the same
-    parts, so the same numbers every run)."""
-    if not columns:
-        lap = laps()
-        with threads.blas_threads():
-            np.matmul(a, b, out=out)
-        lap("products")
+def _products(products, on_pool=False):
+    """out = a @ b for each (a, b, out) of ``products``, on the whole batch. The whole schedule:
+    one BLAS call each, with BLAS's threads. The pool schedule (on_pool): over tinyattn's threads,
+    one BLAS thread each, the threads taking the products' output columns in order, each column
+    weighted by its cost (a's size): two products of equal cost on two threads run one on each,
+    whole (a weight's gradient beside its input's), and one product is cut by its columns.
+    Always the same parts (split's same_parts), so the same numbers every run."""
+    if not on_pool:
+        for a, b, out in products:
+            lap = laps()
+            with threads.blas_threads():
+                np.matmul(a, b, out=out)
+            lap("products")
         return
+    costs = [a.size for a, _, _ in products]                                 # of one output column
+    firsts = np.cumsum([0] + [b.shape[1] * cost for (_, b, _), cost in zip(products, costs)]).tolist()
 
-    def part(i, j):                                # out[:, i:j] = a @ b[:, i:j]
+    def columns(start, stop):                      # a column goes to the part that holds its first unit
         lap = laps()
-        np.matmul(a, b[:, i:j], out=out[:, i:j])
+        for (a, b, out), cost, first in zip(products, costs, firsts):
+            i, j = max(0, -((first - start) // cost)), min(b.shape[1], -((first - stop) // cost))
+            if i < j:
+                np.matmul(a, b[:, i:j], out=out[:, i:j])
         lap("products")
 
-    split(part, b.shape[1], work=a.size * b.shape[1] // 32, same_parts=True)
+    split(columns, firsts[-1], work=firsts[-1] // 32, same_parts=True)
 
 
 def _sums_in_parts(fn, n, work):
@@ -206,9 +216,8 @@ def block(x, params, n_head, eps_1, eps_2, head_keep=None):
         _add_bias(flat(y), b_proj, flat(x2))
         lap("elementwise")
 
-    def whole(columns):                                                       # the products on all n = B T rows
+    def whole(on_pool):                                                       # the products on all n = B T rows
         n = B * T
-        product = lambda a, b, out: _product(a, b, out, columns)             # noqa: E731
         X, H1, XH1, R1, QKV, ATT, X2, H2, XH2, R2, Fc, GELU, Y = (t.reshape(n, -1) for t in (
             x, h1, xhat1, rstd1, qkv, att, x2, h2, xhat2, rstd2, f, gelu, y))     # (n, C), (n, 3C), (n, 4C) ...
 
@@ -220,7 +229,7 @@ def block(x, params, n_head, eps_1, eps_2, head_keep=None):
             split(part, n, work=n * width)
 
         on_rows(lambda i, j: K._layer_norm_fwd(X[i:j], ln1_w, ln1_b, H1[i:j], XH1[i:j], R1[i:j], eps_1), C)
-        product(H1, w_qkv.T, QKV)                                            # qkv = ln_1(x) W^T + b
+        _products([(H1, w_qkv.T, QKV)], on_pool)                           # qkv = ln_1(x) W^T + b
         on_rows(lambda i, j: _add_bias(QKV[i:j], b_qkv, None), 3 * C)
 
         def head_pairs(i, j):                                                 # (sequence, head) pairs i..j
@@ -232,21 +241,21 @@ def block(x, params, n_head, eps_1, eps_2, head_keep=None):
             lap("attention")
 
         split(head_pairs, B * n_head, work=_attention_work(B, n_head, T, C))
-        product(ATT, w_o.T, X2)                                              # x2 = x + att W_o^T + b_o
+        _products([(ATT, w_o.T, X2)], on_pool)                             # x2 = x + att W_o^T + b_o
 
         def bias_and_ln_2(i, j):
             _add_bias(X2[i:j], b_o, X[i:j])
             K._layer_norm_fwd(X2[i:j], ln2_w, ln2_b, H2[i:j], XH2[i:j], R2[i:j], eps_2)
 
         on_rows(bias_and_ln_2, 2 * C)
-        product(H2, w_fc.T, Fc)                                              # f = ln_2(x2) W_fc^T + b_fc
+        _products([(H2, w_fc.T, Fc)], on_pool)                             # f = ln_2(x2) W_fc^T + b_fc
 
         def bias_and_gelu(i, j):
             _add_bias(Fc[i:j], b_fc, None)
             K._gelu_tanh_fwd(Fc[i:j].reshape(-1), GELU[i:j].reshape(-1), gelu_a, gelu_b)
 
         on_rows(bias_and_gelu, 8 * C)
-        product(GELU, w_proj.T, Y)                                           # y = x2 + gelu(f) W_proj^T + b_proj
+        _products([(GELU, w_proj.T, Y)], on_pool)                          # y = x2 + gelu(f) W_proj^T + b_proj
         on_rows(lambda i, j: _add_bias(Y[i:j], b_proj, X2[i:j]), C)
 
     n_threads = threads.get_num_threads()
@@ -254,7 +263,7 @@ def block(x, params, n_head, eps_1, eps_2, head_keep=None):
     if chosen != "rows":
         if n_threads > 1:
             threads.hold_blas()                    # one BLAS thread in each part (all of them in whole's products)
-        whole(columns=chosen == "columns")
+        whole(on_pool=chosen == "pool")
     else:
         split(rows, B, work=block_work(x.shape), same_parts=True)
     return y, h1, xhat1, rstd1, qkv, weights, att, h2, xhat2, rstd2, f, gelu
@@ -319,9 +328,8 @@ def block_backward(g, saved, params, n_head, head_keep=None):
         lap("elementwise")
         return mine
 
-    def whole(columns):                                                       # the products on all n = B T rows
+    def whole(on_pool):                                                       # the products on all n = B T rows
         n = B * T
-        product = lambda a, b, out: _product(a, b, out, columns)             # noqa: E731
         dY, GELU, Fc, H2, XH2, R2, ATT, QKV, dQKV, H1, XH1, R1, dX = (t.reshape(n, -1) for t in (
             g, gelu, f, h2, xhat2, rstd2, att, qkv, dqkv, h1, xhat1, rstd1, dx))
         dparams = [None] * len(params)
@@ -336,8 +344,7 @@ def block_backward(g, saved, params, n_head, head_keep=None):
 
         # the MLP: y = x2 + gelu(f) W_proj^T + b_proj
         dparams[10], dgelu = np.empty_like(w_proj), np.empty_like(GELU)
-        product(dY.T, GELU, dparams[10])                                     # dW_proj (C, 4C)
-        product(dY, w_proj, dgelu)                                           # (n, 4C)
+        _products([(dY.T, GELU, dparams[10]), (dY, w_proj, dgelu)], on_pool)  # dW_proj (C, 4C), dgelu (n, 4C)
         df = np.empty_like(dgelu)
 
         def gelu_backward(i, j):
@@ -346,8 +353,7 @@ def block_backward(g, saved, params, n_head, head_keep=None):
 
         dparams[11], dparams[9] = in_parts(gelu_backward, 12 * C)
         dparams[8], dh2 = np.empty_like(w_fc), np.empty_like(dY)
-        product(df.T, H2, dparams[8])                                        # dW_fc (4C, C)
-        product(df, w_fc, dh2)                                               # (n, C)
+        _products([(df.T, H2, dparams[8]), (df, w_fc, dh2)], on_pool)         # dW_fc (4C, C), dh2 (n, C)
         dx2 = np.empty_like(dh2)
 
         def ln_2_backward(i, j):
@@ -359,8 +365,7 @@ def block_backward(g, saved, params, n_head, head_keep=None):
         dparams[6], dparams[7], dparams[5] = in_parts(ln_2_backward, 4 * C)
         # attention: x2 = x + att W_o^T + b_o
         dparams[4], d_att = np.empty_like(w_o), np.empty_like(dY)
-        product(dx2.T, ATT, dparams[4])                                      # dW_o (C, C)
-        product(dx2, w_o, d_att)                                             # (n, C)
+        _products([(dx2.T, ATT, dparams[4]), (dx2, w_o, d_att)], on_pool)     # dW_o (C, C), d_att (n, C)
         d_att = d_att.reshape(B, T, n_head, -1)                               # (B, T, H, D)
 
         def head_pairs(i, j):                                                 # (sequence, head) pairs i..j
@@ -375,8 +380,7 @@ def block_backward(g, saved, params, n_head, head_keep=None):
 
         split(head_pairs, B * n_head, work=2 * _attention_work(B, n_head, T, C))
         dparams[2], dh1 = np.empty_like(w_qkv), np.empty_like(dY)
-        product(dQKV.T, H1, dparams[2])                                      # dW_qkv (3C, C)
-        product(dQKV, w_qkv, dh1)                                            # (n, C)
+        _products([(dQKV.T, H1, dparams[2]), (dQKV, w_qkv, dh1)], on_pool)    # dW_qkv (3C, C), dh1 (n, C)
 
         def ln_1_backward(i, j):
             dw, db = np.zeros_like(ln1_w), np.zeros_like(ln1_b)
@@ -392,7 +396,7 @@ def block_backward(g, saved, params, n_head, head_keep=None):
     if chosen != "rows":
         if n_threads > 1:
             threads.hold_blas()
-        dparams = whole(columns=chosen == "columns")
+        dparams = whole(on_pool=chosen == "pool")
     else:
         dparams = _sums_in_parts(rows, B, work=2 * block_work(g.shape))
     return (dx, *dparams)

@@ -1,4 +1,5 @@
-"""The GPT's transformer block as one fused kernel on the CPU: each thread runs the whole block on its share of the batch.
+"""The GPT's transformer block as one fused kernel on the CPU: each thread runs the whole block on its
+share of the batch (small blocks), or each product runs on the whole batch (large ones).
 
     y = x2 + c_proj(gelu(c_fc(ln_2(x2)))),  x2 = x + attn(ln_1(x))       (tinyattn/models/gpt.py)
 

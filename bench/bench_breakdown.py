@@ -28,7 +28,9 @@ second run, in ms per step:
 tinyattn's numbers are its calling thread's (they add up to the step), from
 light timers in the fused block and the thread pool (tinyattn/fast: off
 unless this program sets them); the pool's threads' time is reported apart,
-per thread: its work by category and its time idle on the pool's queue.
+per thread: its work by category and its time idle on the pool's queue (in
+the block's whole schedule, BLAS's own threads share each product with the
+calling thread, unseen by these timers, while the pool's threads idle).
 Torch's are its profiler's (torch.profiler) self CPU time per op, grouped by
 name (mm, addmm, bmm: products, except the lm head's, which has the
 vocabulary's size in its shapes; scaled_dot_product_attention and softmax:
@@ -101,6 +103,7 @@ def tinyattn_breakdown(cfg, steps, warmup, n_threads):
     kernels = side.backend.kernels
     saved = {name: kernels[name] for name in ("block", "block_backward")}
     saved_clip, optimizer = train.loop.clip_grad_norm_, side.optimizer
+    own = {m: vars(optimizer)[m] for m in ("step", "zero_grad") if m in vars(optimizer)}   # (else the class's)
 
     def block_timed(fn):                          # a block kernel's wall time, and the waits inside it
         def wrapper(*args):
@@ -126,7 +129,11 @@ def tinyattn_breakdown(cfg, steps, warmup, n_threads):
         threads.timers = None
         kernels.update(saved)
         train.loop.clip_grad_norm_ = saved_clip
-        del optimizer.step, optimizer.zero_grad                            # (the class's methods again)
+        for m in ("step", "zero_grad"):                                    # the methods as they were
+            if m in own:
+                setattr(optimizer, m, own[m])
+            else:
+                vars(optimizer).pop(m, None)
 
     mine = {c: s * 1e3 / steps for (who, c), s in clock.seconds.items() if who == me}
     laps = {c: mine.get(c, 0.0) for c in ("products", "elementwise", "attention")}
@@ -219,6 +226,9 @@ def table(report):
     rows += [(f"pool thread: {c}", [(pool or {}).get(c) if s == "tinyattn" else None for s in sides]) for c in POOL]
     for label, values in rows:
         lines.append(f"{label:<44}" + "".join(f"{cell(v):>12}" for v in values))
+    if "tinyattn" in report["sides"] and not report["sides"]["tinyattn"]["blocks_fused"]:
+        lines.append("note: tinyattn's blocks ran op by op here (dropout, or a batch that does not share "
+                     "evenly over the threads), so their time is in outside")
     return "\n".join(lines)
 
 

@@ -25,9 +25,12 @@ def split_everything(monkeypatch):
     ((4, 256, 384), 2, "whole"),             # the mid config
     ((64, 256, 384), 2, "whole"),            # nanoGPT's GPU config, on the CPU
     ((1, 1024, 384), 2, "whole"),            # one long sequence: the rows schedule would use one thread
+    ((1, 256, 384), 2, "whole"),
     ((12, 64, 128), 2, "rows"),              # the baby config: products too small
     ((64, 20, 64), 2, "rows"),               # the default model
-    ((1, 256, 384), 2, "rows"),              # 128 rows a thread
+    ((2, 64, 384), 2, "rows"),               # 64 rows a thread, a sequence each
+    ((4, 256, 384), 16, "whole"),            # fewer sequences than threads: rows would leave 12 idle
+    ((4, 16, 128), 16, "rows"),              # small products
     ((4, 256, 384), 1, "rows"),              # one thread: nothing to share
 ])
 def test_the_schedule_is_chosen_from_the_shapes_and_the_thread_count(shape, n_threads, expected, monkeypatch):

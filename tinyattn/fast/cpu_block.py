@@ -56,7 +56,7 @@ forces that schedule for every fused block; unset (the default), ``schedule`` ch
 whole from the shapes."""
 SCHEDULES = ("rows", "whole", "pool")
 WHOLE_MIN_C = 256          # whole-batch products from C = 256 channels
-WHOLE_MIN_ROWS = 256       # and 256 rows a thread (B * T / threads) on
+WHOLE_MIN_ROWS = 256       # and 256 rows a thread (B * T / threads) on, or fewer sequences than threads
 
 
 def block_fits(x, params):
@@ -87,15 +87,16 @@ def block_work(shape):
 def schedule(shape, n_threads):
     """"rows" or "whole" (see above) for a block input of ``shape`` (B, T, C) on ``n_threads``
     threads: whole-batch products where C is at least WHOLE_MIN_C and each thread would get at
-    least WHOLE_MIN_ROWS rows. TINYATTN_BLOCK_SCHEDULE=rows or whole overrides it (a debugging
-    knob, to time one schedule against the other)."""
+    least WHOLE_MIN_ROWS rows, or fewer sequences than threads (rows would leave threads idle).
+    TINYATTN_BLOCK_SCHEDULE=rows, whole or pool overrides it (a debugging knob, to time one
+    schedule against another)."""
     forced = os.environ.get(SCHEDULE_ENV, "").strip().lower()
     if forced:
         if forced not in SCHEDULES:
             raise ValueError(f"{SCHEDULE_ENV} must be rows, whole or pool, got {forced!r}")
         return forced
     B, T, C = shape
-    large = C >= WHOLE_MIN_C and B * T >= WHOLE_MIN_ROWS * n_threads
+    large = C >= WHOLE_MIN_C and (B * T >= WHOLE_MIN_ROWS * n_threads or B < n_threads)
     return "whole" if n_threads > 1 and large else "rows"
 
 

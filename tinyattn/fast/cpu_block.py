@@ -232,15 +232,19 @@ def block(x, params, n_head, eps_1, eps_2, head_keep=None):
 
         on_rows(lambda i, j: K._layer_norm_fwd(X[i:j], ln1_w, ln1_b, H1[i:j], XH1[i:j], R1[i:j], eps_1), C)
         _products([(H1, w_qkv.T, QKV)], on_pool)                           # qkv = ln_1(x) W^T + b
-        on_rows(lambda i, j: _add_bias(QKV[i:j], b_qkv, None), 3 * C)
+        D = C // n_head
 
         def head_pairs(i, j):                                                 # (sequence, head) pairs i..j
             lap = laps()
             for b, hs in _pairs(i, j, n_head):
+                for first in (0, C, 2 * C):                                   # + b: these heads' q, k, v columns
+                    cols = slice(first + hs.start * D, first + hs.stop * D)
+                    _add_bias(qkv[b, :, cols], b_qkv[cols], None)
+                lap("elementwise")
                 q, k, v = (t[0, hs] for t in _heads(qkv[b:b + 1], n_head))   # (h, T, D) each
                 heads = att[b].reshape(T, n_head, -1).transpose(1, 0, 2)[hs]  # (h, T, D)
                 attention(q, k, v, weights[b, hs], heads, None if head_keep is None else head_keep[b, hs, None, None])
-            lap("attention")
+                lap("attention")
 
         split(head_pairs, B * n_head, work=_attention_work(B, n_head, T, C))
         _products([(ATT, w_o.T, X2)], on_pool)                             # x2 = x + att W_o^T + b_o

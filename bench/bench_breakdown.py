@@ -260,8 +260,9 @@ def main(argv=None):
         if len(sides) == 1:
             report["sides"][side] = run_side(side, args)
             continue
+        n_threads = args.threads or ta.get_num_threads()
         command = [sys.executable, os.path.abspath(__file__), "--config", args.config, "--steps", str(args.steps),
-                   "--warmup", str(args.warmup), "--sides", side, "--threads", str(args.threads or ta.get_num_threads())]
+                   "--warmup", str(args.warmup), "--sides", side, "--threads", str(n_threads)]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             print(f"bench_breakdown: the {side} side failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}",

@@ -231,7 +231,7 @@ def block(x, params, n_head, eps_1, eps_2, head_keep=None):
             split(part, n, work=n * width)
 
         on_rows(lambda i, j: K._layer_norm_fwd(X[i:j], ln1_w, ln1_b, H1[i:j], XH1[i:j], R1[i:j], eps_1), C)
-        _products([(H1, w_qkv.T, QKV)], on_pool)                           # qkv = ln_1(x) W^T + b
+        _products([(H1, w_qkv.T, QKV)], on_pool)                              # qkv = ln_1(x) W^T + b
         D = C // n_head
 
         def head_pairs(i, j):                                                 # (sequence, head) pairs i..j
@@ -247,21 +247,21 @@ def block(x, params, n_head, eps_1, eps_2, head_keep=None):
                 lap("attention")
 
         split(head_pairs, B * n_head, work=_attention_work(B, n_head, T, C))
-        _products([(ATT, w_o.T, X2)], on_pool)                             # x2 = x + att W_o^T + b_o
+        _products([(ATT, w_o.T, X2)], on_pool)                                # x2 = x + att W_o^T + b_o
 
         def bias_and_ln_2(i, j):
             _add_bias(X2[i:j], b_o, X[i:j])
             K._layer_norm_fwd(X2[i:j], ln2_w, ln2_b, H2[i:j], XH2[i:j], R2[i:j], eps_2)
 
         on_rows(bias_and_ln_2, 2 * C)
-        _products([(H2, w_fc.T, Fc)], on_pool)                             # f = ln_2(x2) W_fc^T + b_fc
+        _products([(H2, w_fc.T, Fc)], on_pool)                                # f = ln_2(x2) W_fc^T + b_fc
 
         def bias_and_gelu(i, j):
             _add_bias(Fc[i:j], b_fc, None)
             K._gelu_tanh_fwd(Fc[i:j].reshape(-1), GELU[i:j].reshape(-1), gelu_a, gelu_b)
 
         on_rows(bias_and_gelu, 8 * C)
-        _products([(GELU, w_proj.T, Y)], on_pool)                          # y = x2 + gelu(f) W_proj^T + b_proj
+        _products([(GELU, w_proj.T, Y)], on_pool)                             # y = x2 + gelu(f) W_proj^T + b_proj
         on_rows(lambda i, j: _add_bias(Y[i:j], b_proj, X2[i:j]), C)
 
     n_threads = threads.get_num_threads()

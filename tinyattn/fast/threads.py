@@ -16,9 +16,10 @@ thread takes the first part, the pool's threads the others (numpy and the
 compiled kernels release the GIL, so they run in parallel). From the first
 op of ``FLOOR`` or more on, BLAS stays at one thread (threadpoolctl; ``hold_blas``), so no
 OpenBLAS thread spins beside the pool: numpy products of your own then run
-on one thread too (but for the fused block's whole-batch products, which
-get every thread for their call: ``blas_threads``). ``ta.set_num_threads(1)`` gives BLAS back its own setting. (Changing BLAS's thread count around every op
-instead made the pool's products slower: docs/benchmarks.md.)
+on one thread too. (The fused block's whole-batch products get every thread
+for their call: ``blas_threads``.) ``ta.set_num_threads(1)`` gives BLAS back
+its own setting. (Changing BLAS's thread count around every op instead made
+the pool's products slower: docs/benchmarks.md.)
 
 Off (every op on the calling thread, BLAS as it is) with one core, without
 threadpoolctl (the ``fast`` extra), after ``set_num_threads(1)``, or with

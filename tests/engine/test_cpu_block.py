@@ -158,3 +158,21 @@ def test_the_timers_see_each_threads_stages_and_cost_nothing_when_off(schedule, 
     assert all(s >= 0 for s in seconds.values())
     monkeypatch.setattr(threads, "timers", None)
     assert threads.laps() is threads._no_lap
+
+
+@needs_threadpoolctl
+def test_each_schedule_at_the_mid_configs_size_is_within_float32_rounding_of_float64(monkeypatch):
+    """B4 T256 C384 H6 on 2 threads, where BLAS really splits the whole-batch products over its
+    threads: every schedule's float32 outputs against the float64 block's, as close as rows' are."""
+    monkeypatch.setattr(threads, "_num_threads", 2)
+    arrays = gpt_block_inputs(4, 256, 384)(np.random.default_rng(8))
+    monkeypatch.setenv(cpu_block.SCHEDULE_ENV, "rows")
+    want = _block_and_backward(arrays, 6)                                  # float64
+    errors = {}
+    for schedule in cpu_block.SCHEDULES:
+        monkeypatch.setenv(cpu_block.SCHEDULE_ENV, schedule)
+        got = _block_and_backward([a.astype(np.float32) for a in arrays], 6)
+        errors[schedule] = [np.abs(a - b).max() / np.abs(b).max() for a, b in zip(got, want)]
+    for schedule, errs in errors.items():
+        assert max(errs) < 1e-5, (schedule, errs)
+        assert all(e < 4 * r + 1e-7 for e, r in zip(errs, errors["rows"])), (schedule, errs, errors["rows"])

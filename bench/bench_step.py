@@ -283,6 +283,17 @@ def step_breakdown(side, steps):
                     "clip_grad_norm_, AdamW, zero_grad, Python; the profiler's own cost is in every number"}
 
 
+def block_schedule(cfg, device):
+    """The fused CPU block's schedule for this config (tinyattn/fast/cpu_block.py), or None (on a GPU,
+    or without numba)."""
+    try:
+        from tinyattn.fast.cpu_block import schedule
+    except ImportError:
+        return None
+    shape = (cfg["batch_size"], cfg["block_size"], cfg["n_embd"])
+    return schedule(shape, ta.get_num_threads()) if device == "cpu" else None
+
+
 def import_torch(program):
     """PyTorch, or exit with one line saying how to install it (a CPU build)."""
     try:
@@ -442,6 +453,7 @@ def main(argv=None):
                          "method": "device synchronised around each block; median over blocks; side order rotates"},
               "results": results, "same_architecture_check": check, "step_breakdown": breakdown,
               "torch": "ran" if "torch" in sides else torch_note, "host_allocator": allocator_note,
+              "cpu_block_schedule": block_schedule(cfg, args.device),
               "tinyattn_loss_after": final_loss if math.isfinite(final_loss) else str(final_loss),
               "versions": versions(torch), "cpu": cpu_info(), "wall_s": round(time.perf_counter() - start, 2)}
     text = json.dumps(report, indent=2)

@@ -1011,6 +1011,7 @@ def test_an_empty_batch_or_one_that_does_not_share_evenly_runs_op_by_op(B, monke
     monkeypatch.setattr(threads, "MIN_WORK", 0)                         # (3 sequences would split)
     monkeypatch.setattr(threads, "FLOOR", 0)
     monkeypatch.setattr(threads, "_num_threads", 2)
+    monkeypatch.delenv("TINYATTN_BLOCK_SCHEDULE", raising=False)        # (the rows schedule: whole sequences)
     block = a_block()
     x = ta.randn(B, 5, 8, dtype="float64", requires_grad=True)
     y = ta.compile(block)(x)

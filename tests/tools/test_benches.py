@@ -147,3 +147,26 @@ def test_bench_step_builds_the_same_model_on_both_sides(block):
     assert done.returncode == 0, done.stderr
     check = json.loads(done.stdout)["same_architecture_check"]
     assert check["parameters_tinyattn"] == check["parameters_torch"] and check["rel_diff"] < 1e-6
+
+
+@pytest.mark.parametrize("schedule", ["rows", "whole", "pool"])
+def test_bench_breakdown_accounts_for_the_whole_step_by_category(schedule):
+    """A baby step on each side (PyTorch's where installed): every category of the calling thread's
+    time adds up to the profiled step; the blocks ran fused, in the schedule the environment asks for."""
+    sides = ["tinyattn", "torch"] if HAS_TORCH else ["tinyattn"]
+    done = run("bench_breakdown.py", "--config", "baby", "--steps", "2", "--warmup", "1", "--threads", "2",
+               "--sides", *sides, env={**os.environ, "TINYATTN_BLOCK_SCHEDULE": schedule})
+    assert done.returncode == 0, done.stderr
+    *table, line = done.stdout.strip().splitlines()
+    report = json.loads(line)
+    assert table[0].split()[-len(sides):] == sides and "cpu" in report
+    for name in sides:
+        side = report["sides"][name]
+        times = [t for t in side["categories"].values() if t is not None]
+        assert abs(sum(times) - side["ms_per_step_profiled"]) < 1e-6 * side["ms_per_step_profiled"]
+        assert side["categories"]["products"] > 0 and side["categories"]["optimizer"] > 0 and side["ms_per_step"] > 0
+    tiny = report["sides"]["tinyattn"]
+    assert tiny["blocks_fused"] and tiny["block_schedule"] == schedule and tiny["pool_threads"] == 1
+    pool = tiny["pool_ms_per_thread"]
+    assert pool["idle"] > 0 and pool["elementwise"] > 0
+    assert (pool["products"] > 0) == (schedule != "whole")         # whole: BLAS's threads, on the caller's

@@ -12,7 +12,8 @@ the arithmetic that defines it. This package holds what makes them fast:
     layouts.py       weights laid out for their products, inside ta.inference_mode
     threads.py       tinyattn's own CPU threads, and BLAS held at one thread beside them
     cpu_kernels.py   fused CPU kernels, compiled with numba (the ``fast`` extra)
-    cpu_block.py     the GPT's block as one CPU kernel, each thread on its share of the batch
+    cpu_block.py     the GPT's block as one CPU kernel: each thread on its share of the batch, or
+                     each product on the whole batch
     cuda_kernels.py  fused CuPy kernels, for the GPU
     allocator.py     glibc's malloc thresholds, for steady step times (the training program's)
     denormals.py     subnormal floats flushed to zero in every CPU thread (ta.set_flush_denormal)

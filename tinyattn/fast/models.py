@@ -200,7 +200,8 @@ class Block(Runner):
         """The block's parameters, in BlockOp's order, where this call runs as one op, else None: a
         graph is recorded on the CPU with the block kernel loaded, nothing watches the ops, no
         dropout is at work but DropHead's, and the
-        attention is the naive (not tiled) one over a batch that shares evenly over the threads."""
+        attention is the naive (not tiled) one over a batch that shares evenly over the threads (or
+        over a block whose products run on the whole batch: cpu_block.schedule)."""
         attn, mlp = block.attn, block.mlp
         if not (autograd.hooks is None and autograd.compiled.ops and 0 not in x.shape
                 and x.dtype in _FLOATS and x.backend.kernel("block") is not None
@@ -211,13 +212,14 @@ class Block(Runner):
                   mlp.c_proj.weight, mlp.c_proj.bias)
         if any(p is None or p.dtype != x.dtype for p in params):
             return None
-        from .cpu_block import block_fits, block_work   # (importable here: the block kernel is loaded, numba too)
+        from .cpu_block import block_fits, block_work, schedule   # (importable: the block kernel is loaded, numba too)
         if (not (x.requires_grad or any(p.requires_grad for p in params))
                 or not block_fits(x.data, [p.data for p in params])):
             return None
         B, T, _ = x.shape
         n = threads.get_num_threads()                                   # the threads take whole sequences:
         even = B % n == 0 or B >= 4 * n or block_work(x.shape) < threads.FLOOR   # each about as many
+        even = even or schedule(x.shape, n) != "rows"                   # (or rows and (sequence, head) pairs)
         # (FLOOR, not the measured MIN_WORK: whether the block runs as one op changes the numbers)
         return params if even and not attention.is_long(T, T, B * attn.n_head, x.dtype.itemsize, True) else None
 

@@ -16,8 +16,10 @@ thread takes the first part, the pool's threads the others (numpy and the
 compiled kernels release the GIL, so they run in parallel). From the first
 op of ``FLOOR`` or more on, BLAS stays at one thread (threadpoolctl; ``hold_blas``), so no
 OpenBLAS thread spins beside the pool: numpy products of your own then run
-on one thread too. ``ta.set_num_threads(1)`` gives BLAS back its own setting. (Changing BLAS's thread count around every op
-instead made the pool's products slower: docs/benchmarks.md.)
+on one thread too. (The fused block's whole-batch products get every thread
+for their call: ``blas_threads``.) ``ta.set_num_threads(1)`` gives BLAS back
+its own setting. (Changing BLAS's thread count around every op instead made
+the pool's products slower: docs/benchmarks.md.)
 
 Off (every op on the calling thread, BLAS as it is) with one core, without
 threadpoolctl (the ``fast`` extra), after ``set_num_threads(1)``, or with
@@ -40,6 +42,7 @@ whole or in parts, and run whole below MIN_WORK. So a run's numbers depend on
 its inputs and the thread count alone: ``TINYATTN_NUM_THREADS`` may change them,
 how busy the machine is may not.
 """
+import contextlib
 import math
 import os
 import queue
@@ -149,6 +152,24 @@ def blas_held():
     return bool(_saved)
 
 
+@contextlib.contextmanager
+def blas_threads():
+    """BLAS on get_num_threads() threads inside, for one large product on the calling thread while
+    the pool waits (the fused block's whole-batch products, cpu_block.py); back to one thread after.
+    Nothing changes where BLAS is not held at one thread."""
+    if not _saved:
+        yield
+        return
+    libs = [lib for lib, _ in _saved]
+    for lib in libs:
+        lib.set_num_threads(_num_threads)
+    try:
+        yield
+    finally:
+        for lib in libs:
+            lib.set_num_threads(1)
+
+
 _warned = False                      # the warning below is given once per process
 
 
@@ -195,11 +216,18 @@ class _Pool:
 
     def _serve(self, tasks):
         while True:
+            idle = time.perf_counter()
             fn, start, stop = tasks.get()
+            clock = timers                         # (None unless a breakdown is measuring)
+            if clock is not None:
+                clock.add("idle", time.perf_counter() - idle)
             try:
                 denormals.follow()                 # ta.set_flush_denormal's mode, if it changed
                 wake_blas()
+                work = time.perf_counter()
                 fn(start, stop)
+                if clock is not None:
+                    clock.add("work", time.perf_counter() - work)
                 self.done.put(None)
             except BaseException as e:             # handed to the caller, which raises it
                 self.done.put(e)
@@ -214,9 +242,12 @@ class _Pool:
             fn(*bounds[0])
         except BaseException as e:
             error = e
+        waiting, clock = time.perf_counter(), timers
         for _ in bounds[1:]:                       # wait for every part, even after an error
             e = self.done.get()
             error = error or e
+        if clock is not None:
+            clock.add("waiting", time.perf_counter() - waiting)
         if error is not None:
             raise error
 
@@ -409,3 +440,44 @@ def joined(arrays, shape, dim):
             return None
         start += a.shape[dim]
     return whole if start == shape[dim] else None
+
+
+# ---------------------------------------------------------------- timers, for bench/bench_breakdown.py
+timers = None
+"""A Timers while a breakdown of a step is being measured (bench/bench_breakdown.py); None (nothing
+timed, and nothing to pay but a check) otherwise."""
+
+
+class Timers:
+    """Seconds per (thread name, category). The pool adds each thread's "idle" (waiting for a part),
+    "work" (running one) and the calling thread's "waiting" (for the pool's parts); the block's
+    kernels add their stages through lap clocks (``laps``)."""
+
+    def __init__(self):
+        self.seconds = {}
+        self._lock = threading.Lock()
+
+    def add(self, category, seconds):
+        key = (threading.current_thread().name, category)
+        with self._lock:
+            self.seconds[key] = self.seconds.get(key, 0.0) + seconds
+
+    def lap_clock(self):
+        last = time.perf_counter()
+
+        def lap(category):                         # the time since the last lap goes to ``category``
+            nonlocal last
+            now = time.perf_counter()
+            self.add(category, now - last)
+            last = now
+        return lap
+
+
+def _no_lap(category):
+    pass
+
+
+def laps():
+    """A lap clock for a piece of work on this thread: ``lap = laps()`` first, then ``lap("products")``
+    after each stage adds the stage's time to that category. Does nothing unless ``timers`` is set."""
+    return _no_lap if timers is None else timers.lap_clock()

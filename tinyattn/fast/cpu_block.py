@@ -17,22 +17,20 @@ The arithmetic is that of the ops, with their kernels (cpu_kernels.py): the
 outputs are the same numbers, and the gradients the same up to the order of the
 sums over rows. The op-table tests check both against the layers op by op.
 
-Two schedules, chosen by ``schedule`` from the shapes and the thread count alone
-(never from a timing, so a command gives the same numbers on every run):
+Three schedules (``schedule``; rows unless TINYATTN_BLOCK_SCHEDULE asks for another,
+so a command gives the same numbers on every run):
 
     rows    each thread runs the whole block on its sequences, as above: one meeting
-            of the threads a block. For small blocks (the baby and default GPTs), whose
-            products are too small for BLAS's own threads to pay.
+            of the threads a block. The fastest of the three on the machine of
+            docs/benchmarks.md at every size, the mid config (C = 384, T = 256) included.
     whole   each of the four products (eight in backward) is one BLAS call on all
             B * T rows, with BLAS on get_num_threads() threads while the pool waits,
             and the rest (layer norms, biases, GELU, attention) split over the threads
-            by rows or by (sequence, head) pairs between the products. For large blocks
-            (from the mid config on): the products take most of the time, and BLAS
-            runs one large product faster than the threads run its halves.
+            by rows or by (sequence, head) pairs between the products: for a machine
+            whose BLAS runs one large product faster than the threads run its halves.
     pool    as whole, but each product runs on tinyattn's threads, one BLAS thread
             each: forward, its output columns split; backward, a weight's gradient
-            beside its input's (BLAS's thread count never changes). Only asked for
-            by TINYATTN_BLOCK_SCHEDULE, to time it against whole.
+            beside its input's (BLAS's thread count never changes).
 
     block(x, params, n_head, eps_1, eps_2, head_keep)     -> (y, *saved)
     block_backward(g, saved, params, n_head, head_keep)   -> (dx, *dparams)
@@ -55,8 +53,6 @@ SCHEDULE_ENV = "TINYATTN_BLOCK_SCHEDULE"
 forces that schedule for every fused block; unset (the default), ``schedule`` chooses rows or
 whole from the shapes."""
 SCHEDULES = ("rows", "whole", "pool")
-WHOLE_MIN_C = 256          # whole-batch products from C = 256 channels
-WHOLE_MIN_ROWS = 256       # and 256 rows a thread (B * T / threads) on, or fewer sequences than threads
 
 
 def block_fits(x, params):
@@ -85,19 +81,16 @@ def block_work(shape):
 
 
 def schedule(shape, n_threads):
-    """"rows" or "whole" (see above) for a block input of ``shape`` (B, T, C) on ``n_threads``
-    threads: whole-batch products where C is at least WHOLE_MIN_C and each thread would get at
-    least WHOLE_MIN_ROWS rows, or fewer sequences than threads (rows would leave threads idle).
-    TINYATTN_BLOCK_SCHEDULE=rows, whole or pool overrides it (a debugging knob, to time one
-    schedule against another)."""
+    """The schedule of a block input of ``shape`` (B, T, C) on ``n_threads`` threads: "rows", unless
+    TINYATTN_BLOCK_SCHEDULE says whole or pool (a debugging knob, to time one schedule against
+    another). On the 2-core AVX-512 machine of docs/benchmarks.md, rows was the fastest of the three
+    at every size measured, the mid config included (whole's products ran no faster there, and BLAS's
+    spinning threads slowed the parts between them); the choice stays a function of the shapes and
+    the thread count, so that a machine where whole wins can take it by a rule, never by a timing."""
     forced = os.environ.get(SCHEDULE_ENV, "").strip().lower()
-    if forced:
-        if forced not in SCHEDULES:
-            raise ValueError(f"{SCHEDULE_ENV} must be rows, whole or pool, got {forced!r}")
-        return forced
-    B, T, C = shape
-    large = C >= WHOLE_MIN_C and (B * T >= WHOLE_MIN_ROWS * n_threads or B < n_threads)
-    return "whole" if n_threads > 1 and large else "rows"
+    if forced and forced not in SCHEDULES:
+        raise ValueError(f"{SCHEDULE_ENV} must be rows, whole or pool, got {forced!r}")
+    return forced or "rows"
 
 
 def _heads(a, n_head):

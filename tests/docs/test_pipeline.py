@@ -6,28 +6,14 @@ each command (the last of a repeated flag wins), so that the whole pipeline take
 pages' text is not changed. A broken command on a page fails the run (shown on a page broken on
 purpose)."""
 import contextlib
-import importlib.util
 import shlex
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def tool(name):
-    """A module of docs/tools (files, not a package), loaded from its file once."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "docs" / "tools" / f"{name}.py")
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-doccheck = tool("doccheck")
+from test_docs import ROOT, doccheck  # (beside this file: docs/tools/doccheck.py, loaded once)
 
 PIPELINE = ["docs/sft.md", "docs/dpo.md", "docs/rl.md", "docs/chat.md"]     # in the order a reader runs them
 

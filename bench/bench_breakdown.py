@@ -2,7 +2,7 @@
 
     python3 bench/bench_breakdown.py                                  # the mid config, both sides
     python3 bench/bench_breakdown.py --config baby --sides tinyattn   # one side
-    TINYATTN_BLOCK_SCHEDULE=rows python3 bench/bench_breakdown.py     # the fused block's other schedule
+    TINYATTN_BLOCK_SCHEDULE=whole python3 bench/bench_breakdown.py    # the fused block's other schedules
 
 The step is bench_step.py's (the same model, batches and AdamW; forward,
 backward, clip_grad_norm_(1.0), AdamW, zero_grad), compiled on tinyattn's
@@ -47,22 +47,13 @@ import sys
 import threading
 import time
 
-import numpy as np
-
 import tinyattn as ta
-from bench_step import CONFIGS, GRAD_CLIP, N_BATCHES, TinyattnSide, TorchSide, cpu_info, import_torch
+from bench_step import CONFIGS, GRAD_CLIP, TinyattnSide, TorchSide, batches, cpu_info, import_torch
 from tinyattn.fast import threads, tune_host_allocator
 
 CATEGORIES = ["products", "elementwise", "attention", "waiting", "block, other", "optimizer", "outside",
               "engine, Python"]
 POOL = ["products", "elementwise", "attention", "other work", "idle"]
-
-
-def batches(cfg):
-    """bench_step.py's pool of random batches: (K, B, T) inputs and targets."""
-    rng = np.random.default_rng(0)
-    seq = rng.integers(0, cfg["vocab_size"], (N_BATCHES, cfg["batch_size"], cfg["block_size"] + 1))
-    return np.ascontiguousarray(seq[..., :-1]), np.ascontiguousarray(seq[..., 1:])
 
 
 def wall_ms(step, steps):

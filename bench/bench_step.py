@@ -54,7 +54,7 @@ LESSON = dict(n_layer=2, n_head=1, n_embd=48, block_size=32, batch_size=64, drop
 DEFAULT = dict(n_layer=2, n_head=4, n_embd=64, block_size=20, batch_size=64, dropout=0.0, vocab_size=56)   # python -m train
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, dropout=0.2, vocab_size=65)
 CONFIGS = {"gpu": SHAKESPEARE_GPU, "baby": BABY_CPU, "mid": MID_CPU, "lesson": LESSON, "default": DEFAULT, "tiny": TINY}
-N_BATCHES = 256     # distinct random batches: see the comment in main()
+N_BATCHES = 256     # distinct random batches: see batches()
 LR, BETAS, WEIGHT_DECAY, GRAD_CLIP = 1e-3, (0.9, 0.99), 0.1, 1.0
 
 
@@ -355,6 +355,14 @@ def versions(torch):
     return v
 
 
+def batches(cfg):
+    """A pool of N_BATCHES distinct random batches, (K, B, T) inputs and targets (int64), the same for
+    every side and every run: no batch comes twice while timing (one batch over and over would let
+    the model overfit it, which is not what a training step sees)."""
+    seq = np.random.default_rng(0).integers(0, cfg["vocab_size"], (N_BATCHES, cfg["batch_size"], cfg["block_size"] + 1))
+    return np.ascontiguousarray(seq[..., :-1]), np.ascontiguousarray(seq[..., 1:])
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
@@ -385,11 +393,7 @@ def main(argv=None):
     cfg = dict(CONFIGS[args.config])
     if args.block == "modern":
         cfg.update(MODERN, n_kv_head=max(1, cfg["n_head"] // 2))
-    rng = np.random.default_rng(0)
-    # A pool of distinct random batches, so that no batch comes twice while timing: one batch
-    # over and over would let the model overfit it, which is not what a training step sees.
-    seq = rng.integers(0, cfg["vocab_size"], (N_BATCHES, cfg["batch_size"], cfg["block_size"] + 1))
-    x, y = np.ascontiguousarray(seq[..., :-1]), np.ascontiguousarray(seq[..., 1:])   # (K, B, T) each, int64
+    x, y = batches(cfg)                            # (K, B, T) each, int64
     torch, torch_note = None, None
     try:
         if args.sides == "tinyattn":

@@ -50,8 +50,7 @@ from .threads import laps, split
 
 SCHEDULE_ENV = "TINYATTN_BLOCK_SCHEDULE"
 """A debugging knob, to time the schedules side by side in one checkout: rows, whole or pool
-forces that schedule for every fused block; unset (the default), ``schedule`` chooses rows or
-whole from the shapes."""
+forces that schedule for every fused block; unset (the default), every block runs rows."""
 SCHEDULES = ("rows", "whole", "pool")
 
 

@@ -601,8 +601,7 @@ def same_data(args, meta, dataset, where, notes):
 RESUMED_FLAGS = ("seed", "layout", "max_iters", "batch_size", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay",
                  "beta1", "beta2", "grad_clip", "gradient_accumulation_steps", "eval_interval", "eval_iters",
                  "log_interval", "sample_tokens", "shared_batches", "always_save_checkpoint", "save_interval_s",
-                 "stage", "dpo_beta", "dpo_nll", "rl_tasks", "rl_prompts", "rl_samples", "rl_temperature", "rl_kl",
-                 "rl_std", "rl_max_tokens", "rl_eval_prompts", "rl_reward", "mix_data", "mix_fraction", "max_length", "val")
+                 "stage", "mix_data", "mix_fraction", "max_length", "val")      # and each stage's own flags
 
 
 def resumed_settings(out_dir):
@@ -612,7 +611,8 @@ def resumed_settings(out_dir):
         ran = checkpoint.read_meta(os.path.join(out_dir, "ckpt.npz")).get("args") or {}
     except (ValueError, OSError):
         return {}
-    return {k: ran[k] for k in RESUMED_FLAGS if ran.get(k) is not None}
+    own = [name for stage in stages.named_stages().values() for name in stage.own_flags]
+    return {k: ran[k] for k in (*RESUMED_FLAGS, *own) if ran.get(k) is not None}
 
 
 MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "block_size", "dropout", "bias", "init", "head_dropout", "pos",

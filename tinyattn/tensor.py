@@ -204,12 +204,8 @@ class Tensor:
         strides = self._backend.strides(self.data)
         if strides is None or 0 in self.shape:
             return True
-        expected = 1                                   # the stride a row-major layout gives each dim
-        for n, step in zip(reversed(self.shape), reversed(strides)):
-            if n != 1 and step != expected:            # (a dim of size 1 has no neighbour: any stride will do)
-                return False
-            expected *= n
-        return True
+        return all(n == 1 or step == row_major            # (a dim of size 1 has no neighbour: any stride will do)
+                   for n, step, row_major in zip(self.shape, strides, _row_major(self.shape)))
 
     def contiguous(self):
         """This tensor if it is contiguous, else a contiguous copy (the gradient passes through)."""
